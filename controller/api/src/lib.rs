@@ -10,3 +10,9 @@
 //! May depend on: `serde`, `serde_json`, `thiserror`; with `k8s`, `kube-core`, `k8s-openapi`,
 //! `schemars`. Must never depend on tokio, hyper, reqwest, the kube client crates or
 //! etcd-client (enforced by `metalguard-e2e`'s dependency-rule test).
+
+pub mod duration;
+pub mod plan;
+pub mod policy;
+pub mod remediation;
+pub mod snapshot;

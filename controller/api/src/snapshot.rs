@@ -1,0 +1,235 @@
+//! The decision snapshot: everything `metalguard-core` knows about the cluster at one instant.
+//!
+//! Adapters (the Kubernetes backend, the standalone backend, the lab) build a [`Snapshot`] from
+//! the world; the core plans from it alone, so a restarted controller re-plans from the
+//! persisted snapshot and reaches the same decisions.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::duration::Timestamp;
+use crate::remediation::Remediation;
+
+/// The name of the preDrain lifecycle hook metalguard places on control-plane hosts that carry
+/// an etcd member (seed 001: `EtcdQuorumOperator`).
+pub const QUORUM_HOOK: &str = "metalguard.io/etcd-quorum";
+
+/// Everything the decision core needs, observed at one instant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    /// When the adapter took this snapshot (informational; planning takes `now` separately).
+    pub observed_at: Timestamp,
+    /// The control-plane specification (desired replicas and failure domains).
+    pub control_plane: ControlPlaneSpec,
+    /// Every host, control-plane and worker.
+    pub hosts: Vec<Host>,
+    /// etcd members that no host claims (for example a member whose host was removed by hand).
+    #[serde(default)]
+    pub orphan_members: Vec<EtcdMember>,
+    /// Remediations in flight and finished ones kept as history (retry accounting).
+    #[serde(default)]
+    pub remediations: Vec<Remediation>,
+}
+
+/// The declared shape of the control plane.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ControlPlaneSpec {
+    /// Desired number of control-plane hosts and etcd voters; must be odd (seeds 001, 002).
+    pub desired_replicas: u32,
+    /// Failure domain names; empty means everything lives in one implicit domain (seed 000).
+    #[serde(default)]
+    pub failure_domains: Vec<String>,
+}
+
+/// The role of a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Runs the Kubernetes control plane and an etcd member.
+    ControlPlane,
+    /// Runs workloads only.
+    Worker,
+}
+
+/// One machine, as seen from the inventory, Kubernetes, its agent and etcd.
+#[allow(clippy::struct_excessive_bools)] // independent facts observed from different sources
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    /// Unique host name (also its Node name).
+    pub name: String,
+    /// Control-plane or worker.
+    pub role: Role,
+    /// The failure domain the host lives in, if domains are used.
+    #[serde(default)]
+    pub failure_domain: Option<String>,
+    /// When the host object was created (oldest-first ordering).
+    pub created_at: Timestamp,
+    /// Host object labels (health-check selectors match on these).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Host object annotations.
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// The host was provisioned outside metalguard's provisioner: never reprovisioned.
+    #[serde(default)]
+    pub externally_provisioned: bool,
+    /// A BMC (power controller) is configured for this host.
+    #[serde(default)]
+    pub bmc_configured: bool,
+    /// The host carries the current specification (false: outdated, replaced first).
+    #[serde(default = "default_true")]
+    pub up_to_date: bool,
+    /// When deletion of the host was requested, if it was.
+    #[serde(default)]
+    pub deletion_requested_at: Option<Timestamp>,
+    /// Names of the preDrain lifecycle hooks on the host.
+    #[serde(default)]
+    pub pre_drain_hooks: BTreeSet<String>,
+    /// An administrator asked for this host to be fenced.
+    #[serde(default)]
+    pub fence_request: Option<FenceRequest>,
+    /// The host's machine phase is Failed (remediated at once, MHC semantics).
+    #[serde(default)]
+    pub phase_failed: bool,
+    /// The Node object, if one exists.
+    #[serde(default)]
+    pub node: Option<NodeStatus>,
+    /// The latest report of the host's metalguard agent.
+    #[serde(default)]
+    pub agent: Option<AgentReport>,
+    /// The etcd member running on the host, if any.
+    #[serde(default)]
+    pub etcd: Option<EtcdMember>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Host {
+    /// True when deletion of the host has been requested.
+    pub fn is_deleting(&self) -> bool {
+        self.deletion_requested_at.is_some()
+    }
+
+    /// True when the host carries metalguard's quorum hook.
+    pub fn has_quorum_hook(&self) -> bool {
+        self.pre_drain_hooks.contains(QUORUM_HOOK)
+    }
+
+    /// True when the Node exists and its `Ready` condition is `True`.
+    pub fn node_ready(&self) -> bool {
+        self.node.as_ref().is_some_and(|n| {
+            n.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == ConditionStatus::True)
+        })
+    }
+}
+
+/// An administrator's request to fence a host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FenceRequest {
+    /// When the request was made.
+    pub requested_at: Timestamp,
+    /// Who asked (recorded in the remediation).
+    #[serde(default)]
+    pub requested_by: Option<String>,
+    /// When set, the fence skips policy gates (short-circuit, retry limits, concurrency) and
+    /// this reason is recorded. Safety rules (quorum, one per target) are never skipped.
+    #[serde(default)]
+    pub force_reason: Option<String>,
+}
+
+/// The Node object of a host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NodeStatus {
+    /// When this Node object was created (a re-registered node is a new object).
+    pub created_at: Timestamp,
+    /// Node conditions with their last transition times.
+    #[serde(default)]
+    pub conditions: Vec<NodeCondition>,
+    /// Node labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Node annotations.
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// The node carries the `node.kubernetes.io/out-of-service` taint.
+    #[serde(default)]
+    pub out_of_service: bool,
+}
+
+/// The status of a Kubernetes condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum ConditionStatus {
+    /// `True`.
+    True,
+    /// `False`.
+    False,
+    /// `Unknown`.
+    Unknown,
+}
+
+/// One Node condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeCondition {
+    /// Condition type, for example `Ready`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Condition status.
+    pub status: ConditionStatus,
+    /// When the status last changed.
+    pub last_transition: Timestamp,
+}
+
+/// The latest report of a host's agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentReport {
+    /// When the agent last reported.
+    pub last_heartbeat: Timestamp,
+    /// The agent can reach the BMCs it may be asked to drive.
+    #[serde(default = "default_true")]
+    pub can_fence: bool,
+}
+
+/// An etcd member as seen by probing every member (never trusting one member's view).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdMember {
+    /// Member ID.
+    pub id: u64,
+    /// Member name (empty for an added-but-unstarted member).
+    #[serde(default)]
+    pub name: String,
+    /// True for a learner (non-voting) member.
+    pub learner: bool,
+    /// The member answered a status probe within its timeout and reports no alarm.
+    pub healthy: bool,
+    /// The member is the raft leader.
+    #[serde(default)]
+    pub leader: bool,
+    /// For a learner: raft match index as a per-mille of the leader's (promotable at ≥ 900).
+    #[serde(default)]
+    pub progress_permille: u16,
+}
+
+impl EtcdMember {
+    /// True for a voting member.
+    pub fn is_voter(&self) -> bool {
+        !self.learner
+    }
+
+    /// True when a learner has caught up enough to be promoted (≥ 90% of the leader, DOMAIN §1).
+    pub fn caught_up(&self) -> bool {
+        self.learner && self.healthy && self.progress_permille >= 900
+    }
+}
