@@ -1,1 +1,38 @@
-//! placeholder
+//! # metalguard-e2e
+//!
+//! The test harness every metalguard integration and end-to-end test uses: real components on
+//! loopback, never mocks.
+//!
+//! - [`etcd::EtcdCluster`]: N real `etcd` processes on 127.0.0.1 with OS-free ports, their own
+//!   temporary directories, and fault injection (kill, hang, resume, restart, learner add).
+//! - [`redfish::RedfishBmc`]: the `sushy-tools` Redfish emulator with the fake driver, bcrypt
+//!   users, HTTP or HTTPS (CA-signed or self-signed CA:TRUE), random or instant power changes.
+//! - [`ipmi::IpmiSim`] (OpenIPMI `ipmi_sim`) and [`ipmi::PyghmiBmc`] (`pyghmi`): IPMI-over-LAN
+//!   BMCs whose power transitions are logged with timestamps for the test to read.
+//! - [`blackhole::BlackHole`]: a TCP port that accepts and never answers and a UDP port that
+//!   never answers, for timeout tests.
+//! - [`deps`]: the dependency rules of the workspace, checked from `cargo metadata`.
+//!
+//! Every process is killed when its handle drops (also while a test unwinds from a panic), and
+//! nextest's per-test process group catches the rest. Ports come from [`ports::reserve_port`],
+//! which holds a file lock per port so parallel test processes never collide, and only
+//! 127.0.0.1 is ever bound.
+//!
+//! May depend on anything a test needs; nothing in the product depends on this crate.
+
+pub mod blackhole;
+pub mod deps;
+pub mod error;
+pub mod etcd;
+pub mod http;
+pub mod ipmi;
+pub mod ports;
+pub mod process;
+pub mod redfish;
+pub mod tls;
+pub mod tools;
+
+pub use error::HarnessError;
+
+/// Result type of the harness.
+pub type Result<T> = std::result::Result<T, HarnessError>;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs, idempotently, everything metalguard's build, tests and lab need on Debian 12:
+# apt packages, a Python venv under .tools/ (git-ignored) with pinned sushy-tools and pyghmi,
+# and cargo tools. Safe to run again: it only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  etcd-server etcd-client      # real etcd 3.4 for every etcd test
+  protobuf-compiler            # etcd-client's build script needs protoc
+  openipmi                     # ipmi_sim, the faithful IPMI simulator
+  ipmitool freeipmi-tools      # independent IPMI clients for harness self-tests and benchmarks
+  curl                         # independent Redfish client for harness self-tests
+  python3-venv                 # venv for sushy-tools and pyghmi
+  openssl iproute2 procps      # certificates, network namespaces, process checks
+  libxml2-utils                # xmllint for the fence-agent metadata test
+)
+
+say() { printf '[setup] %s\n' "$*"; }
+
+need_apt=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+done
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  say "apt: installing ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+else
+  say "apt: all packages present"
+fi
+
+VENV=.tools/venv
+REQ=scripts/requirements-test.txt
+STAMP="$VENV/.requirements.sha256"
+want=$(sha256sum "$REQ" | cut -d' ' -f1)
+if [ ! -x "$VENV/bin/python3" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+  say "python: creating $VENV from $REQ"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r "$REQ"
+  echo "$want" > "$STAMP"
+else
+  say "python: $VENV up to date"
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  say "cargo: installing cargo-nextest"
+  cargo install --locked cargo-nextest
+else
+  say "cargo: nextest present"
+fi
+say "done"

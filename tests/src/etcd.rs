@@ -1,0 +1,491 @@
+//! A cluster of real `etcd` processes on 127.0.0.1.
+//!
+//! Each member has its own data directory under the cluster's temporary directory and its
+//! own reserved client and peer ports. Membership is driven with `etcdctl` (a client
+//! independent of metalguard's code under test). Election and heartbeat timings are etcd's
+//! defaults unless [`EtcdOptions`] says otherwise.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::ports::{PortLease, reserve_port};
+use crate::process::{Proc, run_capture, wait_until};
+use crate::{HarnessError, Result, http, tools};
+
+/// How long [`EtcdCluster::start`] waits for a new cluster to become healthy.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`EtcdCluster::add_learner`] retries etcd's "unhealthy cluster" refusal.
+const RECONFIG_SETTLE: Duration = Duration::from_secs(15);
+/// Per-request timeout of the harness's own health probes.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Options for a cluster.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// Number of voting members to start.
+    pub members: usize,
+    /// `--quota-backend-bytes` (for NOSPACE tests).
+    pub quota_backend_bytes: Option<u64>,
+    /// `--heartbeat-interval` in milliseconds (etcd's default is 100).
+    pub heartbeat_interval: Duration,
+    /// `--election-timeout` in milliseconds (etcd's default is 1000).
+    pub election_timeout: Duration,
+    /// Extra arguments for every member.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        Self {
+            members: 3,
+            quota_backend_bytes: None,
+            heartbeat_interval: Duration::from_millis(100),
+            election_timeout: Duration::from_secs(1),
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// What the harness did to a member last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    /// Running normally.
+    Running,
+    /// Frozen with SIGSTOP.
+    Hung,
+    /// Killed; its data directory is kept.
+    Killed,
+}
+
+/// Ports and a data directory for a host whose etcd the code under test starts itself (for
+/// example the agent's learner join).
+#[derive(Debug)]
+pub struct HostSlot {
+    /// Member name.
+    pub name: String,
+    /// `http://127.0.0.1:<client port>`.
+    pub client_url: String,
+    /// `http://127.0.0.1:<peer port>`.
+    pub peer_url: String,
+    /// Data directory (does not exist yet).
+    pub data_dir: PathBuf,
+    client: PortLease,
+    peer: PortLease,
+}
+
+impl HostSlot {
+    /// The client port.
+    pub fn client_port(&self) -> u16 {
+        self.client.port()
+    }
+
+    /// The peer port.
+    pub fn peer_port(&self) -> u16 {
+        self.peer.port()
+    }
+}
+
+/// One member of the cluster.
+#[derive(Debug)]
+pub struct EtcdMember {
+    slot: HostSlot,
+    initial_cluster: String,
+    proc: Option<Proc>,
+    state: MemberState,
+}
+
+impl EtcdMember {
+    /// Member name (`m0`, `m1`, ...).
+    pub fn name(&self) -> &str {
+        &self.slot.name
+    }
+    /// Client URL.
+    pub fn client_url(&self) -> &str {
+        &self.slot.client_url
+    }
+    /// Peer URL.
+    pub fn peer_url(&self) -> &str {
+        &self.slot.peer_url
+    }
+    /// Data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.slot.data_dir
+    }
+    /// Process id while the process exists (running or hung).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().and_then(Proc::pid)
+    }
+    /// What the harness did to the member last.
+    pub fn state(&self) -> MemberState {
+        self.state
+    }
+    /// The member's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.slot.data_dir.with_extension("log")
+    }
+    fn client_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.slot.client_port()))
+    }
+}
+
+/// A member as `etcdctl member list -w json` reports it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MemberInfo {
+    /// Member id (decimal in etcdctl's JSON).
+    #[serde(rename = "ID")]
+    pub id: u64,
+    /// Name; empty for a member that was added but never started.
+    #[serde(default)]
+    pub name: String,
+    /// Peer URLs.
+    #[serde(rename = "peerURLs", default)]
+    pub peer_urls: Vec<String>,
+    /// Client URLs; empty before the member started.
+    #[serde(rename = "clientURLs", default)]
+    pub client_urls: Vec<String>,
+    /// Whether the member is a learner.
+    #[serde(rename = "isLearner", default)]
+    pub is_learner: bool,
+}
+
+impl MemberInfo {
+    /// The id in hex, as `etcdctl member promote/remove` take it.
+    pub fn id_hex(&self) -> String {
+        format!("{:x}", self.id)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct MemberList {
+    #[serde(default)]
+    members: Vec<MemberInfo>,
+}
+
+/// A running etcd cluster. Dropping it kills every member and removes its directories.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    // Field order matters: members (and their processes) drop before the directory.
+    members: Vec<EtcdMember>,
+    options: EtcdOptions,
+    next_index: usize,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `members` voting members with default options and waits until all are healthy.
+    pub fn start(members: usize) -> Result<Self> {
+        Self::start_with(EtcdOptions {
+            members,
+            ..EtcdOptions::default()
+        })
+    }
+
+    /// Starts a cluster with `options` and waits until every member is healthy.
+    pub fn start_with(options: EtcdOptions) -> Result<Self> {
+        if options.members == 0 {
+            return Err(HarnessError::Other(
+                "an etcd cluster needs at least one member".into(),
+            ));
+        }
+        let dir = tools::temp_dir("etcd")?;
+        let mut cluster = Self {
+            members: Vec::new(),
+            options,
+            next_index: 0,
+            dir,
+        };
+        let slots: Vec<HostSlot> = (0..cluster.options.members)
+            .map(|_| cluster.reserve_host())
+            .collect::<Result<_>>()?;
+        let initial_cluster = slots
+            .iter()
+            .map(|s| format!("{}={}", s.name, s.peer_url))
+            .collect::<Vec<_>>()
+            .join(",");
+        for slot in slots {
+            let member = EtcdMember {
+                slot,
+                initial_cluster: initial_cluster.clone(),
+                proc: None,
+                state: MemberState::Killed,
+            };
+            cluster.members.push(member);
+        }
+        for i in 0..cluster.members.len() {
+            cluster.spawn(i, "new")?;
+        }
+        cluster.wait_healthy(START_TIMEOUT)?;
+        Ok(cluster)
+    }
+
+    /// Reserves ports and a data directory for a further host (`m<N>`) without starting it.
+    pub fn reserve_host(&mut self) -> Result<HostSlot> {
+        let name = format!("m{}", self.next_index);
+        self.next_index += 1;
+        let client = reserve_port()?;
+        let peer = reserve_port()?;
+        Ok(HostSlot {
+            client_url: format!("http://127.0.0.1:{}", client.port()),
+            peer_url: format!("http://127.0.0.1:{}", peer.port()),
+            data_dir: self.dir.path().join(&name),
+            name,
+            client,
+            peer,
+        })
+    }
+
+    /// The cluster's temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Client URLs of every member the harness started (whatever their state).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| m.client_url().to_owned())
+            .collect()
+    }
+
+    /// Client URLs of the members that are running (not hung, not killed).
+    pub fn running_endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|m| m.state == MemberState::Running)
+            .map(|m| m.client_url().to_owned())
+            .collect()
+    }
+
+    /// Member `i`.
+    pub fn member(&self, i: usize) -> &EtcdMember {
+        &self.members[i]
+    }
+
+    /// Number of members the harness started.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no members (never true after start).
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) -> Result<()> {
+        let etcd = tools::etcd_bin()?;
+        let member = &self.members[i];
+        let mut command = Command::new(etcd);
+        command
+            .arg("--name")
+            .arg(member.name())
+            .arg("--data-dir")
+            .arg(member.data_dir())
+            .arg("--listen-client-urls")
+            .arg(member.client_url())
+            .arg("--advertise-client-urls")
+            .arg(member.client_url())
+            .arg("--listen-peer-urls")
+            .arg(member.peer_url())
+            .arg("--initial-advertise-peer-urls")
+            .arg(member.peer_url())
+            .arg("--initial-cluster")
+            .arg(&member.initial_cluster)
+            .arg("--initial-cluster-state")
+            .arg(state)
+            .arg("--initial-cluster-token")
+            .arg(self.dir.path().file_name().map_or_else(
+                || "mg-harness".to_owned(),
+                |n| n.to_string_lossy().into_owned(),
+            ))
+            .arg("--heartbeat-interval")
+            .arg(self.options.heartbeat_interval.as_millis().to_string())
+            .arg("--election-timeout")
+            .arg(self.options.election_timeout.as_millis().to_string())
+            .arg("--logger")
+            .arg("zap")
+            .args(&self.options.extra_args);
+        if let Some(quota) = self.options.quota_backend_bytes {
+            command.arg("--quota-backend-bytes").arg(quota.to_string());
+        }
+        let log = member.log_path();
+        let proc = Proc::spawn(format!("etcd {}", member.name()), command, &log)?;
+        let member = &mut self.members[i];
+        member.proc = Some(proc);
+        member.state = MemberState::Running;
+        Ok(())
+    }
+
+    /// Kills member `i` (SIGKILL); its data directory stays.
+    pub fn kill(&mut self, i: usize) {
+        let member = &mut self.members[i];
+        if let Some(mut proc) = member.proc.take() {
+            proc.kill();
+        }
+        member.state = MemberState::Killed;
+    }
+
+    /// Freezes member `i` (SIGSTOP): its sockets stay open, it answers nothing.
+    pub fn hang(&mut self, i: usize) -> Result<()> {
+        let member = &mut self.members[i];
+        member
+            .proc
+            .as_ref()
+            .ok_or_else(|| not_running(member))?
+            .freeze()?;
+        member.state = MemberState::Hung;
+        Ok(())
+    }
+
+    /// Thaws member `i` (SIGCONT).
+    pub fn resume(&mut self, i: usize) -> Result<()> {
+        let member = &mut self.members[i];
+        member
+            .proc
+            .as_ref()
+            .ok_or_else(|| not_running(member))?
+            .thaw()?;
+        member.state = MemberState::Running;
+        Ok(())
+    }
+
+    /// Kills member `i` if needed and starts it again from its data directory.
+    pub fn restart(&mut self, i: usize) -> Result<()> {
+        self.kill(i);
+        self.spawn(i, "existing")
+    }
+
+    /// Adds a learner with `etcdctl member add --learner`, starts it and waits until it serves
+    /// its client port. Returns its index.
+    pub fn add_learner(&mut self) -> Result<usize> {
+        let slot = self.reserve_host()?;
+        let peer_urls = format!("--peer-urls={}", slot.peer_url);
+        let args = ["member", "add", &slot.name, "--learner", &peer_urls];
+        // etcd refuses membership changes ("unhealthy cluster") until every member has been
+        // connected for its health interval (5 s), e.g. right after the cluster started.
+        let deadline = Instant::now() + RECONFIG_SETTLE;
+        let output = loop {
+            match self.etcdctl(&args) {
+                Err(HarnessError::Command { detail, .. })
+                    if detail.contains("unhealthy cluster") && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                other => break other?,
+            }
+        };
+        let initial_cluster = output
+            .lines()
+            .find_map(|line| line.strip_prefix("ETCD_INITIAL_CLUSTER="))
+            .map(|v| v.trim_matches('"').to_owned())
+            .ok_or_else(|| HarnessError::Command {
+                command: "etcdctl member add --learner".into(),
+                detail: format!("no ETCD_INITIAL_CLUSTER in output: {output}"),
+            })?;
+        self.members.push(EtcdMember {
+            slot,
+            initial_cluster,
+            proc: None,
+            state: MemberState::Killed,
+        });
+        let index = self.members.len() - 1;
+        self.spawn(index, "existing")?;
+        let addr = self.members[index].client_addr();
+        wait_until("the learner to serve /health", START_TIMEOUT, || {
+            self.check_alive(index)?;
+            Ok(http::get(addr, "/health", PROBE_TIMEOUT).is_some())
+        })?;
+        Ok(index)
+    }
+
+    fn check_alive(&mut self, i: usize) -> Result<()> {
+        match self.members[i].proc.as_mut() {
+            Some(proc) => proc.ensure_running(),
+            None => Err(not_running(&self.members[i])),
+        }
+    }
+
+    /// Waits until every running member answers `/health` with `"health":"true"`.
+    pub fn wait_healthy(&mut self, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        let running: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].state == MemberState::Running)
+            .collect();
+        for i in running {
+            let addr = self.members[i].client_addr();
+            let left = timeout.saturating_sub(started.elapsed());
+            let what = format!("etcd {} to report healthy", self.members[i].name());
+            wait_until(&what, left, || {
+                self.check_alive(i)?;
+                Ok(is_healthy(addr))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Whether member `i` answers `/health` with `"health":"true"` right now.
+    pub fn is_healthy(&self, i: usize) -> bool {
+        is_healthy(self.members[i].client_addr())
+    }
+
+    /// Runs `etcdctl` against the running members and returns its stdout.
+    pub fn etcdctl(&self, args: &[&str]) -> Result<String> {
+        let mut command = Command::new(tools::etcdctl_bin()?);
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!(
+                "--endpoints={}",
+                self.running_endpoints().join(",")
+            ))
+            .arg("--dial-timeout=2s")
+            .arg("--command-timeout=5s")
+            .args(args);
+        run_capture(command, None, &format!("etcdctl {}", args.join(" ")))
+    }
+
+    /// Writes `key=value`.
+    pub fn put(&self, key: &str, value: &str) -> Result<()> {
+        self.etcdctl(&["put", key, value]).map(drop)
+    }
+
+    /// Writes a probe key until a write succeeds (for example after a leader was frozen and a
+    /// new one must be elected) or `timeout` passes.
+    pub fn wait_writable(&self, timeout: Duration) -> Result<()> {
+        wait_until("the cluster to accept writes", timeout, || {
+            Ok(self.put("/metalguard-harness/probe", "1").is_ok())
+        })
+    }
+
+    /// Reads `key` (linearizable), `None` when absent.
+    pub fn get(&self, key: &str) -> Result<Option<String>> {
+        let out = self.etcdctl(&["get", key, "--print-value-only"])?;
+        let value = out.strip_suffix('\n').unwrap_or(&out);
+        Ok(if out.is_empty() {
+            None
+        } else {
+            Some(value.to_owned())
+        })
+    }
+
+    /// The member list as etcd reports it.
+    pub fn member_list(&self) -> Result<Vec<MemberInfo>> {
+        let out = self.etcdctl(&["member", "list", "-w", "json"])?;
+        let list: MemberList = serde_json::from_str(&out).map_err(|e| HarnessError::Command {
+            command: "etcdctl member list -w json".into(),
+            detail: format!("unparsable output ({e}): {out}"),
+        })?;
+        Ok(list.members)
+    }
+}
+
+fn is_healthy(addr: SocketAddr) -> bool {
+    http::get(addr, "/health", PROBE_TIMEOUT)
+        .is_some_and(|(status, body)| status == 200 && body.contains("\"health\":\"true\""))
+}
+
+fn not_running(member: &EtcdMember) -> HarnessError {
+    HarnessError::Other(format!("etcd {} is not running", member.name()))
+}

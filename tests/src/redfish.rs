@@ -1,0 +1,341 @@
+//! The `sushy-tools` Redfish emulator with the fake driver.
+//!
+//! Each instance gets its own state directory (shared state leaks between instances and runs),
+//! a bcrypt htpasswd with a low cost (so timings do not measure bcrypt), and HTTP or HTTPS.
+//! The test reads the power state through `curl`, a client independent of metalguard's.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::ports::{PortLease, reserve_port};
+use crate::process::{Proc, run_capture, wait_until};
+use crate::tls::{ServerCert, ServerCertFiles, write_file};
+use crate::{HarnessError, Result, tools};
+
+/// How long to wait for the emulator to answer after start.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// bcrypt cost of the htpasswd entries (low on purpose, see DOMAIN.md §2).
+const BCRYPT_COST: u32 = 4;
+
+/// Transport of the emulator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tls {
+    /// Plain HTTP.
+    Http,
+    /// HTTPS with a leaf certificate issued by a test CA.
+    CaSigned,
+    /// HTTPS with a self-signed certificate carrying CA:TRUE.
+    SelfSignedCa,
+}
+
+/// Options for [`RedfishBmc::start`].
+#[derive(Debug, Clone)]
+pub struct RedfishOptions {
+    /// HTTP or HTTPS flavour.
+    pub tls: Tls,
+    /// Apply power changes at once (true) or after the emulator's random 1-11 s (false).
+    pub instant_power: bool,
+    /// Number of systems the BMC lists.
+    pub systems: usize,
+    /// Power state of every system at start.
+    pub initially_on: bool,
+    /// The user the test logs in as.
+    pub username: String,
+    /// Its password (random by default).
+    pub password: String,
+}
+
+impl Default for RedfishOptions {
+    fn default() -> Self {
+        Self {
+            tls: Tls::Http,
+            instant_power: true,
+            systems: 1,
+            initially_on: true,
+            username: "admin".to_owned(),
+            password: tools::random_token(16),
+        }
+    }
+}
+
+/// A running sushy-tools emulator. Dropping it stops it and removes its state.
+#[derive(Debug)]
+pub struct RedfishBmc {
+    proc: Proc,
+    port: PortLease,
+    options: RedfishOptions,
+    system_ids: Vec<String>,
+    cert: Option<(ServerCert, ServerCertFiles)>,
+    creds_dir: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl RedfishBmc {
+    /// Starts an emulator and waits until it answers an authenticated request.
+    pub fn start(options: RedfishOptions) -> Result<Self> {
+        let python = tools::venv_python()?;
+        let dir = tools::temp_dir("redfish")?;
+        let port = reserve_port()?;
+        let state_dir = dir.path().join("state");
+        std::fs::create_dir_all(&state_dir)
+            .map_err(HarnessError::io("creating the emulator state directory"))?;
+
+        let htpasswd = dir.path().join("htpasswd");
+        let hash = bcrypt::hash(&options.password, BCRYPT_COST)
+            .map_err(|e| HarnessError::Other(format!("hashing the emulator password: {e}")))?;
+        write_file(
+            &htpasswd,
+            format!("{}:{hash}\n", options.username).as_bytes(),
+            0o600,
+        )?;
+
+        let creds_dir = dir.path().join("credentials");
+        write_credentials(&creds_dir, &options.username, &options.password)?;
+
+        let cert = match options.tls {
+            Tls::Http => None,
+            Tls::CaSigned => Some(ServerCert::ca_signed()?),
+            Tls::SelfSignedCa => Some(ServerCert::self_signed_ca()?),
+        };
+        let cert = match cert {
+            Some(cert) => {
+                let files = cert.write_to(dir.path())?;
+                Some((cert, files))
+            }
+            None => None,
+        };
+
+        let system_ids: Vec<String> = (0..options.systems).map(|_| tools::random_uuid()).collect();
+        let config = dir.path().join("emulator.conf");
+        let text = emulator_config(
+            &options,
+            port.port(),
+            &htpasswd,
+            &state_dir,
+            &system_ids,
+            cert.as_ref().map(|c| &c.1),
+        );
+        write_file(&config, text.as_bytes(), 0o600)?;
+
+        let mut command = Command::new(python);
+        command
+            .arg(tools::fixture("sushy_launch.py"))
+            .arg("--config")
+            .arg(&config)
+            .env(
+                "MG_SUSHY_INSTANT",
+                if options.instant_power { "1" } else { "0" },
+            )
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        let proc = Proc::spawn("sushy-emulator", command, &dir.path().join("emulator.log"))?;
+        let mut bmc = Self {
+            proc,
+            port,
+            options,
+            system_ids,
+            cert,
+            creds_dir,
+            dir,
+        };
+        wait_until("the Redfish emulator to answer", START_TIMEOUT, || {
+            bmc.proc.ensure_running()?;
+            Ok(bmc
+                .curl("GET", "/redfish/v1/Systems", None)
+                .is_ok_and(|(code, _)| code == 200))
+        })?;
+        Ok(bmc)
+    }
+
+    /// `http://127.0.0.1:PORT` or `https://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        let scheme = if self.options.tls == Tls::Http {
+            "http"
+        } else {
+            "https"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port.port())
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port.port()
+    }
+
+    /// The system ids (UUIDs) the emulator lists, in creation order.
+    pub fn system_ids(&self) -> &[String] {
+        &self.system_ids
+    }
+
+    /// `/redfish/v1/Systems/<id>` of system `i`.
+    pub fn system_path(&self, i: usize) -> String {
+        format!("/redfish/v1/Systems/{}", self.system_ids[i])
+    }
+
+    /// The login user name.
+    pub fn username(&self) -> &str {
+        &self.options.username
+    }
+
+    /// The login password (tests use it to check that it never leaks).
+    pub fn password(&self) -> &str {
+        &self.options.password
+    }
+
+    /// A directory holding `username` and `password` files (mode 0600), as a mounted
+    /// Kubernetes Secret looks.
+    pub fn credentials_dir(&self) -> &Path {
+        &self.creds_dir
+    }
+
+    /// The CA bundle to trust for HTTPS (the certificate itself when self-signed).
+    pub fn ca_pem_path(&self) -> Option<&Path> {
+        self.cert.as_ref().map(|(_, files)| files.ca.as_path())
+    }
+
+    /// SHA-256 fingerprint (`AB:CD:...`) of the server certificate, for HTTPS.
+    pub fn fingerprint_sha256(&self) -> Option<String> {
+        self.cert
+            .as_ref()
+            .map(|(cert, _)| cert.fingerprint_sha256())
+    }
+
+    /// The emulator's log file.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("emulator.log")
+    }
+
+    /// Freezes the emulator (SIGSTOP): it accepts connections and answers nothing.
+    pub fn freeze(&self) -> Result<()> {
+        self.proc.freeze()
+    }
+
+    /// Thaws it (SIGCONT).
+    pub fn thaw(&self) -> Result<()> {
+        self.proc.thaw()
+    }
+
+    /// The current `PowerState` of system `i` as the emulator reports it.
+    pub fn power_state(&self, i: usize) -> Result<String> {
+        let (code, body) = self.curl("GET", &self.system_path(i), None)?;
+        if code != 200 {
+            return Err(HarnessError::Other(format!(
+                "GET system {i} returned HTTP {code}"
+            )));
+        }
+        let value: serde_json::Value = serde_json::from_str(&body)
+            .map_err(|e| HarnessError::Other(format!("system {i} JSON unparsable: {e}")))?;
+        value
+            .get("PowerState")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| HarnessError::Other(format!("system {i} has no PowerState")))
+    }
+
+    /// Sends `ComputerSystem.Reset` with `reset_type` to system `i` and returns the HTTP status.
+    pub fn reset(&self, i: usize, reset_type: &str) -> Result<u16> {
+        let path = format!("{}/Actions/ComputerSystem.Reset", self.system_path(i));
+        let body = format!("{{\"ResetType\": \"{reset_type}\"}}");
+        self.curl("POST", &path, Some(&body)).map(|(code, _)| code)
+    }
+
+    /// One request through `curl`; credentials go through its stdin config, never arguments.
+    pub fn curl(&self, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
+        let mut config = String::new();
+        let _ = writeln!(
+            config,
+            "user = \"{}:{}\"",
+            self.options.username.replace('"', "\\\""),
+            self.options.password.replace('"', "\\\"")
+        );
+        if let Some(ca) = self.ca_pem_path() {
+            let _ = writeln!(config, "cacert = \"{}\"", ca.display());
+        }
+        let mut command = Command::new(tools::program("curl")?);
+        command
+            .args([
+                "-sS",
+                "--max-time",
+                "10",
+                "-K",
+                "-",
+                "-X",
+                method,
+                "-w",
+                "\n%{http_code}",
+            ])
+            .arg(format!("{}{path}", self.base_url()));
+        if let Some(body) = body {
+            command.args(["-H", "Content-Type: application/json", "--data", body]);
+        }
+        let out = run_capture(
+            command,
+            Some(config.as_bytes()),
+            &format!("curl -X {method} {path}"),
+        )?;
+        let (body, code) = out.rsplit_once('\n').unwrap_or(("", &out));
+        let code = code
+            .trim()
+            .parse()
+            .map_err(|_| HarnessError::Other(format!("curl printed no status code: {out}")))?;
+        Ok((code, body.to_owned()))
+    }
+}
+
+/// Writes `username` and `password` files (0600) into `dir` (0700).
+pub fn write_credentials(dir: &Path, username: &str, password: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(HarnessError::io("creating the credentials directory"))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(HarnessError::io("setting the credentials directory mode"))?;
+    write_file(&dir.join("username"), username.as_bytes(), 0o600)?;
+    write_file(&dir.join("password"), password.as_bytes(), 0o600)
+}
+
+fn py_str(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+fn emulator_config(
+    options: &RedfishOptions,
+    port: u16,
+    htpasswd: &Path,
+    state_dir: &Path,
+    system_ids: &[String],
+    cert: Option<&ServerCertFiles>,
+) -> String {
+    let power = if options.initially_on { "On" } else { "Off" };
+    let systems: Vec<String> = system_ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            format!(
+                "{{'uuid': {}, 'name': 'host-{i}', 'power_state': '{power}', \
+                 'external_notifier': False, 'nics': [{{'mac': '52:54:00:00:00:{i:02x}', \
+                 'ip': '127.0.0.1'}}]}}",
+                py_str(id)
+            )
+        })
+        .collect();
+    let mut text = format!(
+        "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\n\
+         SUSHY_EMULATOR_LISTEN_PORT = {port}\n\
+         SUSHY_EMULATOR_FAKE_DRIVER = True\n\
+         SUSHY_EMULATOR_STATE_DIR = {}\n\
+         SUSHY_EMULATOR_AUTH_FILE = {}\n\
+         SUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n",
+        py_str(&state_dir.to_string_lossy()),
+        py_str(&htpasswd.to_string_lossy()),
+        systems.join(", ")
+    );
+    if let Some(cert) = cert {
+        let _ = write!(
+            text,
+            "SUSHY_EMULATOR_SSL_CERT = {}\nSUSHY_EMULATOR_SSL_KEY = {}\n",
+            py_str(&cert.cert.to_string_lossy()),
+            py_str(&cert.key.to_string_lossy())
+        );
+    }
+    text
+}

@@ -1,0 +1,147 @@
+//! Locating the programs the harness runs.
+//!
+//! Each program can be overridden with an environment variable, so the same tests run against
+//! Debian's etcd 3.4 and a 3.5 build (`METALGUARD_ETCD_BIN`), or a venv elsewhere.
+
+use std::path::{Path, PathBuf};
+
+use crate::{HarnessError, Result};
+
+const SETUP_HINT: &str = "run scripts/setup.sh";
+
+/// The repository root (the parent of this crate's directory).
+pub fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map_or_else(|| manifest.to_path_buf(), Path::to_path_buf)
+}
+
+/// Finds `name` on `PATH`.
+pub fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn from_env_or_path(var: &str, name: &str) -> Result<PathBuf> {
+    if let Some(value) = std::env::var_os(var) {
+        let path = PathBuf::from(value);
+        if is_executable(&path) {
+            return Ok(path);
+        }
+        return Err(HarnessError::MissingProgram {
+            program: name.to_owned(),
+            hint: format!("{var}={} is not an executable file", path.display()),
+        });
+    }
+    which(name).ok_or_else(|| HarnessError::MissingProgram {
+        program: name.to_owned(),
+        hint: format!("not on PATH and {var} unset; {SETUP_HINT}"),
+    })
+}
+
+/// The `etcd` server binary: `METALGUARD_ETCD_BIN`, else `PATH`.
+pub fn etcd_bin() -> Result<PathBuf> {
+    from_env_or_path("METALGUARD_ETCD_BIN", "etcd")
+}
+
+/// The `etcdctl` binary: `METALGUARD_ETCDCTL_BIN`, else next to the etcd binary, else `PATH`.
+pub fn etcdctl_bin() -> Result<PathBuf> {
+    if std::env::var_os("METALGUARD_ETCDCTL_BIN").is_none()
+        && let Some(sibling) = etcd_bin()?.parent().map(|dir| dir.join("etcdctl"))
+        && is_executable(&sibling)
+    {
+        return Ok(sibling);
+    }
+    from_env_or_path("METALGUARD_ETCDCTL_BIN", "etcdctl")
+}
+
+/// The Python virtual environment holding sushy-tools and pyghmi:
+/// `METALGUARD_VENV`, else `<repo>/.tools/venv`.
+pub fn venv_dir() -> PathBuf {
+    std::env::var_os("METALGUARD_VENV")
+        .map_or_else(|| repo_root().join(".tools").join("venv"), PathBuf::from)
+}
+
+/// The venv's Python interpreter.
+pub fn venv_python() -> Result<PathBuf> {
+    let python = venv_dir().join("bin").join("python3");
+    if is_executable(&python) {
+        Ok(python)
+    } else {
+        Err(HarnessError::MissingProgram {
+            program: "python3 (venv with sushy-tools and pyghmi)".to_owned(),
+            hint: format!("{} missing; {SETUP_HINT}", python.display()),
+        })
+    }
+}
+
+/// Any other program from `PATH` (ipmi_sim, ipmitool, curl, ...).
+pub fn program(name: &str) -> Result<PathBuf> {
+    which(name).ok_or_else(|| HarnessError::MissingProgram {
+        program: name.to_owned(),
+        hint: format!("not on PATH; {SETUP_HINT}"),
+    })
+}
+
+/// A file shipped with the harness in `tests/fixtures/`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
+}
+
+/// Whether temporary directories should be kept after the test (`METALGUARD_KEEP_TMP=1`).
+pub fn keep_tmp() -> bool {
+    std::env::var_os("METALGUARD_KEEP_TMP").is_some_and(|v| v == "1")
+}
+
+/// Creates a temporary directory for one component. Its name starts with `mg-harness-` so
+/// stray processes are easy to find (`pgrep -f mg-harness-`).
+pub fn temp_dir(component: &str) -> Result<tempfile::TempDir> {
+    let mut dir = tempfile::Builder::new()
+        .prefix(&format!("mg-harness-{component}-"))
+        .tempdir()
+        .map_err(HarnessError::io(format!(
+            "creating a temporary directory for {component}"
+        )))?;
+    if keep_tmp() {
+        dir.disable_cleanup(true);
+    }
+    Ok(dir)
+}
+
+/// A random lower-case hex string of `len` characters (not cryptographic; test fixtures only).
+pub fn random_token(len: usize) -> String {
+    use std::fmt::Write as _;
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::with_capacity(len + 16);
+    while out.len() < len {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_usize(out.len());
+        let _ = write!(out, "{:016x}", hasher.finish());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A random UUID-shaped identifier.
+pub fn random_uuid() -> String {
+    let hex = random_token(32);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
