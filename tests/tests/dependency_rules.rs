@@ -1,5 +1,8 @@
 //! The workspace's dependency rules hold on the real `cargo metadata` graph.
 
+// Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use metalguard_e2e::deps;
 
 #[test]

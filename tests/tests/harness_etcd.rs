@@ -1,5 +1,8 @@
 //! Self-tests of the etcd harness against real etcd processes.
 
+// Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::time::Duration;
 
 use metalguard_e2e::etcd::{EtcdCluster, MemberState};
