@@ -1,7 +1,31 @@
 //! # metalguard-bmc
 //!
 //! Power control of a host through its BMC, over Redfish (HTTPS/HTTP) and IPMI v2.0 RMCP+
-//! (UDP), behind one narrow `PowerControl` trait, with a verified `fence` operation on top.
+//! (UDP), behind one narrow [`PowerControl`] trait, with a verified [`fence`] operation on top.
+//!
+//! Data flow: a [`BmcAddress`] (URL) + [`Credentials`] (file, never arguments) + [`TlsTrust`]
+//! → a protocol client implementing [`PowerControl`] → [`fence()`] drives it (command, then read
+//! the state back until verified, under one overall deadline) and returns a [`FenceOutcome`]
+//! with a [`Timeline`] of what was sent and seen.
 //!
 //! May depend on: tokio, reqwest with rustls, RustCrypto primitives, serde. Never on the kube
 //! client crates (enforced by `metalguard-e2e`'s dependency-rule test).
+
+pub mod address;
+pub mod control;
+pub mod credentials;
+pub mod error;
+pub mod fence;
+pub mod ipmi;
+pub mod power;
+pub mod timeline;
+pub mod tls;
+
+pub use address::{AddressError, BmcAddress, Transport};
+pub use control::PowerControl;
+pub use credentials::{Credentials, CredentialsError};
+pub use error::BmcError;
+pub use fence::{FenceAction, FenceOptions, FenceOutcome, FenceStatus, fence};
+pub use power::{Capabilities, PowerState};
+pub use timeline::{Direction, Timeline, TimelineEntry};
+pub use tls::{TlsError, TlsTrust};

@@ -1,0 +1,145 @@
+//! Errors of power operations. Every message names the BMC and never holds a secret.
+
+use std::time::Duration;
+
+/// A boxed cause kept in the error chain (never interpolated into the message).
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a power operation against a BMC failed.
+///
+/// `bmc` is always the address without any credentials (`host:port` or the Redfish base URL).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BmcError {
+    /// The TCP connection or UDP exchange could not be set up (refused, unreachable, DNS).
+    #[error("could not connect to bmc {bmc}")]
+    Connect {
+        /// The BMC address.
+        bmc: String,
+        /// The transport error.
+        #[source]
+        source: Cause,
+    },
+    /// The BMC did not answer one call within its timeout.
+    #[error("bmc {bmc} did not answer {what} within {timeout:?}")]
+    Timeout {
+        /// The BMC address.
+        bmc: String,
+        /// The call, e.g. `GET /redfish/v1/Systems/1`.
+        what: String,
+        /// The per-call timeout that expired.
+        timeout: Duration,
+    },
+    /// The whole operation did not finish within its overall deadline.
+    #[error("{operation} of bmc {bmc} did not finish within {deadline:?}")]
+    Deadline {
+        /// The BMC address.
+        bmc: String,
+        /// The operation, e.g. `power off`.
+        operation: String,
+        /// The overall deadline.
+        deadline: Duration,
+    },
+    /// The BMC refused the credentials (HTTP 401, IPMI RAKP failure).
+    #[error("bmc {bmc} rejected the credentials")]
+    Authentication {
+        /// The BMC address.
+        bmc: String,
+    },
+    /// The BMC accepted the credentials but not the privilege the operation needs.
+    #[error("bmc {bmc} refused {what}: insufficient privilege")]
+    Privilege {
+        /// The BMC address.
+        bmc: String,
+        /// What was refused.
+        what: String,
+    },
+    /// The BMC answered with an HTTP status that means failure.
+    #[error("bmc {bmc} answered {what} with http status {status}{detail}")]
+    HttpStatus {
+        /// The BMC address.
+        bmc: String,
+        /// The call, e.g. `POST /redfish/v1/Systems/1/Actions/ComputerSystem.Reset`.
+        what: String,
+        /// The HTTP status code.
+        status: u16,
+        /// The Redfish error message the BMC gave, prefixed with `: `, or empty.
+        detail: String,
+    },
+    /// The BMC's answer could not be decoded.
+    #[error("bmc {bmc} sent an answer to {what} that could not be decoded")]
+    Decode {
+        /// The BMC address.
+        bmc: String,
+        /// The call whose answer was bad.
+        what: String,
+        /// The decoder error.
+        #[source]
+        source: Cause,
+    },
+    /// The BMC broke its protocol (bad sequence number, integrity check, missing field).
+    #[error("bmc {bmc} broke the protocol: {detail}")]
+    Protocol {
+        /// The BMC address.
+        bmc: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The BMC does not offer the requested operation.
+    #[error("bmc {bmc} does not support {operation} (it allows: {allowed})")]
+    Unsupported {
+        /// The BMC address.
+        bmc: String,
+        /// The operation, e.g. `power cycle`.
+        operation: String,
+        /// What the BMC allows instead, comma-separated.
+        allowed: String,
+    },
+    /// The BMC lists several systems and the address names none of them.
+    #[error("bmc {bmc} lists several systems and the address names none; name one of: {systems}")]
+    AmbiguousSystem {
+        /// The BMC address.
+        bmc: String,
+        /// The system URIs the BMC listed, comma-separated.
+        systems: String,
+    },
+    /// The BMC lists no system, or not the one named in the address.
+    #[error("bmc {bmc} has no system {wanted} (it lists: {systems})")]
+    SystemNotFound {
+        /// The BMC address.
+        bmc: String,
+        /// The system asked for, or `any` when none was named.
+        wanted: String,
+        /// The system URIs the BMC listed, comma-separated (may be empty).
+        systems: String,
+    },
+    /// The TLS client could not be configured for this BMC.
+    #[error("tls setup for bmc {bmc} failed: {detail}")]
+    Tls {
+        /// The BMC address.
+        bmc: String,
+        /// What was wrong (never a secret).
+        detail: String,
+    },
+    /// The BMC reported a power state other than the one the operation needed.
+    #[error("bmc {bmc} still reports power {state} after {operation}")]
+    NotVerified {
+        /// The BMC address.
+        bmc: String,
+        /// The operation, e.g. `power off`.
+        operation: String,
+        /// The last state the BMC reported.
+        state: String,
+    },
+}
+
+impl BmcError {
+    /// Whether retrying the same call may succeed (connect errors, timeouts, 5xx).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Connect { .. } | Self::Timeout { .. } => true,
+            Self::HttpStatus { status, .. } => *status >= 500,
+            _ => false,
+        }
+    }
+}

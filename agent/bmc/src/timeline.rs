@@ -1,0 +1,132 @@
+//! A record of what was sent to a BMC and what it answered, with elapsed times.
+//!
+//! Entries never hold secrets: callers record methods, paths, status codes and states only.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// Which way an entry went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// A request metalguard sent.
+    Sent,
+    /// An answer (or its absence) metalguard saw.
+    Seen,
+    /// A decision metalguard took (a retry, a wait, a verdict).
+    Note,
+}
+
+/// One step of an operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TimelineEntry {
+    /// Time since the timeline started.
+    #[serde(rename = "elapsed_ms", serialize_with = "serialize_millis")]
+    pub elapsed: Duration,
+    /// Which way the entry went.
+    pub direction: Direction,
+    /// What was sent or seen, e.g. `POST /redfish/v1/Systems/1/Actions/ComputerSystem.Reset ForceOff`.
+    pub what: String,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's serialize_with signature
+fn serialize_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
+
+/// The ordered steps of one operation against one BMC.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    start: Instant,
+    entries: Vec<TimelineEntry>,
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Timeline {
+    /// Starts an empty timeline now.
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Records a request that was sent.
+    pub fn sent(&mut self, what: impl Into<String>) {
+        self.push(Direction::Sent, what.into());
+    }
+
+    /// Records an answer that was seen.
+    pub fn seen(&mut self, what: impl Into<String>) {
+        self.push(Direction::Seen, what.into());
+    }
+
+    /// Records a decision.
+    pub fn note(&mut self, what: impl Into<String>) {
+        self.push(Direction::Note, what.into());
+    }
+
+    fn push(&mut self, direction: Direction, what: String) {
+        self.entries.push(TimelineEntry {
+            elapsed: self.start.elapsed(),
+            direction,
+            what,
+        });
+    }
+
+    /// The entries, oldest first.
+    pub fn entries(&self) -> &[TimelineEntry] {
+        &self.entries
+    }
+
+    /// Time since the timeline started.
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+}
+
+impl fmt::Display for Timeline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for entry in &self.entries {
+            let arrow = match entry.direction {
+                Direction::Sent => "->",
+                Direction::Seen => "<-",
+                Direction::Note => "..",
+            };
+            writeln!(
+                f,
+                "{:>9.1} ms {arrow} {}",
+                entry.elapsed.as_secs_f64() * 1000.0,
+                entry.what
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Direction, Timeline};
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_carry_elapsed_time_in_order() {
+        let mut timeline = Timeline::new();
+        timeline.sent("GET /redfish/v1");
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        timeline.seen("200");
+        let entries = timeline.entries();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].direction, Direction::Sent);
+        assert_eq!(entries[1].elapsed, Duration::from_millis(40));
+        assert!(timeline.to_string().contains("<- 200"));
+    }
+}
