@@ -88,10 +88,7 @@ pub fn classify(code: i32, message: &str) -> EtcdErrorKind {
             EtcdErrorKind::UnhealthyCluster
         }
         CODE_UNAVAILABLE if message.contains("request timed out") => EtcdErrorKind::Timeout,
-        CODE_UNAVAILABLE if message.contains("rpc not supported for learner") => {
-            EtcdErrorKind::NotSupportedForLearner
-        }
-        // Some versions send the learner refusal with another code; the text is specific enough.
+        // Sent as Unavailable by 3.4/3.5; the text is specific enough to accept any code.
         _ if message.contains("rpc not supported for learner") => {
             EtcdErrorKind::NotSupportedForLearner
         }

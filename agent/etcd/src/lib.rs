@@ -18,6 +18,7 @@ pub mod catchup;
 pub mod client;
 pub mod error;
 pub mod gate;
+pub mod join;
 pub mod observe;
 pub mod ops;
 pub mod view;

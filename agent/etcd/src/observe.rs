@@ -30,6 +30,11 @@ struct EndpointAnswer {
 
 /// Observes the cluster through the configured endpoints.
 pub async fn observe(settings: &ClientSettings) -> Result<ClusterView, EtcdError> {
+    // Boxed: the parallel probes make a large future, which callers should not inline.
+    Box::pin(observe_unboxed(settings)).await
+}
+
+async fn observe_unboxed(settings: &ClientSettings) -> Result<ClusterView, EtcdError> {
     if settings.endpoints.is_empty() {
         return Err(EtcdError::NoEndpoints);
     }

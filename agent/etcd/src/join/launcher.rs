@@ -1,0 +1,509 @@
+//! Starting the local etcd: as a supervised child process (`exec`) or as a systemd unit fed
+//! by an EnvironmentFile (`systemd`). Both pass the configuration as etcd's own `ETCD_*`
+//! environment variables, rendered once by [`EtcdLaunch::env`].
+
+use crate::join::state::write_atomically;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::process::Command;
+
+/// Wait before restarting an etcd child that exited.
+const RESTART_BACKOFF: Duration = Duration::from_millis(500);
+/// Deadline of `systemctl start`.
+const SYSTEMCTL_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The local etcd's configuration for joining an existing cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdLaunch {
+    /// Member name.
+    pub name: String,
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Advertised peer URL (the one added to the cluster).
+    pub peer_url: String,
+    /// Advertised client URL.
+    pub client_url: String,
+    /// Peer listen URL (defaults to the peer URL).
+    pub listen_peer_url: Option<String>,
+    /// Client listen URL (defaults to the client URL).
+    pub listen_client_url: Option<String>,
+    /// `--initial-cluster`, built by the join flow.
+    pub initial_cluster: String,
+    /// Further `ETCD_*` variables (TLS files, tuning), passed through unchanged.
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl EtcdLaunch {
+    /// The `ETCD_*` environment for this configuration, always with
+    /// `ETCD_INITIAL_CLUSTER_STATE=existing`.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            ("ETCD_NAME".to_owned(), self.name.clone()),
+            (
+                "ETCD_DATA_DIR".to_owned(),
+                self.data_dir.display().to_string(),
+            ),
+            (
+                "ETCD_INITIAL_ADVERTISE_PEER_URLS".to_owned(),
+                self.peer_url.clone(),
+            ),
+            (
+                "ETCD_LISTEN_PEER_URLS".to_owned(),
+                self.listen_peer_url
+                    .clone()
+                    .unwrap_or_else(|| self.peer_url.clone()),
+            ),
+            (
+                "ETCD_ADVERTISE_CLIENT_URLS".to_owned(),
+                self.client_url.clone(),
+            ),
+            (
+                "ETCD_LISTEN_CLIENT_URLS".to_owned(),
+                self.listen_client_url
+                    .clone()
+                    .unwrap_or_else(|| self.client_url.clone()),
+            ),
+            (
+                "ETCD_INITIAL_CLUSTER".to_owned(),
+                self.initial_cluster.clone(),
+            ),
+            (
+                "ETCD_INITIAL_CLUSTER_STATE".to_owned(),
+                "existing".to_owned(),
+            ),
+        ];
+        env.extend(self.extra_env.iter().cloned());
+        env
+    }
+}
+
+/// Renders a systemd EnvironmentFile: one `KEY="value"` line each, with `\`, `"` and `$`
+/// escaped so systemd reads the value back unchanged.
+pub fn render_environment_file(env: &[(String, String)]) -> String {
+    let mut out = String::from("# written by metalguard-agent etcd join; do not edit\n");
+    for (key, value) in env {
+        let escaped = value
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('$', "\\$");
+        let _ = writeln!(out, "{key}=\"{escaped}\"");
+    }
+    out
+}
+
+/// Errors of the launchers.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// etcd could not be spawned.
+    #[error("starting etcd binary {binary} failed")]
+    Spawn {
+        /// The binary.
+        binary: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The EnvironmentFile could not be written.
+    #[error("writing etcd environment file {path} failed")]
+    EnvFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `systemctl` failed or did not finish.
+    #[error("systemctl {action} {unit} failed: {detail}")]
+    Systemctl {
+        /// start or stop.
+        action: &'static str,
+        /// The unit.
+        unit: String,
+        /// Exit status or timeout.
+        detail: String,
+    },
+    /// The pid file could not be written.
+    #[error("writing etcd pid file {path} failed")]
+    PidFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How the local etcd is run.
+#[derive(Debug)]
+pub enum Launcher {
+    /// As a child process the agent supervises.
+    Exec(ExecLauncher),
+    /// As a systemd unit reading an EnvironmentFile.
+    Systemd(SystemdLauncher),
+}
+
+impl Launcher {
+    /// Starts etcd with `launch` (idempotent: an etcd already started by us keeps running).
+    pub async fn start(&mut self, launch: &EtcdLaunch) -> Result<(), LaunchError> {
+        match self {
+            Self::Exec(l) => l.start(launch),
+            Self::Systemd(l) => l.start(launch).await,
+        }
+    }
+
+    /// Stops etcd (before wiping its data directory).
+    pub async fn stop(&mut self) -> Result<(), LaunchError> {
+        match self {
+            Self::Exec(l) => {
+                l.stop().await;
+                Ok(())
+            }
+            Self::Systemd(l) => l.stop().await,
+        }
+    }
+}
+
+/// Runs etcd as a child process and restarts it when it exits, until stopped.
+///
+/// The child's PID is written to `pid_file`. An agent that died (SIGKILL) leaves its child
+/// running; the next agent finds the PID there and stops that orphan before starting its own,
+/// so exactly one etcd runs for the data directory.
+#[derive(Debug)]
+pub struct ExecLauncher {
+    binary: PathBuf,
+    pid_file: PathBuf,
+    log_file: Option<PathBuf>,
+    supervisor: Option<Supervisor>,
+}
+
+#[derive(Debug)]
+struct Supervisor {
+    stop: Arc<AtomicBool>,
+    wake: Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ExecLauncher {
+    /// A launcher for `binary`, recording the child's PID in `pid_file` and appending its
+    /// output to `log_file` (or inheriting the agent's stderr).
+    pub fn new(binary: PathBuf, pid_file: PathBuf, log_file: Option<PathBuf>) -> Self {
+        Self {
+            binary,
+            pid_file,
+            log_file,
+            supervisor: None,
+        }
+    }
+
+    /// The PID of the running child, read from the pid file.
+    pub fn pid(&self) -> Option<i32> {
+        read_pid(&self.pid_file)
+    }
+
+    fn start(&mut self, launch: &EtcdLaunch) -> Result<(), LaunchError> {
+        if self
+            .supervisor
+            .as_ref()
+            .is_some_and(|s| !s.task.is_finished())
+        {
+            return Ok(());
+        }
+        stop_orphan(&self.pid_file);
+        let mut child = spawn(&self.binary, launch, self.log_file.as_deref())?;
+        record_pid(&self.pid_file, child.id())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let (binary, launch, log, pid_file) = (
+            self.binary.clone(),
+            launch.clone(),
+            self.log_file.clone(),
+            self.pid_file.clone(),
+        );
+        let (task_stop, task_wake) = (stop.clone(), wake.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    status = child.wait() => {
+                        tracing::warn!(status = ?status.ok(), "etcd child exited");
+                    }
+                    () = task_wake.notified() => {}
+                }
+                if task_stop.load(Ordering::SeqCst) {
+                    terminate(&mut child).await;
+                    let _ = std::fs::remove_file(&pid_file);
+                    return;
+                }
+                tokio::time::sleep(RESTART_BACKOFF).await;
+                if task_stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                match spawn(&binary, &launch, log.as_deref()) {
+                    Ok(new) => {
+                        child = new;
+                        if let Err(err) = record_pid(&pid_file, child.id()) {
+                            tracing::warn!(error = %err, "etcd pid file not updated");
+                        }
+                        tracing::info!(pid = child.id(), "etcd child restarted");
+                    }
+                    Err(err) => tracing::warn!(error = %err, "etcd child restart failed"),
+                }
+            }
+        });
+        self.supervisor = Some(Supervisor { stop, wake, task });
+        Ok(())
+    }
+
+    /// Stops the supervised child (SIGTERM, then SIGKILL after 5 s) and the supervisor.
+    pub async fn stop(&mut self) {
+        if let Some(s) = self.supervisor.take() {
+            s.stop.store(true, Ordering::SeqCst);
+            s.wake.notify_one();
+            let _ = s.task.await;
+        }
+        stop_orphan(&self.pid_file);
+    }
+
+    /// Forgets the child without stopping it, as an agent killed with SIGKILL would.
+    /// Only for tests of the resume path.
+    #[doc(hidden)]
+    pub fn abandon(&mut self) {
+        if let Some(s) = self.supervisor.take() {
+            s.task.abort();
+        }
+    }
+}
+
+fn spawn(
+    binary: &Path,
+    launch: &EtcdLaunch,
+    log: Option<&Path>,
+) -> Result<tokio::process::Child, LaunchError> {
+    let spawn_err = |source| LaunchError::Spawn {
+        binary: binary.to_owned(),
+        source,
+    };
+    let mut command = Command::new(binary);
+    command
+        .env_clear()
+        .envs(launch.env())
+        .stdin(std::process::Stdio::null());
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
+    }
+    if let Some(log) = log {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(spawn_err)?;
+        let err = file.try_clone().map_err(spawn_err)?;
+        command.stdout(file).stderr(err);
+    }
+    // The child outlives a killed agent on purpose: the next agent adopts it by PID.
+    command.kill_on_drop(false);
+    let child = command.spawn().map_err(spawn_err)?;
+    tracing::info!(pid = child.id(), name = launch.name, "etcd child started");
+    Ok(child)
+}
+
+async fn terminate(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        if tokio::time::timeout(Duration::from_secs(5), child.wait())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+    }
+    let _ = child.kill().await;
+}
+
+fn record_pid(pid_file: &Path, pid: Option<u32>) -> Result<(), LaunchError> {
+    let content = pid.map(|p| p.to_string()).unwrap_or_default();
+    write_atomically(pid_file, content.as_bytes()).map_err(|source| LaunchError::PidFile {
+        path: pid_file.to_owned(),
+        source,
+    })
+}
+
+fn read_pid(pid_file: &Path) -> Option<i32> {
+    std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()
+}
+
+/// Stops an etcd left running by an earlier agent, if the pid file names a live etcd.
+fn stop_orphan(pid_file: &Path) {
+    let Some(pid) = read_pid(pid_file) else {
+        return;
+    };
+    let is_etcd = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .and_then(|c| {
+            c.split(|b| *b == 0)
+                .next()
+                .map(|arg0| arg0.ends_with(b"etcd"))
+        });
+    if is_etcd != Some(true) {
+        let _ = std::fs::remove_file(pid_file);
+        return;
+    }
+    let pid = nix::unistd::Pid::from_raw(pid);
+    tracing::info!(pid = pid.as_raw(), "stopping etcd left by an earlier agent");
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+    // Wait for the kernel to release its ports (the orphan is not our child: poll /proc).
+    for _ in 0..100 {
+        let alive = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw()))
+            .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|state| state != "Z"));
+        if !alive {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(pid_file);
+}
+
+/// Runs etcd as a systemd unit whose `EnvironmentFile=` is written here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemdLauncher {
+    /// The unit, e.g. `etcd.service`.
+    pub unit: String,
+    /// The EnvironmentFile the unit reads.
+    pub env_file: PathBuf,
+    /// The systemctl binary.
+    pub systemctl: PathBuf,
+}
+
+impl SystemdLauncher {
+    /// Writes the EnvironmentFile (mode 0600: it may name key files).
+    pub fn write_env_file(&self, launch: &EtcdLaunch) -> Result<(), LaunchError> {
+        use std::os::unix::fs::PermissionsExt;
+        let err = |source| LaunchError::EnvFile {
+            path: self.env_file.clone(),
+            source,
+        };
+        write_atomically(
+            &self.env_file,
+            render_environment_file(&launch.env()).as_bytes(),
+        )
+        .map_err(err)?;
+        std::fs::set_permissions(&self.env_file, std::fs::Permissions::from_mode(0o600))
+            .map_err(err)
+    }
+
+    async fn start(&self, launch: &EtcdLaunch) -> Result<(), LaunchError> {
+        self.write_env_file(launch)?;
+        self.systemctl("start").await
+    }
+
+    async fn stop(&self) -> Result<(), LaunchError> {
+        self.systemctl("stop").await
+    }
+
+    async fn systemctl(&self, action: &'static str) -> Result<(), LaunchError> {
+        let fail = |detail: String| LaunchError::Systemctl {
+            action,
+            unit: self.unit.clone(),
+            detail,
+        };
+        let mut command = Command::new(&self.systemctl);
+        command.arg(action).arg(&self.unit).kill_on_drop(true);
+        match tokio::time::timeout(SYSTEMCTL_TIMEOUT, command.status()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(fail(status.to_string())),
+            Ok(Err(e)) => Err(fail(e.to_string())),
+            Err(_) => Err(fail(format!("no answer within {SYSTEMCTL_TIMEOUT:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn launch() -> EtcdLaunch {
+        EtcdLaunch {
+            name: "cp-4".into(),
+            data_dir: "/var/lib/etcd".into(),
+            peer_url: "https://10.0.0.4:2380".into(),
+            client_url: "https://10.0.0.4:2379".into(),
+            listen_peer_url: None,
+            listen_client_url: Some("https://0.0.0.0:2379".into()),
+            initial_cluster: "cp-1=https://10.0.0.1:2380,cp-4=https://10.0.0.4:2380".into(),
+            extra_env: vec![(
+                "ETCD_CERT_FILE".into(),
+                "/etc/etcd/\"odd\" $name.pem".into(),
+            )],
+        }
+    }
+
+    #[test]
+    fn environment_file_lists_the_join_configuration() {
+        let text = render_environment_file(&launch().env());
+        let expected = "# written by metalguard-agent etcd join; do not edit\n\
+            ETCD_NAME=\"cp-4\"\n\
+            ETCD_DATA_DIR=\"/var/lib/etcd\"\n\
+            ETCD_INITIAL_ADVERTISE_PEER_URLS=\"https://10.0.0.4:2380\"\n\
+            ETCD_LISTEN_PEER_URLS=\"https://10.0.0.4:2380\"\n\
+            ETCD_ADVERTISE_CLIENT_URLS=\"https://10.0.0.4:2379\"\n\
+            ETCD_LISTEN_CLIENT_URLS=\"https://0.0.0.0:2379\"\n\
+            ETCD_INITIAL_CLUSTER=\"cp-1=https://10.0.0.1:2380,cp-4=https://10.0.0.4:2380\"\n\
+            ETCD_INITIAL_CLUSTER_STATE=\"existing\"\n\
+            ETCD_CERT_FILE=\"/etc/etcd/\\\"odd\\\" \\$name.pem\"\n";
+        assert_eq!(text, expected);
+    }
+
+    #[tokio::test]
+    async fn systemd_launcher_writes_a_private_env_file_and_runs_systemctl() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // A fake systemctl that records its arguments: systemd is not PID 1 here.
+        let fake = dir.path().join("systemctl");
+        let record = dir.path().join("calls");
+        std::fs::write(
+            &fake,
+            format!("#!/bin/sh\necho \"$@\" >> {}\n", record.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut launcher = Launcher::Systemd(SystemdLauncher {
+            unit: "etcd-member.service".into(),
+            env_file: dir.path().join("etc/etcd.env"),
+            systemctl: fake,
+        });
+        launcher.start(&launch()).await.unwrap();
+        let env = std::fs::read_to_string(dir.path().join("etc/etcd.env")).unwrap();
+        assert!(env.contains("ETCD_INITIAL_CLUSTER_STATE=\"existing\"\n"));
+        let mode = std::fs::metadata(dir.path().join("etc/etcd.env"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        launcher.stop().await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(record).unwrap(),
+            "start etcd-member.service\nstop etcd-member.service\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn failing_systemctl_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let launcher = SystemdLauncher {
+            unit: "etcd.service".into(),
+            env_file: dir.path().join("etcd.env"),
+            systemctl: "/bin/false".into(),
+        };
+        let err = launcher.start(&launch()).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("systemctl start etcd.service failed"),
+            "{err}"
+        );
+    }
+}
