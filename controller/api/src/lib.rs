@@ -14,5 +14,6 @@
 pub mod duration;
 pub mod plan;
 pub mod policy;
+pub mod protocol;
 pub mod remediation;
 pub mod snapshot;

@@ -1,0 +1,477 @@
+//! The agent ↔ controller protocol: HTTP/JSON over HTTPS with mutual TLS.
+//!
+//! Three versioned endpoints, all scoped to the host named by the agent's client certificate
+//! (the controller answers 403 when the `{host}` in the path is not that host):
+//!
+//! | method | path | body | answer |
+//! |---|---|---|---|
+//! | POST | [`REPORT_PATH`] | [`AgentReport`] | [`ReportAck`] |
+//! | GET  | [`COMMANDS_PATH`]`?wait=SECONDS` | — | [`CommandBatch`] (long-poll) |
+//! | POST | [`RESULTS_PATH`] | [`CommandResult`] | [`ResultAck`] |
+//!
+//! Data flow: the agent reports on an interval and on change; it keeps one long-poll open and
+//! receives commands within ~100 ms of the controller planning them; it executes each command
+//! at most once per [`OperationId`] and posts a [`CommandResult`] until the controller
+//! acknowledges it (also after a controller restart). Errors are answered as [`ErrorBody`].
+//!
+//! Pure serde types: no I/O, no clock. Secrets ([`Secret`]) serialize as plain strings on the
+//! wire (inside TLS) but never print through `Debug`.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::duration::Timestamp;
+use crate::plan::OperationId;
+use crate::snapshot::ConditionStatus;
+
+/// The protocol version, the first segment of every path.
+pub const API_VERSION: &str = "v1";
+/// POST: an agent's report. `{host}` is the host named by the client certificate.
+pub const REPORT_PATH: &str = "/v1/hosts/{host}/report";
+/// GET: the agent's pending commands; long-polls up to `?wait=SECONDS` ([`WAIT_PARAM`]).
+pub const COMMANDS_PATH: &str = "/v1/hosts/{host}/commands";
+/// POST: the result of one command.
+pub const RESULTS_PATH: &str = "/v1/hosts/{host}/results";
+/// The query parameter of [`COMMANDS_PATH`] that holds the long-poll wait in whole seconds.
+pub const WAIT_PARAM: &str = "wait";
+/// The longest long-poll the controller honours; larger waits are clamped to this.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+/// The placeholder in the path templates.
+pub const HOST_PLACEHOLDER: &str = "{host}";
+
+/// [`REPORT_PATH`] for `host`.
+pub fn report_path(host: &str) -> String {
+    REPORT_PATH.replace(HOST_PLACEHOLDER, host)
+}
+
+/// [`COMMANDS_PATH`] for `host` with a long-poll of `wait` (whole seconds, rounded down).
+pub fn commands_path(host: &str, wait: Duration) -> String {
+    format!(
+        "{}?{WAIT_PARAM}={}",
+        COMMANDS_PATH.replace(HOST_PLACEHOLDER, host),
+        wait.as_secs()
+    )
+}
+
+/// [`RESULTS_PATH`] for `host`.
+pub fn results_path(host: &str) -> String {
+    RESULTS_PATH.replace(HOST_PLACEHOLDER, host)
+}
+
+/// A secret string (a BMC password). Serialized as a plain string; `Debug` prints
+/// `<redacted>` and there is deliberately no `Display`, so it cannot reach a log by accident.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret value, for the one place that must send it (the BMC client).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// An agent's report about its own host, sent on an interval and whenever a condition changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentReport {
+    /// The reporting host; must equal the host named by the client certificate.
+    pub host: String,
+    /// The agent's version (`CARGO_PKG_VERSION`).
+    pub agent_version: String,
+    /// Increases by one with every report of one agent process; the controller ignores a
+    /// report whose sequence is not above the last one it kept from the same `boot_id`.
+    pub sequence: u64,
+    /// Identifies one run of the agent process (random at start); a new value resets `sequence`.
+    #[serde(default)]
+    pub boot_id: String,
+    /// When the agent sent this report (the agent's clock; the controller also records its own).
+    pub sent_at: Timestamp,
+    /// Probe verdicts, one per condition type.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// What the agent sees of etcd, if the host runs or may run an etcd member.
+    #[serde(default)]
+    pub etcd: Option<EtcdView>,
+    /// Whether the agent can reach the BMCs of the hosts it may be asked to fence.
+    #[serde(default)]
+    pub bmc_reachability: Vec<BmcReachability>,
+    /// Operation ids the agent has executed and whose results are not acknowledged yet
+    /// (so a restarted controller knows a result is on its way).
+    #[serde(default)]
+    pub unacknowledged_results: Vec<OperationId>,
+}
+
+/// One probe verdict, shaped like a Kubernetes condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Condition {
+    /// Condition type, e.g. `EtcdHealthy`, `ApiServerReady`, `KubeletHealthy`, `DiskSpace`,
+    /// `ClockSynchronized`, or a custom probe's name.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True` when the probed thing is healthy.
+    pub status: ConditionStatus,
+    /// A CamelCase machine-readable reason, e.g. `Timeout`, `NoLeader`, `AlarmNoSpace`.
+    pub reason: String,
+    /// A human-readable message (never contains secrets).
+    #[serde(default)]
+    pub message: String,
+    /// When `status` last changed (after hysteresis).
+    pub last_transition: Timestamp,
+}
+
+/// What the agent sees of etcd: its local member and the members it probed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdView {
+    /// The id of the member running on this host, if one runs.
+    #[serde(default)]
+    pub local_member_id: Option<u64>,
+    /// The raft leader as the local member sees it.
+    #[serde(default)]
+    pub leader_id: Option<u64>,
+    /// Every member of the member list, with what probing it showed.
+    #[serde(default)]
+    pub members: Vec<EtcdMemberView>,
+}
+
+/// One etcd member as the agent observed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdMemberView {
+    /// Member id.
+    pub id: u64,
+    /// Member name (empty for an added-but-unstarted member).
+    #[serde(default)]
+    pub name: String,
+    /// Peer URLs.
+    #[serde(default)]
+    pub peer_urls: Vec<String>,
+    /// Client URLs.
+    #[serde(default)]
+    pub client_urls: Vec<String>,
+    /// True for a learner.
+    #[serde(default)]
+    pub learner: bool,
+    /// The member answered a status probe within its timeout with no alarm.
+    pub healthy: bool,
+    /// Active alarms (`NOSPACE`, `CORRUPT`).
+    #[serde(default)]
+    pub alarms: Vec<String>,
+    /// The member's raft applied index, if its status was read.
+    #[serde(default)]
+    pub raft_applied_index: Option<u64>,
+    /// Why the probe failed, if it did.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Whether this agent can reach one host's BMC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcReachability {
+    /// The host whose BMC was probed.
+    pub host: String,
+    /// True when the BMC answered (a power-state read succeeded).
+    pub reachable: bool,
+    /// When the probe ran.
+    pub checked_at: Timestamp,
+    /// Why it failed, if it did (never contains credentials).
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// The controller's answer to a report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportAck {
+    /// The sequence number the controller recorded.
+    pub sequence: u64,
+    /// When the controller received the report (its clock).
+    pub received_at: Timestamp,
+}
+
+/// The answer to a long-poll: zero or more commands (empty when the wait ran out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CommandBatch {
+    /// Commands to execute, in order. A command stays in every batch until its result is
+    /// acknowledged; the agent deduplicates by operation id.
+    pub commands: Vec<Command>,
+}
+
+/// One command for an agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Command {
+    /// The operation id; the agent executes each id at most once.
+    pub operation_id: OperationId,
+    /// When the controller persisted the intent behind this command.
+    pub issued_at: Timestamp,
+    /// What to do.
+    pub kind: CommandKind,
+}
+
+/// What a command asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "type")]
+pub enum CommandKind {
+    /// Drive another host's BMC.
+    Fence(FenceCommand),
+    /// The local host may now start its etcd as the learner that was added for it.
+    EtcdJoinGoAhead {
+        /// The learner's member id.
+        member_id: u64,
+        /// The `--initial-cluster` value the member must start with.
+        initial_cluster: String,
+    },
+    /// Promote a caught-up learner (bounded retries; a failed promote changes nothing).
+    EtcdPromote {
+        /// The learner's member id.
+        member_id: u64,
+    },
+    /// Remove a member from the cluster.
+    EtcdRemove {
+        /// The member id.
+        member_id: u64,
+    },
+}
+
+impl CommandKind {
+    /// A short, stable name for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CommandKind::Fence(_) => "fence",
+            CommandKind::EtcdJoinGoAhead { .. } => "etcd-join-go-ahead",
+            CommandKind::EtcdPromote { .. } => "etcd-promote",
+            CommandKind::EtcdRemove { .. } => "etcd-remove",
+        }
+    }
+}
+
+/// Drive the BMC of `target`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FenceCommand {
+    /// The host being fenced.
+    pub target: String,
+    /// The power action.
+    pub action: PowerAction,
+    /// The target's BMC address, e.g. `redfish+https://10.0.0.5/redfish/v1/Systems/1` or
+    /// `ipmi://10.0.0.5:623` (parsed by `metalguard-bmc`).
+    pub bmc_address: String,
+    /// How the BMC's TLS certificate is trusted.
+    #[serde(default)]
+    pub tls: BmcTrust,
+    /// Credentials for the BMC.
+    pub credentials: BmcCredentials,
+}
+
+/// A power action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PowerAction {
+    /// Hard power off, verified by reading the state back.
+    Off,
+    /// Power on, verified by reading the state back.
+    On,
+    /// Off, verified, then on.
+    Reboot,
+}
+
+/// How an agent trusts a BMC's TLS certificate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case", tag = "mode")]
+pub enum BmcTrust {
+    /// The system CA bundle.
+    #[default]
+    SystemRoots,
+    /// These CA certificates (PEM) only.
+    CaPem {
+        /// The PEM text.
+        pem: String,
+    },
+    /// Exactly the certificate with this SHA-256 fingerprint (hex, colons allowed).
+    Fingerprint {
+        /// The fingerprint.
+        sha256: String,
+    },
+    /// Any certificate (explicit opt-in; counted as an insecure BMC connection).
+    Insecure,
+}
+
+/// BMC credentials. The password is a [`Secret`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcCredentials {
+    /// User name.
+    pub username: String,
+    /// Password (redacted in `Debug`).
+    pub password: Secret,
+}
+
+/// The result of one command, posted until acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandResult {
+    /// The command's operation id.
+    pub operation_id: OperationId,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// When the agent started executing it.
+    pub started_at: Timestamp,
+    /// When it finished.
+    pub finished_at: Timestamp,
+    /// What was sent and seen, in order.
+    #[serde(default)]
+    pub timeline: Vec<TimelineEntry>,
+    /// Why it failed, for `failed` and `rejected` outcomes.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// Done and verified (for a fence: the power state was read back).
+    Succeeded,
+    /// Attempted and failed; the target's state is unknown or unchanged.
+    Failed,
+    /// Not attempted (bad address, missing trust, unknown member).
+    Rejected,
+}
+
+impl Outcome {
+    /// A short, stable name for logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Rejected => "rejected",
+        }
+    }
+}
+
+/// One step of a command's execution.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimelineEntry {
+    /// Milliseconds since the command started.
+    pub elapsed_ms: u64,
+    /// Which way the entry went.
+    pub direction: TimelineDirection,
+    /// What was sent or seen (never contains credentials).
+    pub what: String,
+}
+
+/// Which way a timeline entry went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimelineDirection {
+    /// A request the agent sent.
+    Sent,
+    /// An answer (or its absence) the agent saw.
+    Seen,
+    /// A decision the agent took.
+    Note,
+}
+
+/// The controller's answer to a posted result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResultAck {
+    /// The operation id whose result was recorded.
+    pub operation_id: OperationId,
+    /// False when the controller already had a result for this id (the post was a retry).
+    pub first: bool,
+}
+
+/// The body of every non-2xx answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// A lowercase message naming the subject.
+    pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fence() -> Command {
+        Command {
+            operation_id: OperationId("rem-1/power-off".into()),
+            issued_at: Timestamp(1_000),
+            kind: CommandKind::Fence(FenceCommand {
+                target: "cp-2".into(),
+                action: PowerAction::Off,
+                bmc_address: "redfish+https://10.0.0.5/redfish/v1/Systems/1".into(),
+                tls: BmcTrust::Fingerprint {
+                    sha256: "ab:cd".into(),
+                },
+                credentials: BmcCredentials {
+                    username: "admin".into(),
+                    password: Secret::new("hunter2"),
+                },
+            }),
+        }
+    }
+
+    #[test]
+    fn debug_never_prints_the_password() {
+        let text = format!("{:?}", fence());
+        assert!(!text.contains("hunter2"), "{text}");
+        assert!(text.contains("<redacted>"), "{text}");
+    }
+
+    #[test]
+    fn commands_round_trip_through_json_with_the_password() {
+        let json = serde_json::to_string(&fence()).unwrap();
+        assert!(json.contains("\"password\":\"hunter2\""), "{json}");
+        assert!(json.contains("\"type\":\"fence\""), "{json}");
+        let back: Command = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, fence());
+    }
+
+    #[test]
+    fn paths_fill_in_the_host_and_wait() {
+        assert_eq!(report_path("cp-1"), "/v1/hosts/cp-1/report");
+        assert_eq!(
+            commands_path("cp-1", Duration::from_millis(30_900)),
+            "/v1/hosts/cp-1/commands?wait=30"
+        );
+        assert_eq!(results_path("cp-1"), "/v1/hosts/cp-1/results");
+        assert!(REPORT_PATH.starts_with(&format!("/{API_VERSION}/")));
+    }
+
+    #[test]
+    fn reports_reject_unknown_fields() {
+        let json = r#"{"host":"a","agent_version":"0.1.0","sequence":1,"sent_at":5,"bogus":1}"#;
+        let err = serde_json::from_str::<AgentReport>(json).unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+        let ok = r#"{"host":"a","agent_version":"0.1.0","sequence":1,"sent_at":5}"#;
+        let report: AgentReport = serde_json::from_str(ok).unwrap();
+        assert!(report.conditions.is_empty());
+    }
+
+    #[test]
+    fn etcd_commands_are_tagged_by_type() {
+        let json = serde_json::to_string(&CommandKind::EtcdPromote { member_id: 7 }).unwrap();
+        assert_eq!(json, r#"{"type":"etcd-promote","member_id":7}"#);
+    }
+}
