@@ -1,0 +1,184 @@
+//! The IPMI v2.0 client against OpenIPMI's `ipmi_sim` (cipher suite 3, privilege
+//! enforcement, 63 session slots) and against peers that do not answer or answer garbage.
+
+use std::time::{Duration, Instant};
+
+use metalguard_bmc::ipmi::{
+    ChassisControl, CipherSuite, IpmiConfig, IpmiError, IpmiSession, Privilege,
+};
+use metalguard_e2e::ipmi::{IpmiOptions, IpmiSim, Privilege as Account};
+use zeroize::Zeroizing;
+
+fn config(sim: &IpmiSim, account: Account) -> IpmiConfig {
+    let mut c = IpmiConfig::new(
+        "127.0.0.1",
+        sim.username(account),
+        Zeroizing::new(sim.password().as_bytes().to_vec()),
+    );
+    c.port = sim.port();
+    c
+}
+
+#[tokio::test]
+async fn suite_3_status_off_on_and_cycle_against_ipmi_sim() {
+    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+    let mut s = IpmiSession::connect(&config(&sim, Account::Admin))
+        .await
+        .unwrap();
+    assert!(
+        s.events().iter().any(|e| e.detail == "suite 3"),
+        "{:?}",
+        s.events()
+    );
+    assert!(s.chassis_status().await.unwrap().power_on);
+
+    s.chassis_control(ChassisControl::PowerDown).await.unwrap();
+    assert!(!s.chassis_status().await.unwrap().power_on);
+    assert!(!sim.power_on().unwrap());
+
+    s.chassis_control(ChassisControl::PowerUp).await.unwrap();
+    assert!(s.chassis_status().await.unwrap().power_on);
+    assert!(sim.power_on().unwrap());
+
+    s.chassis_control(ChassisControl::HardReset).await.unwrap();
+    s.chassis_control(ChassisControl::SoftShutdown)
+        .await
+        .unwrap();
+    assert!(!sim.power_on().unwrap());
+    s.chassis_control(ChassisControl::PowerUp).await.unwrap();
+    s.chassis_control(ChassisControl::PowerCycle).await.unwrap();
+    s.close().await.unwrap();
+
+    let log = sim.power_log().unwrap();
+    let kinds: Vec<_> = log
+        .iter()
+        .map(|e| format!("{} {}", e.kind, e.value))
+        .collect();
+    assert!(kinds.contains(&"reset 1".to_owned()), "{kinds:?}");
+    assert!(kinds.contains(&"shutdown 1".to_owned()), "{kinds:?}");
+}
+
+/// ipmi_sim does not enforce an account's configured maximum for RMCP+ sessions (it grants
+/// ADMINISTRATOR to its USER account `viewer`, to ipmitool as well); what it enforces is the
+/// session's level. A session at the account's USER level reads, and is refused power off.
+#[tokio::test]
+async fn a_user_level_session_cannot_power_off() {
+    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+    let mut c = config(&sim, Account::User);
+    c.privilege = Privilege::User;
+    let mut s = IpmiSession::connect(&c).await.unwrap();
+    assert!(s.chassis_status().await.unwrap().power_on);
+    let err = s
+        .chassis_control(ChassisControl::PowerDown)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, IpmiError::PrivilegeRefused { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert_eq!(
+        msg,
+        format!(
+            "bmc 127.0.0.1:{} refused chassis control (power down) for user viewer: insufficient privilege level",
+            sim.port()
+        )
+    );
+    s.close().await.unwrap();
+    assert!(sim.power_on().unwrap(), "the host must still be on");
+    assert!(sim.power_log().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn one_hundred_operations_do_not_exhaust_the_63_session_slots() {
+    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+    let c = config(&sim, Account::Admin);
+    for i in 0..100 {
+        let mut s = IpmiSession::connect(&c)
+            .await
+            .unwrap_or_else(|e| panic!("session {i}: {e}"));
+        let action = if i % 2 == 0 {
+            ChassisControl::PowerDown
+        } else {
+            ChassisControl::PowerUp
+        };
+        s.chassis_control(action).await.unwrap();
+        s.close().await.unwrap();
+    }
+    // Sessions dropped without close() are closed by Drop: 100 more must still work.
+    for i in 0..100 {
+        let mut s = IpmiSession::connect(&c)
+            .await
+            .unwrap_or_else(|e| panic!("dropped {i}: {e}"));
+        s.chassis_status().await.unwrap();
+        drop(s);
+        // Give ipmi_sim a moment to process the fire-and-forget Close Session.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_operation_still_frees_its_session() {
+    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+    let c = config(&sim, Account::Admin);
+    for _ in 0..70 {
+        let fut = async {
+            let mut s = IpmiSession::connect(&c).await.unwrap();
+            s.chassis_status().await.unwrap();
+            // Never completes: the future is cancelled by the timeout below while holding `s`.
+            std::future::pending::<()>().await;
+        };
+        assert!(
+            tokio::time::timeout(Duration::from_millis(40), fut)
+                .await
+                .is_err()
+        );
+    }
+    let mut s = IpmiSession::connect(&c).await.unwrap();
+    s.chassis_status().await.unwrap();
+    s.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn wrong_password_fails_fast_and_does_not_leak_it() {
+    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+    let mut c = config(&sim, Account::Admin);
+    let wrong = "not-the-password";
+    c.password = Zeroizing::new(wrong.as_bytes().to_vec());
+    let started = Instant::now();
+    let err = IpmiSession::connect(&c).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        matches!(err, IpmiError::AuthenticationFailed { .. }),
+        "{err:?}"
+    );
+    let msg = format!("{err} {err:?} {c:?}");
+    assert!(
+        msg.contains("authentication failed for user admin at bmc 127.0.0.1:"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains(wrong) && !msg.contains(sim.password()),
+        "{msg}"
+    );
+    // The failed attempts must not leak session slots either.
+    for _ in 0..70 {
+        let _ = IpmiSession::connect(&c).await.unwrap_err();
+    }
+    let s = IpmiSession::connect(&config(&sim, Account::Admin))
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_suite_list_without_3_finds_no_common_suite_on_ipmi_sim() {
+    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+    let mut c = config(&sim, Account::Admin);
+    c.suites = vec![CipherSuite::Suite17];
+    let err = IpmiSession::connect(&c).await.unwrap_err();
+    let IpmiError::NoCommonCipherSuite { offered, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert!(
+        offered.contains(&3) && !offered.contains(&17),
+        "{offered:?}"
+    );
+}
