@@ -23,11 +23,13 @@ pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(300);
 pub const DEFAULT_MAX_RETRY: u32 = 3;
 /// Default number of worker remediations running at once ("one node at a time", seed 003).
 pub const DEFAULT_MAX_CONCURRENT: u32 = 1;
+/// An agent that has not reported for this long may not execute remediations.
+pub const DEFAULT_EXECUTOR_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default maxUnhealthy of a health check that targets control-plane hosts (seed 000).
 pub const DEFAULT_CONTROL_PLANE_MAX_UNHEALTHY: u32 = 1;
 
 /// The whole decision policy.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Policy {
     /// Health checks; a host may be covered by several.
@@ -39,7 +41,7 @@ pub struct Policy {
 }
 
 /// One health check (a `MachineHealthCheck`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
     /// Name, used in reasons and operation ids.
@@ -123,7 +125,7 @@ pub enum NodeHandling {
 }
 
 /// Remediation settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RemediationSettings {
     /// Power-cycle strategy.
@@ -148,6 +150,9 @@ pub struct RemediationSettings {
     /// Worker remediations running at once.
     #[serde(default = "default_max_concurrent")]
     pub max_concurrent: u32,
+    /// An agent silent for longer than this is not chosen to execute a remediation.
+    #[serde(default = "default_executor_heartbeat_timeout", with = "go_duration")]
+    pub executor_heartbeat_timeout: Duration,
 }
 
 impl Default for RemediationSettings {
@@ -160,6 +165,7 @@ impl Default for RemediationSettings {
             min_healthy_period: DEFAULT_MIN_HEALTHY_PERIOD,
             allow_reprovision: false,
             max_concurrent: DEFAULT_MAX_CONCURRENT,
+            executor_heartbeat_timeout: DEFAULT_EXECUTOR_HEARTBEAT_TIMEOUT,
         }
     }
 }
@@ -175,6 +181,9 @@ fn default_min_healthy_period() -> Duration {
 }
 fn default_max_concurrent() -> u32 {
     DEFAULT_MAX_CONCURRENT
+}
+fn default_executor_heartbeat_timeout() -> Duration {
+    DEFAULT_EXECUTOR_HEARTBEAT_TIMEOUT
 }
 
 #[cfg(test)]

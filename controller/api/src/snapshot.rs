@@ -16,7 +16,7 @@ use crate::remediation::Remediation;
 pub const QUORUM_HOOK: &str = "metalguard.io/etcd-quorum";
 
 /// Everything the decision core needs, observed at one instant.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Snapshot {
     /// When the adapter took this snapshot (informational; planning takes `now` separately).
@@ -56,7 +56,7 @@ pub enum Role {
 
 /// One machine, as seen from the inventory, Kubernetes, its agent and etcd.
 #[allow(clippy::struct_excessive_bools)] // independent facts observed from different sources
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Host {
     /// Unique host name (also its Node name).
@@ -98,6 +98,10 @@ pub struct Host {
     /// The Node object, if one exists.
     #[serde(default)]
     pub node: Option<NodeStatus>,
+    /// A Node for this host has existed before: its absence now means the Node is missing
+    /// (unhealthy at once), not that the host is still starting (MHC semantics).
+    #[serde(default)]
+    pub node_seen: bool,
     /// The latest report of the host's metalguard agent.
     #[serde(default)]
     pub agent: Option<AgentReport>,

@@ -5,6 +5,27 @@
 //! reason). Machine health with MachineHealthCheck semantics, the etcd quorum guard,
 //! failure-domain placement and the external-baremetal remediation planner live here.
 //!
+//! Data flow: [`health`] judges hosts per check → [`quorum`] builds the etcd view and its
+//! safety rules → [`guard`] plans hooks, one membership change and scaling (placing hosts with
+//! [`domains`]) → [`remediation`] drives remediations through their gates → [`plan::plan`]
+//! assembles the [`metalguard_api::plan::Plan`], whose `Display` explains it.
+//!
 //! May depend on: `metalguard-api`, `serde`, `thiserror`. No I/O, no clock, no async runtime:
 //! never tokio, hyper, reqwest, the kube client crates or etcd-client (enforced by
 //! `metalguard-e2e`'s dependency-rule test).
+
+pub mod domains;
+pub mod guard;
+pub mod health;
+pub mod plan;
+pub mod quorum;
+pub mod remediation;
+
+#[cfg(test)]
+mod scenarios;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod testkit;
+
+pub use plan::plan;

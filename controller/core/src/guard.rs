@@ -1,0 +1,411 @@
+//! Plans quorum-hook changes, at most one etcd membership change, and control-plane scaling
+//! (seeds 001, 002, 004), using the rules in [`crate::quorum`] and [`crate::domains`].
+
+use metalguard_api::plan::{Action, ActionKind, OperationId, Refusal};
+use metalguard_api::snapshot::{Host, Snapshot};
+
+use crate::domains::{choose_failure_domain, choose_host_to_remove, propose_rebalance};
+use crate::quorum::{EtcdView, MemberRef, quorum, validate_desired};
+
+/// What the guard decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GuardOutput {
+    /// Hook, membership and scaling actions, in order.
+    pub actions: Vec<Action>,
+    /// Refusals with reasons.
+    pub refusals: Vec<Refusal>,
+    /// Set when the control plane is degraded beyond repair by the guard.
+    pub degraded: Option<String>,
+    /// The voluntary disruption budget.
+    pub min_available: Option<usize>,
+}
+
+impl GuardOutput {
+    fn act(&mut self, id: String, kind: ActionKind, reason: String) {
+        self.actions.push(Action {
+            id: OperationId(id),
+            kind,
+            reason,
+        });
+    }
+
+    fn refuse(&mut self, subject: &str, reason: String) {
+        self.refusals.push(Refusal {
+            subject: subject.to_owned(),
+            reason,
+        });
+    }
+
+    /// True when a membership change was planned.
+    pub fn has_membership_change(&self) -> bool {
+        self.actions.iter().any(|a| a.kind.is_membership_change())
+    }
+}
+
+/// Control-plane activity the guard must respect.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ControlPlaneActivity {
+    /// A control-plane remediation is active.
+    pub remediation_active: bool,
+    /// Some control-plane host is unhealthy by a health check.
+    pub unhealthy: bool,
+}
+
+/// Plans hooks, one membership change and scaling for the control plane.
+pub fn plan_guard(
+    snapshot: &Snapshot,
+    view: &EtcdView<'_>,
+    activity: ControlPlaneActivity,
+) -> GuardOutput {
+    let mut out = GuardOutput::default();
+    let desired = match validate_desired(snapshot.control_plane.desired_replicas) {
+        Ok(d) => d,
+        Err(e) => {
+            out.degraded = Some(format!("{e}; the quorum guard takes no action"));
+            return out;
+        }
+    };
+    if let Some(reason) = view.quorum_lost() {
+        out.degraded = Some(format!(
+            "{reason}; the quorum guard takes no action and a person must recover etcd"
+        ));
+        return out;
+    }
+    out.min_available = Some(view.min_available());
+    plan_hooks(view, &mut out);
+    plan_membership(view, desired, &mut out);
+    if !out.has_membership_change() {
+        plan_scaling(snapshot, view, desired, activity, &mut out);
+    }
+    out
+}
+
+fn plan_hooks(view: &EtcdView<'_>, out: &mut GuardOutput) {
+    for m in &view.members {
+        if let Some(h) = m.host
+            && !h.is_deleting()
+            && !h.has_quorum_hook()
+        {
+            let what = if m.member.learner { "learner" } else { "voter" };
+            out.act(
+                format!("quorum/add-hook/{}", h.name),
+                ActionKind::AddQuorumHook {
+                    host: h.name.clone(),
+                },
+                format!(
+                    "{} hosts etcd {what} {:x}: protect it with the preDrain hook before it votes",
+                    h.name, m.member.id
+                ),
+            );
+        }
+    }
+    for h in &view.control_plane {
+        if h.is_deleting() && h.has_quorum_hook() && view.member_of(&h.name).is_none() {
+            out.act(
+                format!("quorum/remove-hook/{}", h.name),
+                ActionKind::RemoveQuorumHook {
+                    host: h.name.clone(),
+                },
+                format!(
+                    "{} is being deleted and its etcd member is gone: release the hook",
+                    h.name
+                ),
+            );
+        }
+    }
+}
+
+fn remove_member(out: &mut GuardOutput, m: &MemberRef<'_>, reason: String) {
+    out.act(
+        format!("quorum/remove-member/{:x}", m.member.id),
+        ActionKind::RemoveMember {
+            host: m.host.map(|h| h.name.clone()),
+            member_id: m.member.id,
+        },
+        reason,
+    );
+}
+
+fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
+    let voters = view.voter_count();
+    let keep_voters = view.voters().filter(|m| !m.leaving()).count();
+    // (a) A learner whose host is leaving is never promoted: remove it (seed 001).
+    if let Some(l) = view.learners().find(|m| m.leaving()) {
+        return remove_member(
+            out,
+            l,
+            format!(
+                "{} is leaving before promotion: remove the learner",
+                l.label()
+            ),
+        );
+    }
+    // (b) A dead voter on a leaving host is removed before its replacement is added (KCP).
+    if let Some(v) = view.voters().find(|m| m.leaving() && !m.member.healthy) {
+        match view.may_remove_voter(v.member.id) {
+            Ok(()) => {
+                return remove_member(
+                    out,
+                    v,
+                    format!(
+                        "{} is leaving and unhealthy: remove it before adding its replacement",
+                        v.label()
+                    ),
+                );
+            }
+            Err(e) => out.refuse("etcd", e),
+        }
+    }
+    // (c) At most one learner: promote it when it may be promoted, else wait.
+    if let Some(l) = view.learners().next() {
+        let name = l.label();
+        if keep_voters >= desired {
+            return remove_member(
+                out,
+                l,
+                format!("{name} is not needed: {keep_voters} voters already stay"),
+            );
+        }
+        if !l.member.caught_up() {
+            let p = l.member.progress_permille;
+            return out.refuse(
+                "etcd",
+                format!("learner {name} is catching up ({p}‰ of the leader, needs 900‰)"),
+            );
+        }
+        if !l.host.is_some_and(Host::has_quorum_hook) {
+            return out.refuse(
+                "etcd",
+                format!("learner {name} waits for its preDrain hook before promotion"),
+            );
+        }
+        if voters + 1 > desired + 1 {
+            return out.refuse(
+                "etcd",
+                format!(
+                    "promoting {name} would make {} voters > desired {desired} + 1",
+                    voters + 1
+                ),
+            );
+        }
+        if view.healthy_voter_count() + 1 < quorum(voters + 1) {
+            return out.refuse(
+                "etcd",
+                format!(
+                    "promoting {name} would leave quorum of {} unmet",
+                    voters + 1
+                ),
+            );
+        }
+        let host = l.host.map(|h| h.name.clone()).unwrap_or_default();
+        out.act(
+            format!("quorum/promote/{:x}", l.member.id),
+            ActionKind::PromoteLearner { host, member_id: l.member.id },
+            format!("learner {name} is caught up and protected: promote it to replace a leaving or missing voter"),
+        );
+        return;
+    }
+    // (d) A healthy voter on a leaving host goes only once its replacement is promoted.
+    if let Some(v) = view.voters().find(|m| m.leaving()) {
+        if voters > desired {
+            if v.member.leader {
+                let target = view
+                    .voters()
+                    .find(|m| !m.leaving() && m.member.healthy && !m.member.leader);
+                match target {
+                    Some(t) => out.act(
+                        format!("quorum/move-leader/{:x}", v.member.id),
+                        ActionKind::MoveLeader {
+                            from_member: v.member.id,
+                            to_member: t.member.id,
+                        },
+                        format!(
+                            "{} leads and is leaving: move leadership to {} before removing it",
+                            v.label(),
+                            t.label()
+                        ),
+                    ),
+                    None => out.refuse(
+                        "etcd",
+                        format!("{} leads and no healthy voter can take over", v.label()),
+                    ),
+                }
+                return;
+            }
+            match view.may_remove_voter(v.member.id) {
+                Ok(()) => {
+                    return remove_member(
+                        out,
+                        v,
+                        format!(
+                            "{} is leaving and its replacement votes ({voters} voters > desired {desired})",
+                            v.label()
+                        ),
+                    );
+                }
+                Err(e) => return out.refuse("etcd", e),
+            }
+        }
+        out.refuse(
+            "etcd",
+            format!(
+                "keeping {} until its replacement is promoted ({voters} voters, desired {desired})",
+                v.label()
+            ),
+        );
+    }
+    // (e) Add a learner when voters that stay are short of the desired count.
+    if keep_voters < desired && voters <= desired {
+        if let Some(down) = view.voters().find(|m| !m.member.healthy) {
+            return out.refuse(
+                "etcd",
+                format!(
+                    "not adding a learner while voter {} is down (etcd rejects it)",
+                    down.label()
+                ),
+            );
+        }
+        let candidates: Vec<&Host> = view
+            .control_plane
+            .iter()
+            .copied()
+            .filter(|h| !h.is_deleting() && h.etcd.is_none() && h.node_ready())
+            .collect();
+        let with_members: Vec<&Host> = view.members.iter().filter_map(|m| m.host).collect();
+        let pick = candidates
+            .iter()
+            .min_by_key(|h| {
+                let pop = with_members
+                    .iter()
+                    .filter(|o| !o.is_deleting() && o.failure_domain == h.failure_domain)
+                    .count();
+                (pop, h.failure_domain.clone(), h.name.clone())
+            })
+            .copied();
+        match pick {
+            Some(h) => out.act(
+                format!("quorum/add-learner/{}", h.name),
+                ActionKind::AddLearner { host: h.name.clone() },
+                format!(
+                    "{keep_voters} voters stay, desired {desired}: add {} as a learner (never a voter directly)",
+                    h.name
+                ),
+            ),
+            None => out.refuse(
+                "etcd",
+                format!("{keep_voters} voters stay, desired {desired}: no ready control-plane host without a member"),
+            ),
+        }
+    }
+}
+
+fn plan_scaling(
+    snapshot: &Snapshot,
+    view: &EtcdView<'_>,
+    desired: usize,
+    activity: ControlPlaneActivity,
+    out: &mut GuardOutput,
+) {
+    let domains = &snapshot.control_plane.failure_domains;
+    let keep: Vec<&Host> = view
+        .control_plane
+        .iter()
+        .copied()
+        .filter(|h| !h.is_deleting())
+        .collect();
+    let deleting = view.control_plane.len() - keep.len();
+    let waiting = keep.iter().any(|h| h.etcd.is_none());
+    let preflight = if let Some(v) = view.members.iter().find(|m| !m.member.healthy) {
+        Err(format!("etcd member {} is unhealthy", v.label()))
+    } else if let Some(h) = view
+        .control_plane
+        .iter()
+        .find(|h| h.etcd.is_some() && !h.node_ready())
+    {
+        Err(format!("{} has no ready node", h.name))
+    } else if activity.remediation_active || activity.unhealthy {
+        Err("a control-plane host is unhealthy or under remediation".to_owned())
+    } else {
+        Ok(())
+    };
+    let request_host = |out: &mut GuardOutput, why: String| {
+        let d = choose_failure_domain(domains, &keep);
+        let where_ = d.map_or_else(
+            || "the only failure domain".to_owned(),
+            |d| format!("failure domain {d}"),
+        );
+        out.act(
+            format!(
+                "control-plane/request-host/{}",
+                view.control_plane.len() + 1
+            ),
+            ActionKind::RequestHost {
+                failure_domain: d.map(str::to_owned),
+            },
+            format!("{why}: request a control-plane host in {where_}"),
+        );
+    };
+    if keep.len() < desired {
+        if waiting {
+            return;
+        }
+        match (&preflight, deleting > 0) {
+            (_, true) => request_host(
+                out,
+                format!("{} hosts stay, desired {desired} (replacement)", keep.len()),
+            ),
+            (Ok(()), false) => request_host(
+                out,
+                format!("scale up: {} hosts, desired {desired}", keep.len()),
+            ),
+            (Err(e), false) => {
+                out.refuse("control-plane", format!("scale-up short-circuited: {e}"));
+            }
+        }
+    } else if keep.len() > desired {
+        if deleting > 0 || view.learners().next().is_some() {
+            return;
+        }
+        if let Err(e) = &preflight {
+            return out.refuse("control-plane", format!("scale-down short-circuited: {e}"));
+        }
+        if let Some(victim) = choose_host_to_remove(domains, &keep) {
+            out.act(
+                format!("control-plane/delete-host/{}", victim.name),
+                ActionKind::RequestHostDeletion { host: victim.name.clone() },
+                format!(
+                    "{} hosts, desired {desired}: remove {} (outdated first, then most populated domain, oldest)",
+                    keep.len(),
+                    victim.name
+                ),
+            );
+        }
+    } else if deleting == 0 && !waiting && !view.membership_in_flux() && preflight.is_ok() {
+        if let Some(old) = keep
+            .iter()
+            .filter(|h| !h.up_to_date)
+            .min_by_key(|h| (h.created_at, h.name.clone()))
+        {
+            request_host(
+                out,
+                format!(
+                    "rollout: {} is outdated, surge one host before removing it",
+                    old.name
+                ),
+            );
+        } else if let Some(p) = propose_rebalance(domains, &keep) {
+            out.act(
+                format!("control-plane/rebalance/{}", p.host.name),
+                ActionKind::Rebalance {
+                    host: p.host.name.clone(),
+                    from: p.host.failure_domain.clone(),
+                    to: p.to.to_owned(),
+                },
+                format!(
+                    "failure domains are unbalanced: replace {} into {}",
+                    p.host.name, p.to
+                ),
+            );
+        }
+    }
+}
