@@ -20,6 +20,17 @@ pub enum BmcError {
         #[source]
         source: Cause,
     },
+    /// The connection broke during an exchange (reset, truncated answer, TLS alert).
+    #[error("exchange {what} with bmc {bmc} failed")]
+    Transport {
+        /// The BMC address.
+        bmc: String,
+        /// The call, e.g. `GET /redfish/v1/Systems/1`.
+        what: String,
+        /// The transport error.
+        #[source]
+        source: Cause,
+    },
     /// The BMC did not answer one call within its timeout.
     #[error("bmc {bmc} did not answer {what} within {timeout:?}")]
     Timeout {
@@ -137,7 +148,7 @@ impl BmcError {
     /// Whether retrying the same call may succeed (connect errors, timeouts, 5xx).
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Connect { .. } | Self::Timeout { .. } => true,
+            Self::Connect { .. } | Self::Transport { .. } | Self::Timeout { .. } => true,
             Self::HttpStatus { status, .. } => *status >= 500,
             _ => false,
         }

@@ -12,16 +12,19 @@
 //! client crates (enforced by `metalguard-e2e`'s dependency-rule test).
 
 pub mod address;
+pub mod bmc;
 pub mod control;
 pub mod credentials;
 pub mod error;
 pub mod fence;
 pub mod ipmi;
 pub mod power;
+pub mod redfish;
 pub mod timeline;
 pub mod tls;
 
 pub use address::{AddressError, BmcAddress, Transport};
+pub use bmc::{Bmc, CallTimeouts};
 pub use control::PowerControl;
 pub use credentials::{Credentials, CredentialsError};
 pub use error::BmcError;

@@ -185,6 +185,15 @@ pub fn client_config(trust: &TlsTrust) -> Result<rustls::ClientConfig, TlsError>
     Ok(config)
 }
 
+/// A configuration that trusts no certificate, for clients that speak plain HTTP only.
+pub fn trust_nothing_config() -> Result<rustls::ClientConfig, TlsError> {
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Rustls)?
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth())
+}
+
 fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     let read_error = |source| TlsError::ReadBundle {
         path: path.to_owned(),

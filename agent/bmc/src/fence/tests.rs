@@ -45,7 +45,7 @@ impl FakeBmc {
 }
 
 impl PowerControl for FakeBmc {
-    fn address(&self) -> &str {
+    fn address(&self) -> &'static str {
         "fake:1"
     }
 
