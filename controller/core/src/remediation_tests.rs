@@ -1,0 +1,377 @@
+//! Table tests that walk the remediation state machine through the simulator, including every
+//! failure branch.
+
+use metalguard_api::plan::ActionKind;
+use metalguard_api::policy::{NodeHandling, Strategy};
+use metalguard_api::remediation::RemediationPhase as P;
+use metalguard_api::snapshot::FenceRequest;
+
+use crate::sim::World;
+use crate::testkit::{NOW, cluster, policy};
+
+/// A world of 3 control-plane hosts and `workers` workers where `broken` hosts crashed ten
+/// minutes ago.
+fn world(workers: usize, broken: &[&str], tweak: impl FnOnce(&mut World)) -> World {
+    let mut w = World::new(cluster(3, workers), policy(), NOW);
+    tweak(&mut w);
+    for b in broken {
+        w.broken.insert((*b).to_owned());
+    }
+    w.refresh();
+    w.advance(600);
+    w
+}
+
+fn run(w: &mut World, rounds: usize) {
+    for _ in 0..rounds {
+        w.step().unwrap();
+        w.advance(10);
+    }
+}
+
+fn steps(w: &World, rid: &str) -> Vec<String> {
+    w.log
+        .iter()
+        .filter_map(|id| id.strip_prefix(&format!("{rid}/")).map(str::to_owned))
+        .collect()
+}
+
+fn phase(w: &World, rid: &str) -> P {
+    w.snap
+        .remediations
+        .iter()
+        .find(|r| r.id == rid)
+        .unwrap()
+        .phase
+        .clone()
+}
+
+#[test]
+fn external_baremetal_flow_walks_every_phase_and_restores_metadata() {
+    let mut w = world(2, &["w-0"], |w| {
+        let n = w.host_mut("w-0").unwrap().node.as_mut().unwrap();
+        n.labels.insert("zone".into(), "old".into());
+        n.labels.insert("custom".into(), "1".into());
+    });
+    while phase_or_none(&w, "remediation/w-0/1") != Some(P::WaitingForNode) {
+        w.step().unwrap();
+        assert!(w.log.len() < 50, "{:?}", w.log);
+    }
+    // The re-registered node already carries a key: it wins over the backup.
+    w.advance(10);
+    w.host_mut("w-0")
+        .unwrap()
+        .node
+        .as_mut()
+        .unwrap()
+        .labels
+        .insert("zone".into(), "new".into());
+    run(&mut w, 4);
+    assert_eq!(
+        steps(&w, "remediation/w-0/1"),
+        [
+            "start",
+            "power-off",
+            "verify-power-off",
+            "backup-node-metadata",
+            "delete-node",
+            "power-on",
+            "verify-power-on",
+            "restore-node-metadata",
+            "complete"
+        ]
+    );
+    let labels = &w
+        .snap
+        .hosts
+        .iter()
+        .find(|h| h.name == "w-0")
+        .unwrap()
+        .node
+        .as_ref()
+        .unwrap()
+        .labels;
+    assert_eq!(labels.get("zone").map(String::as_str), Some("new"));
+    assert_eq!(labels.get("custom").map(String::as_str), Some("1"));
+}
+
+fn phase_or_none(w: &World, rid: &str) -> Option<P> {
+    w.snap
+        .remediations
+        .iter()
+        .find(|r| r.id == rid)
+        .map(|r| r.phase.clone())
+}
+
+#[test]
+fn reboot_strategy_power_cycles_only() {
+    let mut w = world(2, &["w-1"], |w| {
+        w.policy.remediation.strategy = Strategy::Reboot
+    });
+    run(&mut w, 8);
+    assert_eq!(
+        steps(&w, "remediation/w-1/1"),
+        [
+            "start",
+            "power-off",
+            "verify-power-off",
+            "power-on",
+            "verify-power-on",
+            "complete"
+        ]
+    );
+}
+
+#[test]
+fn out_of_service_taint_replaces_node_deletion_and_is_removed_on_restore() {
+    let mut w = world(2, &["w-0"], |w| {
+        w.policy.remediation.node_handling = NodeHandling::OutOfServiceTaint
+    });
+    run(&mut w, 10);
+    let s = steps(&w, "remediation/w-0/1");
+    assert!(
+        s.contains(&"taint-out-of-service".to_owned()) && !s.contains(&"delete-node".to_owned()),
+        "{s:?}"
+    );
+    assert_eq!(phase(&w, "remediation/w-0/1"), P::Done);
+    let node = w
+        .snap
+        .hosts
+        .iter()
+        .find(|h| h.name == "w-0")
+        .unwrap()
+        .node
+        .as_ref()
+        .unwrap();
+    assert!(!node.out_of_service);
+}
+
+#[test]
+fn control_plane_power_failures_retry_then_need_a_person() {
+    let mut w = world(2, &["cp-0"], |w| {
+        w.policy.remediation.max_retry = 1;
+        w.bmc_broken.insert("cp-0".into());
+    });
+    run(&mut w, 3);
+    assert!(
+        matches!(phase(&w, "remediation/cp-0/1"), P::Failed { .. }),
+        "{:?}",
+        w.log
+    );
+    // retryPeriod (5 min) must pass before attempt 2.
+    let p = w.step().unwrap();
+    assert!(
+        p.refusals
+            .iter()
+            .any(|r| r.reason.contains("waits for retryPeriod")),
+        "{p}"
+    );
+    w.advance(301);
+    run(&mut w, 3);
+    let second = w
+        .snap
+        .remediations
+        .iter()
+        .find(|r| r.id == "remediation/cp-0/2")
+        .unwrap();
+    assert_eq!(second.attempt, 2);
+    w.advance(301);
+    run(&mut w, 2);
+    match phase(&w, "remediation/cp-0/2") {
+        P::NeedsPerson { reason } => assert!(
+            reason.contains("control-plane host is never reprovisioned"),
+            "{reason}"
+        ),
+        other => panic!("expected needs-a-person, got {other}: {:?}", w.log),
+    }
+    let p = w.step().unwrap();
+    assert!(
+        p.refusals
+            .iter()
+            .any(|r| r.subject == "cp-0" && r.reason.contains("needs a person")),
+        "{p}"
+    );
+}
+
+#[test]
+fn worker_is_reprovisioned_when_allowed_but_never_an_externally_provisioned_one() {
+    let mut w = world(3, &["w-0", "w-1"], |w| {
+        w.policy.remediation.max_retry = 0;
+        w.policy.remediation.allow_reprovision = true;
+        w.policy.remediation.max_concurrent = 2;
+        w.bmc_broken.insert("w-0".into());
+        w.bmc_broken.insert("w-1".into());
+        w.host_mut("w-1").unwrap().externally_provisioned = true;
+    });
+    run(&mut w, 4);
+    assert_eq!(
+        phase(&w, "remediation/w-0/1"),
+        P::Reprovisioning,
+        "{:?}",
+        w.log
+    );
+    assert!(
+        matches!(phase(&w, "remediation/w-1/1"), P::NeedsPerson { .. }),
+        "{:?}",
+        w.log
+    );
+}
+
+#[test]
+fn cancellation_before_power_off_is_clean() {
+    let mut w = world(2, &["w-0"], |_| {});
+    w.step().unwrap(); // start (gated)
+    w.broken.remove("w-0");
+    w.refresh();
+    let p = w.step().unwrap();
+    assert!(
+        p.to_string().contains("target recovered before power-off"),
+        "{p}"
+    );
+    assert!(matches!(
+        phase(&w, "remediation/w-0/1"),
+        P::Cancelled { .. }
+    ));
+    assert!(!steps(&w, "remediation/w-0/1").contains(&"power-off".to_owned()));
+}
+
+#[test]
+fn cancellation_after_power_off_powers_the_host_back_on() {
+    let mut w = world(2, &["w-0"], |_| {});
+    while phase_or_none(&w, "remediation/w-0/1") != Some(P::VerifiedOff) {
+        w.step().unwrap();
+    }
+    let r = w
+        .snap
+        .remediations
+        .iter_mut()
+        .find(|r| r.id == "remediation/w-0/1")
+        .unwrap();
+    r.cancel_requested = Some("operator changed their mind".into());
+    run(&mut w, 5);
+    assert!(
+        matches!(phase(&w, "remediation/w-0/1"), P::Cancelled { .. }),
+        "{:?}",
+        w.log
+    );
+    assert!(steps(&w, "remediation/w-0/1").contains(&"power-on".to_owned()));
+    assert!(w.up("w-0"));
+}
+
+#[test]
+fn node_that_never_returns_fails_the_attempt_after_the_deadline() {
+    let mut w = world(2, &["w-0"], |w| w.policy.remediation.max_retry = 0);
+    while phase_or_none(&w, "remediation/w-0/1") != Some(P::WaitingForNode) {
+        w.step().unwrap();
+    }
+    w.broken.insert("w-0".into()); // the OS never comes back
+    w.refresh();
+    w.step().unwrap();
+    assert_eq!(phase(&w, "remediation/w-0/1"), P::WaitingForNode);
+    w.advance(1201); // no nodeStartupTimeout configured: the 20 min default
+    w.step().unwrap();
+    match phase(&w, "remediation/w-0/1") {
+        P::Failed { reason } => assert!(reason.contains("within 20m"), "{reason}"),
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn executor_is_never_the_target_and_prefers_another_failure_domain() {
+    let mut w = world(3, &["w-0"], |w| {
+        for (name, d) in [("w-0", "a"), ("w-1", "a"), ("w-2", "b")] {
+            w.host_mut(name).unwrap().failure_domain = Some(d.into());
+        }
+        for h in &mut w.snap.hosts {
+            if h.name.starts_with("cp-") {
+                h.agent = None; // only workers run agents here
+            }
+        }
+    });
+    let p = w.step().unwrap();
+    let ex = p.actions.iter().find_map(|a| match &a.kind {
+        ActionKind::StartRemediation { remediation } => Some(remediation.executor.clone()),
+        _ => None,
+    });
+    assert_eq!(ex.as_deref(), Some("w-2"), "{p}");
+}
+
+#[test]
+fn quick_relapse_within_min_healthy_period_counts_as_a_retry() {
+    let mut w = world(2, &["w-0"], |_| {});
+    run(&mut w, 10);
+    assert_eq!(phase(&w, "remediation/w-0/1"), P::Done);
+    w.broken.insert("w-0".into());
+    w.refresh();
+    w.advance(600);
+    w.step().unwrap();
+    assert_eq!(
+        w.snap
+            .remediations
+            .iter()
+            .find(|r| r.seq == 2)
+            .unwrap()
+            .attempt,
+        2
+    );
+}
+
+#[test]
+fn admin_fence_goes_through_the_gates_unless_forced_and_the_reason_is_recorded() {
+    let mut w = world(3, &["w-1", "w-2"], |w| {
+        w.policy.health_checks[1].max_unhealthy =
+            Some(metalguard_api::policy::MaxUnhealthy::Count(1));
+        w.host_mut("w-0").unwrap().fence_request = Some(FenceRequest {
+            requested_at: w.now,
+            requested_by: Some("alice".into()),
+            force_reason: None,
+        });
+    });
+    let p = w.step().unwrap();
+    assert!(
+        p.refusals
+            .iter()
+            .any(|r| r.subject == "w-0" && r.reason.contains("short-circuited")),
+        "{p}"
+    );
+    w.host_mut("w-0")
+        .unwrap()
+        .fence_request
+        .as_mut()
+        .unwrap()
+        .force_reason = Some("disk controller on fire".into());
+    let p = w.step().unwrap();
+    let r = w
+        .snap
+        .remediations
+        .iter()
+        .find(|r| r.target == "w-0")
+        .unwrap();
+    assert_eq!(r.forced.as_deref(), Some("disk controller on fire"));
+    assert!(r.cause.contains("alice"));
+    assert!(
+        p.to_string()
+            .contains("FORCED past policy gates: disk controller on fire"),
+        "{p}"
+    );
+}
+
+#[test]
+fn forced_fence_of_a_control_plane_host_never_skips_the_quorum_guard() {
+    let mut w = world(1, &[], |w| {
+        w.hung.insert("cp-1".into());
+        w.host_mut("cp-0").unwrap().fence_request = Some(FenceRequest {
+            requested_at: w.now,
+            requested_by: None,
+            force_reason: Some("because".into()),
+        });
+    });
+    let p = w.step().unwrap();
+    assert!(w.snap.remediations.is_empty(), "{p}");
+    assert!(
+        p.refusals
+            .iter()
+            .any(|r| r.subject == "cp-0" && r.reason.contains("would leave 1 of 3")),
+        "{p}"
+    );
+}
