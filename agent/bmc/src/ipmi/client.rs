@@ -286,8 +286,16 @@ impl Transport {
             step,
             |()| Ok(datagram.clone()),
             |(), dg| {
+                // Some BMCs (pyghmi) answer session-less requests in RMCP+ format.
                 let message = match decode_envelope(dg, 0)? {
                     Envelope::V15 { message, .. } => message,
+                    Envelope::V20(p)
+                        if p.payload_type == PayloadType::Ipmi as u8
+                            && !p.authenticated
+                            && !p.encrypted =>
+                    {
+                        p.payload
+                    }
                     Envelope::V20(p) => {
                         return Err(DecodeError::UnexpectedPayloadType(p.payload_type).into());
                     }
@@ -507,6 +515,11 @@ impl IpmiSession {
     /// What was sent and seen so far.
     pub fn events(&self) -> &[Event] {
         &self.transport.events
+    }
+
+    /// Takes the events recorded since the last call.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.transport.events)
     }
 
     /// Get Chassis Status.

@@ -1,6 +1,7 @@
 //! IPMI v2.0 over LAN (RMCP+), our own session layer.
 //!
-//! Data flow: [`client::IpmiSession`] owns a connected UDP socket and drives the handshake
+//! Data flow: [`IpmiClient`] implements [`crate::PowerControl`] on top of
+//! [`client::IpmiSession`], which owns a connected UDP socket and drives the handshake
 //! (pre-session commands, Open Session, RAKP 1-4, privilege raise), then seals requests and
 //! opens answers through [`session::ActiveSession`]. Everything below the client is I/O-free
 //! and tested on bytes: [`wire`] (RMCP, IPMI 1.5 and RMCP+ framing, IPMI message checksums),
@@ -13,6 +14,7 @@
 
 pub mod client;
 pub mod commands;
+pub mod control;
 pub mod crypto;
 pub mod error;
 pub mod rakp;
@@ -21,6 +23,7 @@ pub mod wire;
 
 pub use client::{Event, IpmiConfig, IpmiSession, RetryPolicy};
 pub use commands::{ChassisControl, ChassisStatus};
+pub use control::IpmiClient;
 pub use crypto::CipherSuite;
 pub use error::IpmiError;
 pub use rakp::Privilege;
