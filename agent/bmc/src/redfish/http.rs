@@ -235,12 +235,13 @@ fn rustls_cause<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a 
         if let Some(tls) = error.downcast_ref::<rustls::Error>() {
             return Some(tls);
         }
-        if let Some(tls) = error
+        // `io::Error::source` skips the wrapped error itself: step into it explicitly.
+        if let Some(inner) = error
             .downcast_ref::<std::io::Error>()
             .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
         {
-            return Some(tls);
+            current = Some(inner);
+            continue;
         }
         current = error.source();
     }
