@@ -1,6 +1,8 @@
 //! The Redfish client against the real sushy-tools emulator (HTTP, HTTPS with a CA, HTTPS with
 //! a pinned self-signed CA:TRUE certificate, the stock random power delay) and real faults.
 
+#![allow(clippy::unwrap_used, clippy::panic)] // test helpers outside #[test] fns
+
 use std::time::{Duration, Instant};
 
 use metalguard_bmc::redfish::{RedfishClient, RedfishOptions};
