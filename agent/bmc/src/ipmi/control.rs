@@ -65,7 +65,7 @@ impl IpmiClient {
             let result = IpmiSession::connect(&self.config).await;
             match result {
                 Ok(s) => self.session = Some(s),
-                Err(e) => return Err(self.fail(e, Vec::new())),
+                Err(e) => return Err(self.fail(e)),
             }
         }
         self.session.as_mut().ok_or_else(|| BmcError::Protocol {
@@ -84,10 +84,9 @@ impl IpmiClient {
         record_events(&mut self.timeline, &events);
     }
 
-    /// Records `events`, drops the session (its `Drop` closes it) and maps the error.
-    fn fail(&mut self, error: IpmiError, events: Vec<Event>) -> BmcError {
+    /// Records the session's events, drops it (its `Drop` closes it) and maps the error.
+    fn fail(&mut self, error: IpmiError) -> BmcError {
         self.record();
-        record_events(&mut self.timeline, &events);
         self.timeline.note(format!("ipmi error: {error}"));
         self.session = None;
         to_bmc_error(error)
@@ -100,7 +99,7 @@ impl IpmiClient {
                 self.record();
                 Ok(())
             }
-            Err(e) => Err(self.fail(e, Vec::new())),
+            Err(e) => Err(self.fail(e)),
         }
     }
 }
@@ -216,7 +215,7 @@ impl PowerControl for IpmiClient {
                 self.timeline.seen(format!("ipmi chassis power {state}"));
                 Ok(state)
             }
-            Err(e) => Err(self.fail(e, Vec::new())),
+            Err(e) => Err(self.fail(e)),
         }
     }
 
@@ -260,7 +259,7 @@ impl PowerControl for IpmiClient {
                 record_events(&mut self.timeline, &events);
                 Ok(())
             }
-            Err(e) => Err(self.fail(e, Vec::new())),
+            Err(e) => Err(self.fail(e)),
         }
     }
 
