@@ -50,6 +50,7 @@ impl EtcdErrorKind {
 }
 
 // gRPC status codes (grpc/status codes.proto), named here so the crate does not depend on tonic.
+const CODE_CANCELLED: i32 = 1;
 const CODE_DEADLINE_EXCEEDED: i32 = 4;
 const CODE_NOT_FOUND: i32 = 5;
 const CODE_PERMISSION_DENIED: i32 = 7;
@@ -96,6 +97,8 @@ pub fn classify(code: i32, message: &str) -> EtcdErrorKind {
             EtcdErrorKind::NoSpace
         }
         CODE_DEADLINE_EXCEEDED => EtcdErrorKind::Timeout,
+        // tonic reports its own request timeout as Cancelled "Timeout expired".
+        CODE_CANCELLED if message.contains("Timeout expired") => EtcdErrorKind::Timeout,
         _ if message.contains("request timed out") => EtcdErrorKind::Timeout,
         CODE_UNAVAILABLE => EtcdErrorKind::Unreachable,
         CODE_UNAUTHENTICATED | CODE_PERMISSION_DENIED => EtcdErrorKind::Unauthorized,
@@ -170,6 +173,12 @@ pub enum EtcdError {
     LeaderDidNotMove {
         /// The member that is still the leader.
         member_id: u64,
+        /// How long we waited.
+        timeout: Duration,
+    },
+    /// No live leader appeared.
+    #[error("etcd cluster had no leader answering our probe within {timeout:?}")]
+    NoLeader {
         /// How long we waited.
         timeout: Duration,
     },
@@ -251,6 +260,7 @@ mod tests {
             ),
             (14, "etcdserver: request timed out", EtcdErrorKind::Timeout),
             (4, "deadline has elapsed", EtcdErrorKind::Timeout),
+            (1, "Timeout expired", EtcdErrorKind::Timeout),
             (14, "tcp connect error", EtcdErrorKind::Unreachable),
             (
                 16,

@@ -40,6 +40,9 @@ pub enum Refusal {
         /// The member.
         member: String,
     },
+    /// No member that answered our probe is the leader (an election is under way).
+    #[error("no leader answered our probe: wait for the election to finish")]
+    NoLiveLeader,
     /// The member to change is not in the cluster.
     #[error("member {id:x} is not in the cluster")]
     UnknownMember {
@@ -94,7 +97,7 @@ fn probe_reason(member: &MemberView) -> String {
     }
 }
 
-/// Checks that every voter answered our probe healthy.
+/// Checks that every voter answered our probe healthy and that the leader is one of them.
 fn require_healthy_voters(view: &ClusterView) -> Result<(), Refusal> {
     for voter in view.voters() {
         if !voter.reachable() {
@@ -109,6 +112,9 @@ fn require_healthy_voters(view: &ClusterView) -> Result<(), Refusal> {
                 reason: probe_reason(voter),
             });
         }
+    }
+    if !view.leader().is_some_and(MemberView::healthy) {
+        return Err(Refusal::NoLiveLeader);
     }
     Ok(())
 }

@@ -105,9 +105,38 @@ fn no_endpoint(settings: &ClientSettings) -> EtcdError {
     }
 }
 
+/// Wait between attempts while etcd's own check answers "unhealthy cluster".
+const RECONFIG_RETRY: Duration = Duration::from_millis(250);
+
 /// Adds the member with `peer_url` as a learner, unless a member with that peer URL already
 /// exists (then it is reported, never duplicated). The gate must pass for a new add.
+///
+/// etcd refuses changes with "unhealthy cluster" until every voter has been connected for
+/// its health interval (5 s after a start); while our own gate passes, that refusal is
+/// retried (observe, gate, add) for up to the change timeout.
 pub async fn add_learner(
+    settings: &ClientSettings,
+    peer_url: &str,
+) -> Result<LearnerAdded, EtcdError> {
+    let started = Instant::now();
+    loop {
+        match Box::pin(try_add_learner(settings, peer_url)).await {
+            Err(err)
+                if err.kind() == Some(EtcdErrorKind::UnhealthyCluster)
+                    && started.elapsed() < settings.change_timeout =>
+            {
+                tracing::debug!(
+                    peer_url,
+                    "etcd refused the learner add as unhealthy cluster, retrying"
+                );
+                tokio::time::sleep(RECONFIG_RETRY).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn try_add_learner(
     settings: &ClientSettings,
     peer_url: &str,
 ) -> Result<LearnerAdded, EtcdError> {
@@ -231,16 +260,25 @@ pub async fn remove(settings: &ClientSettings, id: u64) -> Result<Removed, EtcdE
         return Ok(Removed::AlreadyGone);
     }
     gate::may_remove(&view, id)?;
-    let moved_leader = view.summary.leader == Some(id);
+    // Without a live leader etcd drops the proposal and the call hangs: wait for one.
+    if !view.leader().is_some_and(MemberView::healthy) {
+        view = wait_for_live_leader(settings).await?;
+        if view.member(id).is_none() {
+            return Ok(Removed::AlreadyGone);
+        }
+    }
+    // Only a leader that answers can hand over; a dead leader is replaced by an election.
+    let moved_leader =
+        view.summary.leader == Some(id) && view.member(id).is_some_and(MemberView::reachable);
     if moved_leader {
         view = Box::pin(move_leader_off(settings, &view, id)).await?;
     }
+    let target_endpoint = view
+        .member(id)
+        .and_then(|m| m.probe.as_ref())
+        .map(|p| p.endpoint.clone());
     let endpoint = change_endpoint(&view)
-        .filter(|e| {
-            view.member(id)
-                .and_then(|m| m.probe.as_ref())
-                .is_none_or(|p| &p.endpoint != e)
-        })
+        .filter(|e| target_endpoint.as_ref() != Some(e))
         .or_else(|| {
             view.voters()
                 .filter(|m| m.id != id && m.healthy())
@@ -250,20 +288,54 @@ pub async fn remove(settings: &ClientSettings, id: u64) -> Result<Removed, EtcdE
     let mut client = settings
         .connect_one(&endpoint, settings.change_timeout)
         .await?;
-    match bounded(
-        "member remove",
-        &endpoint,
-        settings.change_timeout,
-        client.member_remove(id),
-    )
-    .await
-    {
-        Ok(_) => {
-            tracing::info!(member_id = id, moved_leader, "etcd member removed");
-            Ok(Removed::Removed { moved_leader })
+    let started = Instant::now();
+    loop {
+        match bounded(
+            "member remove",
+            &endpoint,
+            settings.change_timeout,
+            client.member_remove(id),
+        )
+        .await
+        {
+            Ok(_) => {
+                tracing::info!(member_id = id, moved_leader, "etcd member removed");
+                return Ok(Removed::Removed { moved_leader });
+            }
+            Err(err) if err.kind() == Some(EtcdErrorKind::MemberNotFound) => {
+                return Ok(Removed::AlreadyGone);
+            }
+            // etcd's own check refuses for 5 s after a member (re)connected.
+            Err(err)
+                if err.kind() == Some(EtcdErrorKind::UnhealthyCluster)
+                    && started.elapsed() < settings.change_timeout =>
+            {
+                tracing::debug!(
+                    member_id = id,
+                    "etcd refused the removal as unhealthy cluster, retrying"
+                );
+                tokio::time::sleep(RECONFIG_RETRY).await;
+            }
+            Err(err) => return Err(err),
         }
-        Err(err) if err.kind() == Some(EtcdErrorKind::MemberNotFound) => Ok(Removed::AlreadyGone),
-        Err(err) => Err(err),
+    }
+}
+
+/// Observes until the cluster has a leader that answers our probe healthy, for up to the
+/// change timeout.
+pub async fn wait_for_live_leader(settings: &ClientSettings) -> Result<ClusterView, EtcdError> {
+    let started = Instant::now();
+    loop {
+        let view = observe(settings).await?;
+        if view.leader().is_some_and(MemberView::healthy) {
+            return Ok(view);
+        }
+        if started.elapsed() >= settings.change_timeout {
+            return Err(EtcdError::NoLeader {
+                timeout: settings.change_timeout,
+            });
+        }
+        tokio::time::sleep(LEADER_MOVE_POLL).await;
     }
 }
 

@@ -1,0 +1,181 @@
+//! The agent's join flow against real etcd processes from the harness.
+
+mod common;
+
+use common::*;
+use metalguard_e2e::etcd::EtcdCluster;
+use metalguard_etcd::join::state::{JoinState, state_path};
+use metalguard_etcd::join::{JoinFlow, StepOutcome};
+use metalguard_etcd::observe::observe;
+use metalguard_etcd::ops;
+use std::time::{Duration, Instant};
+
+fn members_with_peer(
+    cluster: &EtcdCluster,
+    peer_url: &str,
+) -> Vec<metalguard_e2e::etcd::MemberInfo> {
+    cluster
+        .member_list()
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.peer_urls.iter().any(|u| u == peer_url))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learner_join_and_promotion_on_50_mib_lose_no_acknowledged_write() {
+    let mut cluster = EtcdCluster::start(3).unwrap();
+    let endpoints = cluster.endpoints();
+    fill(&endpoints, 50).await;
+    let view = observe(&settings(endpoints.clone())).await.unwrap();
+    let db = view
+        .members
+        .iter()
+        .filter_map(|m| m.status())
+        .map(|s| s.db_size)
+        .max()
+        .unwrap();
+    assert!(db >= 50 * 1024 * 1024, "db only {db} bytes");
+
+    let slot = cluster.reserve_host().unwrap();
+    let _guard = PidGuard(pid_file(&slot));
+    let writer = Writer::start(&endpoints).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut flow =
+        JoinFlow::load(join_config(&cluster, &slot, Some(5)), exec_launcher(&slot)).unwrap();
+    let started = Instant::now();
+    let done = flow.run().await.unwrap();
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (acked, errors) = writer.finish().await;
+
+    assert!(matches!(done, JoinState::Member { .. }), "{done:?}");
+    assert!(
+        errors.is_empty(),
+        "writer saw errors during the join: {errors:?}"
+    );
+    assert!(
+        acked.len() > 10,
+        "writer made too little progress: {}",
+        acked.len()
+    );
+    assert_all_acked_readable(&endpoints, &acked).await;
+    let mine = members_with_peer(&cluster, &slot.peer_url);
+    assert_eq!(mine.len(), 1);
+    assert!(!mine[0].is_learner);
+    // The new member serves the data.
+    let own = observe(&settings(vec![slot.client_url.clone()]))
+        .await
+        .unwrap();
+    let me = own.member(mine[0].id).unwrap();
+    assert!(
+        me.healthy() && me.status().unwrap().db_size >= 50 * 1024 * 1024,
+        "{me:?}"
+    );
+    eprintln!("join of 50 MiB took {took:?}");
+    flow.launcher_mut().stop().await.unwrap();
+}
+
+/// The agent dies after every transition (its etcd child keeps running, as after SIGKILL),
+/// and a new agent resumes from the state file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_killed_after_each_step_resumes_to_exactly_one_member() {
+    let mut cluster = EtcdCluster::start(3).unwrap();
+    let slot = cluster.reserve_host().unwrap();
+    let _guard = PidGuard(pid_file(&slot));
+    let config = join_config(&cluster, &slot, Some(5));
+
+    // Crash between the add and persisting it: the member exists, the state file says Discover.
+    let added = ops::add_learner(&config.client, &slot.peer_url)
+        .await
+        .unwrap();
+    assert!(!added.reused);
+
+    let mut steps = Vec::new();
+    let mut pids = Vec::new();
+    for _ in 0..20 {
+        let mut flow = JoinFlow::load(config.clone(), exec_launcher(&slot)).unwrap();
+        let outcome = flow.step().await.unwrap();
+        steps.push(flow.state().name());
+        if let metalguard_etcd::join::launcher::Launcher::Exec(l) = flow.launcher_mut() {
+            pids.extend(l.pid());
+            // Die without stopping etcd.
+            l.abandon();
+        }
+        if outcome == StepOutcome::Done {
+            break;
+        }
+        if matches!(outcome, StepOutcome::Waiting(_)) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(steps.last(), Some(&"member"), "steps {steps:?}");
+    for want in ["added", "started", "promotable", "member"] {
+        assert!(
+            steps.contains(&want),
+            "step {want} never reached: {steps:?}"
+        );
+    }
+    let mine = members_with_peer(&cluster, &slot.peer_url);
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    assert_eq!(mine[0].id, added.member_id);
+    assert!(!mine[0].is_learner);
+    assert_eq!(cluster.member_list().unwrap().len(), 4);
+    // Every resumed agent replaced the orphaned etcd: only the newest PID is alive.
+    pids.dedup();
+    let alive: Vec<_> = pids
+        .iter()
+        .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+        .collect();
+    assert!(
+        alive.len() <= 1,
+        "more than one etcd alive: {alive:?} of {pids:?}"
+    );
+
+    // A final agent with the finished state starts etcd again and stays a member.
+    let mut flow = JoinFlow::load(config.clone(), exec_launcher(&slot)).unwrap();
+    assert_eq!(flow.step().await.unwrap(), StepOutcome::Done);
+    flow.launcher_mut().stop().await.unwrap();
+}
+
+/// A host whose member was removed wipes its data dir and joins again; a data dir with no
+/// recorded member is never wiped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removed_member_wipes_its_data_dir_and_rejoins_but_a_foreign_data_dir_is_kept() {
+    let mut cluster = EtcdCluster::start(3).unwrap();
+    let slot = cluster.reserve_host().unwrap();
+    let _guard = PidGuard(pid_file(&slot));
+    let config = join_config(&cluster, &slot, Some(5));
+    let mut flow = JoinFlow::load(config.clone(), exec_launcher(&slot)).unwrap();
+    let JoinState::Member {
+        member_id: first, ..
+    } = flow.run().await.unwrap()
+    else {
+        panic!()
+    };
+    flow.launcher_mut().stop().await.unwrap();
+    ops::remove(&settings(cluster.endpoints()), first)
+        .await
+        .unwrap();
+
+    let mut flow = JoinFlow::load(config.clone(), exec_launcher(&slot)).unwrap();
+    let JoinState::Member {
+        member_id: second, ..
+    } = flow.run().await.unwrap()
+    else {
+        panic!()
+    };
+    assert_ne!(first, second);
+    assert_eq!(members_with_peer(&cluster, &slot.peer_url).len(), 1);
+    flow.launcher_mut().stop().await.unwrap();
+    ops::remove(&settings(cluster.endpoints()), second)
+        .await
+        .unwrap();
+
+    // Forget the state: the data dir now belongs to no recorded member.
+    std::fs::remove_file(state_path(&slot.data_dir)).unwrap();
+    let mut flow = JoinFlow::load(config, exec_launcher(&slot)).unwrap();
+    let err = flow.run().await.unwrap_err();
+    assert!(err.to_string().contains("refusing to wipe it"), "{err}");
+    assert!(slot.data_dir.join("member").exists());
+}
