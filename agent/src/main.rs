@@ -7,15 +7,36 @@
 //! May depend on: the metalguard agent crates, tokio, clap, tracing. Never on the kube client
 //! crates (enforced by `metalguard-e2e`'s dependency-rule test).
 
-use clap::Parser;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod config;
+mod daemon;
 
 /// metalguard host agent.
 #[derive(Debug, Parser)]
 #[command(name = "metalguard-agent", version, about)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() {
-    let _cli = Cli::parse();
+/// The agent's subcommands. Each arm only parses and hands over to its module.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the agent daemon (systemd service).
+    Run(daemon::RunArgs),
+    /// Check the configuration (agent.toml and agent.d/*.toml) and exit.
+    CheckConfig(config::CheckArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => daemon::run(&args),
+        Command::CheckConfig(args) => config::check(&args),
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,49 @@
+//! The agent's configuration: `agent.toml` plus `agent.d/*.toml` drop-ins.
+//!
+//! Files are read in order (the main file, then drop-ins sorted by name); tables merge key by
+//! key and a later file wins. Every file is first parsed on its own against the typed schema,
+//! so an unknown key or a bad value is reported with the file that holds it; then the merged
+//! document is parsed and [`validate`](AgentConfig::validate)d. A typo in a fencing setting
+//! must fail loudly, never be ignored.
+
+mod load;
+mod schema;
+mod validate;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+pub use load::load;
+pub use schema::*;
+
+/// Default path of the main configuration file.
+pub const DEFAULT_CONFIG: &str = "/etc/metalguard/agent.toml";
+
+/// Arguments of `metalguard-agent check-config`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The main configuration file; drop-ins are read from `agent.d/` next to it.
+    #[arg(long, short, env = "METALGUARD_AGENT_CONFIG", default_value = DEFAULT_CONFIG)]
+    pub config: PathBuf,
+}
+
+/// Runs `check-config`: prints every problem (one per line) and exits 1, or prints a summary
+/// and exits 0.
+pub fn check(args: &CheckArgs) -> ExitCode {
+    match load(&args.config) {
+        Ok(loaded) => {
+            println!("configuration OK: host {}", loaded.config.host_name());
+            for file in &loaded.files {
+                println!("  read {}", file.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("configuration invalid:");
+            for problem in err.problems() {
+                eprintln!("  {problem}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

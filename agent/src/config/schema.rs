@@ -1,0 +1,312 @@
+//! The typed schema of `agent.toml`. Every table denies unknown keys; every default is a named
+//! constant.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Default interval between two reports to the controller (reports also go out on change).
+pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(10);
+/// Default timeout of one request to the controller.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default long-poll wait for commands.
+pub const DEFAULT_COMMAND_WAIT: Duration = Duration::from_secs(30);
+/// Default state directory (operation journal, pending results, join state).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/metalguard";
+/// Default metrics address: loopback only.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9641";
+/// Default probe period.
+pub const DEFAULT_PROBE_PERIOD: Duration = Duration::from_secs(5);
+/// Default probe timeout.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default consecutive failures before a probe turns unhealthy.
+pub const DEFAULT_FAILURE_THRESHOLD: u32 = 3;
+/// Default consecutive successes before a probe turns healthy again.
+pub const DEFAULT_SUCCESS_THRESHOLD: u32 = 1;
+/// Default minimum free space on the etcd data directory's filesystem.
+pub const DEFAULT_MIN_FREE_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// Default largest tolerated clock offset reported by the kernel.
+pub const DEFAULT_MAX_CLOCK_OFFSET: Duration = Duration::from_millis(500);
+
+/// The whole agent configuration.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// This host's name, as the inventory and the client certificate name it.
+    pub host: Option<String>,
+    /// How to reach the controller.
+    #[serde(default)]
+    pub controller: Option<ControllerConfig>,
+    /// Local state.
+    #[serde(default)]
+    pub state: StateConfig,
+    /// The Prometheus endpoint.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    /// The local etcd member.
+    #[serde(default)]
+    pub etcd: Option<EtcdConfig>,
+    /// Local health probes.
+    #[serde(default)]
+    pub probes: ProbesConfig,
+}
+
+impl AgentConfig {
+    /// The host name (empty before validation has checked it is set).
+    pub fn host_name(&self) -> &str {
+        self.host.as_deref().unwrap_or("")
+    }
+}
+
+/// The controller connection (mutual TLS).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Base URL, `https://…`.
+    pub url: String,
+    /// CA bundle that signed the controller's certificate.
+    pub ca: PathBuf,
+    /// This agent's client certificate (names the host).
+    pub cert: PathBuf,
+    /// Its private key (must not be group- or world-readable).
+    pub key: PathBuf,
+    /// Interval between reports.
+    #[serde(default = "report_interval", with = "humantime_serde")]
+    pub report_interval: Duration,
+    /// Timeout of one request.
+    #[serde(default = "request_timeout", with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Long-poll wait for commands.
+    #[allow(dead_code)] // read by the controller client, which lands with the protocol
+    #[serde(default = "command_wait", with = "humantime_serde")]
+    pub command_wait: Duration,
+}
+
+fn report_interval() -> Duration {
+    DEFAULT_REPORT_INTERVAL
+}
+fn request_timeout() -> Duration {
+    DEFAULT_REQUEST_TIMEOUT
+}
+fn command_wait() -> Duration {
+    DEFAULT_COMMAND_WAIT
+}
+
+/// Local state.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// Directory for the operation journal and pending results.
+    #[serde(default = "state_dir")]
+    pub dir: PathBuf,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self { dir: state_dir() }
+    }
+}
+
+fn state_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_STATE_DIR)
+}
+
+/// The Prometheus endpoint.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address to serve `/metrics` on; `off` is spelled by leaving the table out is not
+    /// possible, so an explicit `enabled = false` turns it off.
+    #[serde(default = "metrics_listen")]
+    pub listen: SocketAddr,
+    /// Whether to serve metrics at all.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: metrics_listen(),
+            enabled: true,
+        }
+    }
+}
+
+#[allow(clippy::expect_used)] // a constant that a unit test parses
+fn metrics_listen() -> SocketAddr {
+    DEFAULT_METRICS_LISTEN
+        .parse()
+        .expect("DEFAULT_METRICS_LISTEN is a socket address")
+}
+fn yes() -> bool {
+    true
+}
+
+/// The local etcd member.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// Client endpoints; the first is the local member.
+    pub endpoints: Vec<String>,
+    /// Data directory of the local member (for the disk probe and the join flow).
+    pub data_dir: Option<PathBuf>,
+    /// CA bundle for etcd's client TLS.
+    pub ca: Option<PathBuf>,
+    /// Client certificate.
+    pub cert: Option<PathBuf>,
+    /// Client key (must not be group- or world-readable).
+    pub key: Option<PathBuf>,
+    /// Probe timing of the member probe.
+    #[serde(default)]
+    pub probe: ProbeTiming,
+}
+
+/// Timing and hysteresis shared by every probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeTiming {
+    /// Interval between two runs.
+    #[serde(default = "probe_period", with = "humantime_serde")]
+    pub period: Duration,
+    /// Timeout of one run.
+    #[serde(default = "probe_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Consecutive failures before the probe reports unhealthy.
+    #[serde(default = "failure_threshold")]
+    pub failure_threshold: u32,
+    /// Consecutive successes before it reports healthy again.
+    #[serde(default = "success_threshold")]
+    pub success_threshold: u32,
+}
+
+impl Default for ProbeTiming {
+    fn default() -> Self {
+        Self {
+            period: DEFAULT_PROBE_PERIOD,
+            timeout: DEFAULT_PROBE_TIMEOUT,
+            failure_threshold: DEFAULT_FAILURE_THRESHOLD,
+            success_threshold: DEFAULT_SUCCESS_THRESHOLD,
+        }
+    }
+}
+
+fn probe_period() -> Duration {
+    DEFAULT_PROBE_PERIOD
+}
+fn probe_timeout() -> Duration {
+    DEFAULT_PROBE_TIMEOUT
+}
+fn failure_threshold() -> u32 {
+    DEFAULT_FAILURE_THRESHOLD
+}
+fn success_threshold() -> u32 {
+    DEFAULT_SUCCESS_THRESHOLD
+}
+
+/// Local health probes. Each is off unless configured.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbesConfig {
+    /// The API server's `/readyz`.
+    pub apiserver: Option<HttpProbeConfig>,
+    /// The kubelet's `/healthz`.
+    pub kubelet: Option<HttpProbeConfig>,
+    /// Free space on the etcd data directory's filesystem.
+    pub disk: Option<DiskProbeConfig>,
+    /// Kernel clock synchronisation (adjtimex).
+    pub clock: Option<ClockProbeConfig>,
+    /// Custom commands: exit 0 means healthy.
+    #[serde(default)]
+    pub exec: Vec<ExecProbeConfig>,
+}
+
+/// Declares a probe table: its own fields plus the four timing fields every probe shares
+/// (spelled inline, `period = "5s"` next to `url`), all under `deny_unknown_fields`.
+/// (`#[serde(flatten)]` would silently accept unknown keys, so it is not used.)
+macro_rules! probe_table {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident : $ty:ty,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $ty,)*
+            /// Interval between two runs.
+            #[serde(default = "probe_period", with = "humantime_serde")]
+            pub period: Duration,
+            /// Timeout of one run.
+            #[serde(default = "probe_timeout", with = "humantime_serde")]
+            pub timeout: Duration,
+            /// Consecutive failures before the probe reports unhealthy.
+            #[serde(default = "failure_threshold")]
+            pub failure_threshold: u32,
+            /// Consecutive successes before it reports healthy again.
+            #[serde(default = "success_threshold")]
+            pub success_threshold: u32,
+        }
+
+        impl $name {
+            /// The probe's timing and hysteresis.
+            pub fn timing(&self) -> ProbeTiming {
+                ProbeTiming {
+                    period: self.period,
+                    timeout: self.timeout,
+                    failure_threshold: self.failure_threshold,
+                    success_threshold: self.success_threshold,
+                }
+            }
+        }
+    };
+}
+
+probe_table! {
+    /// An HTTP(S) health endpoint probe: healthy on a 2xx answer.
+    HttpProbeConfig {
+        /// URL, e.g. `https://127.0.0.1:6443/readyz`.
+        url: String,
+        /// CA bundle for HTTPS (system roots otherwise).
+        #[serde(default)]
+        ca: Option<PathBuf>,
+    }
+}
+
+probe_table! {
+    /// Free space probe.
+    DiskProbeConfig {
+        /// Path on the filesystem to check (default: the etcd data directory).
+        #[serde(default)]
+        path: Option<PathBuf>,
+        /// Minimum free bytes.
+        #[serde(default = "min_free_bytes")]
+        min_free_bytes: u64,
+    }
+}
+
+fn min_free_bytes() -> u64 {
+    DEFAULT_MIN_FREE_BYTES
+}
+
+probe_table! {
+    /// Clock probe: the kernel's synchronisation status and estimated error (adjtimex).
+    ClockProbeConfig {
+        /// Largest tolerated offset.
+        #[serde(default = "max_clock_offset", with = "humantime_serde")]
+        max_offset: Duration,
+    }
+}
+
+fn max_clock_offset() -> Duration {
+    DEFAULT_MAX_CLOCK_OFFSET
+}
+
+probe_table! {
+    /// A custom command probe: exit status 0 within the timeout means healthy.
+    ExecProbeConfig {
+        /// Condition name reported for it.
+        name: String,
+        /// Program and arguments (no shell).
+        command: Vec<String>,
+    }
+}

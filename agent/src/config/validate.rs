@@ -1,0 +1,240 @@
+//! Semantic checks of a parsed configuration. Pure except for looking at the files it names
+//! (existence and permissions), because a missing certificate must fail at start, not at 3 a.m.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::schema::{AgentConfig, ProbeTiming};
+
+/// Shortest probe period accepted.
+const MIN_PROBE_PERIOD: Duration = Duration::from_millis(100);
+
+impl AgentConfig {
+    /// Every problem, each starting with the key it concerns. Empty when valid.
+    pub fn validate(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        match self.host.as_deref() {
+            None | Some("") => problems.push("host: must be set to this host's name".to_owned()),
+            Some(host) if !is_host_name(host) => problems.push(format!(
+                "host: {host:?} is not a valid host name (letters, digits, '-' and '.')"
+            )),
+            Some(_) => {}
+        }
+        if !self.state.dir.is_absolute() {
+            problems.push(format!(
+                "state.dir: {} must be an absolute path",
+                self.state.dir.display()
+            ));
+        }
+        if let Some(controller) = &self.controller {
+            if !controller.url.starts_with("https://") {
+                problems.push(format!(
+                    "controller.url: {} must use https:// (the agent API is mutual TLS only)",
+                    controller.url
+                ));
+            }
+            check_file("controller.ca", &controller.ca, &mut problems);
+            check_file("controller.cert", &controller.cert, &mut problems);
+            check_secret("controller.key", &controller.key, &mut problems);
+            if controller.request_timeout.is_zero() {
+                problems.push("controller.request_timeout: must be greater than zero".to_owned());
+            }
+            if controller.report_interval < Duration::from_secs(1) {
+                problems.push("controller.report_interval: must be at least 1s".to_owned());
+            }
+        }
+        if let Some(etcd) = &self.etcd {
+            if etcd.endpoints.is_empty() {
+                problems.push("etcd.endpoints: must list at least the local member".to_owned());
+            }
+            for endpoint in &etcd.endpoints {
+                if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                    problems.push(format!(
+                        "etcd.endpoints: {endpoint} must start with http:// or https://"
+                    ));
+                }
+            }
+            if let Some(ca) = &etcd.ca {
+                check_file("etcd.ca", ca, &mut problems);
+            }
+            if let Some(cert) = &etcd.cert {
+                check_file("etcd.cert", cert, &mut problems);
+            }
+            if let Some(key) = &etcd.key {
+                check_secret("etcd.key", key, &mut problems);
+            }
+            if etcd.cert.is_some() != etcd.key.is_some() {
+                problems.push("etcd: cert and key must be given together".to_owned());
+            }
+            check_timing("etcd.probe", etcd.probe, &mut problems);
+        }
+        let probes = &self.probes;
+        for (key, probe) in [
+            ("probes.apiserver", &probes.apiserver),
+            ("probes.kubelet", &probes.kubelet),
+        ] {
+            if let Some(probe) = probe {
+                if !(probe.url.starts_with("http://") || probe.url.starts_with("https://")) {
+                    problems.push(format!(
+                        "{key}.url: {} must start with http:// or https://",
+                        probe.url
+                    ));
+                }
+                if let Some(ca) = &probe.ca {
+                    check_file(&format!("{key}.ca"), ca, &mut problems);
+                }
+                check_timing(key, probe.timing(), &mut problems);
+            }
+        }
+        if let Some(disk) = &probes.disk {
+            let data_dir = self.etcd.as_ref().and_then(|e| e.data_dir.as_ref());
+            if disk.path.is_none() && data_dir.is_none() {
+                problems.push("probes.disk.path: set it, or set etcd.data_dir".to_owned());
+            }
+            check_timing("probes.disk", disk.timing(), &mut problems);
+        }
+        if let Some(clock) = &probes.clock {
+            if clock.max_offset.is_zero() {
+                problems.push("probes.clock.max_offset: must be greater than zero".to_owned());
+            }
+            check_timing("probes.clock", clock.timing(), &mut problems);
+        }
+        for (i, probe) in probes.exec.iter().enumerate() {
+            let key = format!("probes.exec[{i}] ({})", probe.name);
+            if probe.name.is_empty() {
+                problems.push(format!("probes.exec[{i}].name: must not be empty"));
+            }
+            match probe.command.first() {
+                None => problems.push(format!("{key}.command: must name a program")),
+                Some(program) => {
+                    let path = Path::new(program);
+                    if path.is_absolute() {
+                        check_file(&format!("{key}.command"), path, &mut problems);
+                    } else {
+                        problems.push(format!("{key}.command: {program} must be an absolute path"));
+                    }
+                }
+            }
+            check_timing(&key, probe.timing(), &mut problems);
+        }
+        problems
+    }
+}
+
+fn is_host_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn check_timing(key: &str, timing: ProbeTiming, problems: &mut Vec<String>) {
+    if timing.period < MIN_PROBE_PERIOD {
+        problems.push(format!(
+            "{key}.period: must be at least {MIN_PROBE_PERIOD:?}"
+        ));
+    }
+    if timing.timeout.is_zero() || timing.timeout > timing.period {
+        problems.push(format!(
+            "{key}.timeout: must be greater than zero and at most the period ({:?})",
+            timing.period
+        ));
+    }
+    if timing.failure_threshold == 0 {
+        problems.push(format!("{key}.failure_threshold: must be at least 1"));
+    }
+    if timing.success_threshold == 0 {
+        problems.push(format!("{key}.success_threshold: must be at least 1"));
+    }
+}
+
+fn check_file(key: &str, path: &Path, problems: &mut Vec<String>) {
+    if let Err(err) = std::fs::metadata(path) {
+        problems.push(format!("{key}: {}: {err}", path.display()));
+    }
+}
+
+/// A secret file must exist and be readable by its owner only.
+fn check_secret(key: &str, path: &Path, problems: &mut Vec<String>) {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Err(err) => problems.push(format!("{key}: {}: {err}", path.display())),
+        Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                problems.push(format!(
+                    "{key}: {} is readable by group or others (mode {mode:04o}); run chmod 600 on it",
+                    path.display()
+                ));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> AgentConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn minimal_configuration_is_valid() {
+        assert!(parse("host = \"cp-0\"").validate().is_empty());
+    }
+
+    #[test]
+    fn missing_host_and_bad_timing_are_each_reported() {
+        let config = parse(
+            "[probes.kubelet]\nurl = \"http://127.0.0.1:10248/healthz\"\nperiod = \"1s\"\ntimeout = \"2s\"\nfailure_threshold = 0\n",
+        );
+        let problems = config.validate();
+        assert!(
+            problems.iter().any(|p| p.starts_with("host:")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("probes.kubelet.timeout")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("probes.kubelet.failure_threshold")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn plain_http_controller_is_refused() {
+        let config = parse(
+            "host = \"cp-0\"\n[controller]\nurl = \"http://c\"\nca = \"/nonexistent/ca\"\ncert = \"/nonexistent/c\"\nkey = \"/nonexistent/k\"\n",
+        );
+        let problems = config.validate();
+        assert!(
+            problems.iter().any(|p| p.starts_with("controller.url")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("controller.key: /nonexistent/k")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn host_names_are_checked() {
+        assert!(is_host_name("cp-0.example.com"));
+        assert!(!is_host_name("cp_0"));
+        assert!(!is_host_name("-cp"));
+        assert!(!is_host_name(""));
+    }
+}

@@ -1,0 +1,46 @@
+//! Logging: structured events to journald (fields become journal fields) when its socket
+//! exists, else to stderr. `tracing-journald` has no fallback of its own.
+
+use std::path::Path;
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// journald's native socket.
+const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+
+/// Where logs went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogTarget {
+    /// The systemd journal.
+    Journald,
+    /// Standard error.
+    Stderr,
+}
+
+/// Installs the global subscriber; `RUST_LOG` overrides the default `info` level.
+pub fn init(force_stderr: bool) -> LogTarget {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    if !force_stderr
+        && Path::new(JOURNAL_SOCKET).exists()
+        && let Ok(layer) = tracing_journald::layer()
+    {
+        let layer = layer.with_syslog_identifier("metalguard-agent".to_owned());
+        let installed = tracing_subscriber::registry()
+            .with(filter)
+            .with(layer)
+            .try_init();
+        return if installed.is_ok() {
+            LogTarget::Journald
+        } else {
+            LogTarget::Stderr
+        };
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+    LogTarget::Stderr
+}

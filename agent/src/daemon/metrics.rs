@@ -1,0 +1,117 @@
+//! Prometheus metrics of the agent, with an explicit registry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of per-probe series.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabels {
+    condition: String,
+}
+
+/// Labels of per-probe run outcomes.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeRunLabels {
+    condition: String,
+    result: String,
+}
+
+/// The agent's metrics; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AgentMetrics {
+    registry: Arc<Registry>,
+    probe_healthy: Family<ProbeLabels, Gauge>,
+    probe_runs: Family<ProbeRunLabels, Counter>,
+    probe_seconds: Family<ProbeLabels, Histogram>,
+}
+
+impl AgentMetrics {
+    /// Creates the registry and every series.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("metalguard_agent");
+        let probe_healthy = Family::<ProbeLabels, Gauge>::default();
+        registry.register(
+            "probe_healthy",
+            "Verdict of each local probe after hysteresis: 1 healthy, 0 unhealthy, -1 not run yet",
+            probe_healthy.clone(),
+        );
+        let probe_runs = Family::<ProbeRunLabels, Counter>::default();
+        registry.register("probe_runs", "Probe runs by raw result", probe_runs.clone());
+        let probe_seconds = Family::<ProbeLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0])
+        });
+        registry.register(
+            "probe_duration_seconds",
+            "Duration of probe runs",
+            probe_seconds.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            probe_healthy,
+            probe_runs,
+            probe_seconds,
+        }
+    }
+
+    /// Records one probe run.
+    pub fn observe_probe(&self, condition: &str, ok: bool, verdict: Option<bool>, took: Duration) {
+        let labels = ProbeLabels {
+            condition: condition.to_owned(),
+        };
+        self.probe_healthy
+            .get_or_create(&labels)
+            .set(match verdict {
+                Some(true) => 1,
+                Some(false) => 0,
+                None => -1,
+            });
+        self.probe_seconds
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        let result = if ok { "ok" } else { "fail" };
+        self.probe_runs
+            .get_or_create(&ProbeRunLabels {
+                condition: condition.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_series_are_exposed() {
+        let metrics = AgentMetrics::new();
+        metrics.observe_probe(
+            "EtcdMemberHealthy",
+            false,
+            Some(false),
+            Duration::from_millis(3),
+        );
+        let text = metrics.encode();
+        assert!(
+            text.contains("metalguard_agent_probe_healthy{condition=\"EtcdMemberHealthy\"} 0"),
+            "{text}"
+        );
+        assert!(text.contains("metalguard_agent_probe_runs_total{condition=\"EtcdMemberHealthy\",result=\"fail\"} 1"), "{text}");
+    }
+}

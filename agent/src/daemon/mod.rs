@@ -1,0 +1,223 @@
+//! `metalguard-agent run`: the daemon.
+//!
+//! Data flow: probes run on their own periods and write their verdicts to the [`probes::Board`];
+//! the local endpoint serves `/metrics` and `/status` from it; the supervisor tells systemd
+//! READY once every probe has run once, pings the watchdog only while every loop beats, and
+//! keeps a STATUS line; SIGTERM (or SIGINT) cancels everything and sends STOPPING.
+
+mod local_http;
+mod logging;
+pub mod metrics;
+pub mod notify;
+pub mod probes;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{self, AgentConfig, DEFAULT_CONFIG};
+use metrics::AgentMetrics;
+use notify::{Heartbeats, Notifier};
+use probes::{Board, ProbeState};
+
+/// Exit code when the configuration is invalid (the unit does not restart on it).
+pub const EXIT_CONFIG: u8 = 2;
+/// How often the supervisor looks at the loops and the board.
+const SUPERVISOR_TICK: Duration = Duration::from_millis(50);
+/// How long shutdown waits for the loops to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Arguments of `metalguard-agent run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The main configuration file; drop-ins are read from `agent.d/` next to it.
+    #[arg(long, short, env = "METALGUARD_AGENT_CONFIG", default_value = DEFAULT_CONFIG)]
+    pub config: PathBuf,
+    /// Log to stderr even when journald is available.
+    #[arg(long)]
+    pub log_stderr: bool,
+}
+
+/// The local view served on `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LocalStatus {
+    /// This host.
+    pub host: String,
+    /// Agent version.
+    pub version: &'static str,
+    /// Whether the first probe round completed.
+    pub ready: bool,
+    /// Every probe.
+    pub probes: Vec<ProbeState>,
+}
+
+/// Runs the daemon; returns when stopped.
+pub fn run(args: &RunArgs) -> ExitCode {
+    let target = logging::init(args.log_stderr);
+    let loaded = match config::load(&args.config) {
+        Ok(loaded) => loaded,
+        Err(err) => {
+            for problem in err.problems() {
+                tracing::error!(problem = %problem, "invalid configuration; refusing to start");
+            }
+            if target == logging::LogTarget::Journald {
+                eprintln!("{err}");
+            }
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(host = loaded.config.host_name(), files = loaded.files.len(), log = ?target, "metalguard-agent starting");
+    runtime.block_on(serve(loaded.config, Notifier::from_env()))
+}
+
+async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
+    let cancel = CancellationToken::new();
+    let beats = Heartbeats::default();
+    let metrics = AgentMetrics::new();
+    let board = Board::default();
+    let probes = match probes::build(&config) {
+        Ok(probes) => probes,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot set up probes; refusing to start");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    board.register(&probes);
+    let mut tasks = tokio::task::JoinSet::new();
+    for probe in probes {
+        tasks.spawn(probes::run(
+            probe,
+            board.clone(),
+            beats.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        ));
+    }
+
+    let host = config.host_name().to_owned();
+    if config.metrics.enabled {
+        match local_http::bind(config.metrics.listen).await {
+            Ok((listener, addr)) => {
+                tracing::info!(address = %addr, "serving /metrics and /status");
+                let board = board.clone();
+                let host = host.clone();
+                let status: local_http::StatusFn = Arc::new(move || {
+                    let view = LocalStatus {
+                        host: host.clone(),
+                        version: env!("CARGO_PKG_VERSION"),
+                        ready: board.first_round_done(),
+                        probes: board.snapshot(),
+                    };
+                    serde_json::to_string_pretty(&view).unwrap_or_default()
+                });
+                tasks.spawn(local_http::serve(
+                    listener,
+                    metrics.clone(),
+                    status,
+                    cancel.clone(),
+                ));
+            }
+            Err(err) => {
+                tracing::error!(address = %config.metrics.listen, error = %err, "cannot bind the metrics address; refusing to start");
+                cancel.cancel();
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    }
+
+    tasks.spawn(supervise(
+        board.clone(),
+        beats.clone(),
+        notifier.clone(),
+        cancel.clone(),
+    ));
+
+    wait_for_stop_signal().await;
+    tracing::info!("stop requested; shutting down");
+    notifier.stopping();
+    cancel.cancel();
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "some loops did not stop in time");
+    }
+    tracing::info!("metalguard-agent stopped");
+    ExitCode::SUCCESS
+}
+
+/// READY after the first probe round; WATCHDOG only while every loop beats; STATUS on change.
+async fn supervise(board: Board, beats: Heartbeats, notifier: Notifier, cancel: CancellationToken) {
+    let ping_every = notifier.watchdog().map(|w| w / 2);
+    let mut last_ping = tokio::time::Instant::now();
+    let mut ready = false;
+    let mut last_status = String::new();
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(SUPERVISOR_TICK) => {}
+        }
+        let probes = board.snapshot();
+        let unhealthy: Vec<&str> = probes
+            .iter()
+            .filter(|s| s.healthy == Some(false))
+            .map(|s| s.condition.as_str())
+            .collect();
+        let status = if unhealthy.is_empty() {
+            format!("{} probes healthy", probes.len())
+        } else {
+            format!("unhealthy: {}", unhealthy.join(", "))
+        };
+        if !ready && board.first_round_done() {
+            ready = true;
+            notifier.ready(&status);
+            tracing::info!(status = %status, "first probe round complete; ready");
+            last_status.clone_from(&status);
+        } else if ready && status != last_status {
+            notifier.status(&status);
+            last_status = status;
+        }
+        if let Some(every) = ping_every
+            && last_ping.elapsed() >= every
+        {
+            let stale = beats.stale();
+            if stale.is_empty() {
+                notifier.watchdog_ping();
+                last_ping = tokio::time::Instant::now();
+            } else {
+                tracing::error!(loops = ?stale, "loops stopped beating; withholding the watchdog ping");
+            }
+        }
+    }
+}
+
+async fn wait_for_stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stopping");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
