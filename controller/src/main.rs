@@ -1,27 +1,29 @@
 //! # metalguard-controller
 //!
-//! The controller binary: runs the decision core against a backend (standalone or
-//! Kubernetes) and executes its plans. This file only wires crates and maps errors to exit
-//! codes; decisions live in `metalguard-core`, shared types in `metalguard-api`.
+//! The controller binary: runs the decision core against a backend (standalone now,
+//! Kubernetes next) and executes its plans.
+//!
+//! Data flow: agents → [`server`] (mTLS, host from the certificate) → [`hub`] inbox →
+//! [`service`] loop (leadership and state through [`backend`]) → [`snapshot`] →
+//! `metalguard_core::plan` → [`executor`] (intent persisted first) → [`hub`] → long-polls.
+//! This file only declares modules and hands the command line to [`cli`].
 
-use clap::Parser;
+mod backend;
+mod certs;
+mod cli;
+mod clock;
+mod executor;
+mod hub;
+mod inventory;
+mod metrics;
+mod server;
+mod service;
+mod snapshot;
+mod status;
+mod tls;
 
-/// metalguard controller.
-#[derive(Debug, Parser)]
-#[command(name = "metalguard-controller", version, about)]
-struct Cli {}
+use clap::Parser as _;
 
-fn main() {
-    let _cli = Cli::parse();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Cli;
-    use clap::CommandFactory;
-
-    #[test]
-    fn cli_definition_is_consistent() {
-        Cli::command().debug_assert();
-    }
+fn main() -> std::process::ExitCode {
+    cli::main(cli::Cli::parse())
 }

@@ -1,0 +1,313 @@
+//! The standalone backend: state and leadership in the guarded etcd under a key prefix.
+//!
+//! Leadership is a lease-guarded key `PREFIX/leader` created with a transaction
+//! (`create_revision == 0`). Its create revision is this controller's fencing token: every
+//! write of the controller loop is a transaction that compares the leader key's create
+//! revision with the token, so a controller that lost its lease (paused, partitioned) cannot
+//! write even if it still believes it leads. A dead leader's key vanishes with its lease,
+//! so a successor takes over within the lease time to live.
+//!
+//! Keys: `leader`, `reports/HOST`, `operations/ID`, `remediations/ID`,
+//! `fence-requests/HOST`, `hooks/HOST`, all JSON.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
+    PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use metalguard_api::snapshot::FenceRequest;
+use serde::Serialize;
+
+use super::{Backend, BackendError, Leadership, State, StoredReport, Write};
+
+/// Sub-keys under the prefix.
+const LEADER: &str = "leader";
+const REPORTS: &str = "reports/";
+const OPERATIONS: &str = "operations/";
+const REMEDIATIONS: &str = "remediations/";
+const FENCE_REQUESTS: &str = "fence-requests/";
+const HOOKS: &str = "hooks/";
+
+struct Lease {
+    id: i64,
+    token: i64,
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
+}
+
+/// State and leadership in etcd.
+pub struct EtcdBackend {
+    client: Client,
+    prefix: String,
+    identity: String,
+    lease_ttl: Duration,
+    lease: Option<Lease>,
+}
+
+fn unavailable(what: &str) -> impl FnOnce(etcd_client::Error) -> BackendError + '_ {
+    move |e| BackendError::Unavailable {
+        what: what.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<String, BackendError> {
+    serde_json::to_string(value).map_err(|source| BackendError::Decode {
+        key: "(new record)".to_owned(),
+        source,
+    })
+}
+
+impl EtcdBackend {
+    /// Connects (lazily) to `endpoints`; every request has `timeout`.
+    pub async fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        identity: String,
+        lease_ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Self, BackendError> {
+        let options = ConnectOptions::new()
+            .with_timeout(timeout)
+            .with_connect_timeout(timeout);
+        let client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(unavailable("connect"))?;
+        Ok(Self {
+            client,
+            prefix: prefix.to_owned(),
+            identity,
+            lease_ttl,
+            lease: None,
+        })
+    }
+
+    fn key(&self, sub: &str) -> String {
+        format!("{}/{sub}", self.prefix)
+    }
+
+    /// Records an administrator's fence request (read by the leader's next plan).
+    pub async fn request_fence(
+        &mut self,
+        host: &str,
+        request: &FenceRequest,
+    ) -> Result<(), BackendError> {
+        let key = self.key(&format!("{FENCE_REQUESTS}{host}"));
+        let value = encode(request)?;
+        self.client
+            .put(key, value, None)
+            .await
+            .map_err(unavailable("fence request"))?;
+        Ok(())
+    }
+
+    async fn renew(&mut self) -> Result<Option<Leadership>, BackendError> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Ok(None);
+        };
+        lease
+            .keeper
+            .keep_alive()
+            .await
+            .map_err(unavailable("lease keep-alive"))?;
+        let answer = lease
+            .stream
+            .message()
+            .await
+            .map_err(unavailable("lease keep-alive"))?;
+        if answer.is_some_and(|a| a.ttl() > 0) {
+            let token = lease.token;
+            let key = self.key(LEADER);
+            let current = self
+                .client
+                .get(key, None)
+                .await
+                .map_err(unavailable("leader key"))?;
+            if current
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.create_revision() == token)
+            {
+                return Ok(Some(Leadership::Leader));
+            }
+        }
+        tracing::warn!(identity = %self.identity, "leader lease lost");
+        self.lease = None;
+        Ok(None)
+    }
+}
+
+impl Backend for EtcdBackend {
+    async fn campaign(&mut self) -> Result<Leadership, BackendError> {
+        if let Some(leadership) = self.renew().await? {
+            return Ok(leadership);
+        }
+        let ttl = i64::try_from(self.lease_ttl.as_secs()).unwrap_or(i64::MAX);
+        let grant = self
+            .client
+            .lease_grant(ttl, None)
+            .await
+            .map_err(unavailable("lease grant"))?;
+        let key = self.key(LEADER);
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(
+                key.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then(vec![TxnOp::put(
+                key.clone(),
+                self.identity.clone(),
+                Some(PutOptions::new().with_lease(grant.id())),
+            )])
+            .or_else(vec![TxnOp::get(key, None)]);
+        let response = self
+            .client
+            .txn(txn)
+            .await
+            .map_err(unavailable("leader election"))?;
+        if response.succeeded() {
+            let token = response
+                .header()
+                .map_or(0, etcd_client::ResponseHeader::revision);
+            let (keeper, stream) = self
+                .client
+                .lease_keep_alive(grant.id())
+                .await
+                .map_err(unavailable("lease keep-alive"))?;
+            tracing::info!(identity = %self.identity, token, "became leader");
+            self.lease = Some(Lease {
+                id: grant.id(),
+                token,
+                keeper,
+                stream,
+            });
+            return Ok(Leadership::Leader);
+        }
+        // Not ours: give the unused lease back at once.
+        let _ = self.client.lease_revoke(grant.id()).await;
+        let holder = response.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .and_then(|kv| kv.value_str().ok().map(str::to_owned)),
+            _ => None,
+        });
+        Ok(Leadership::Follower { holder })
+    }
+
+    async fn resign(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let _ = self.client.lease_revoke(lease.id).await;
+            tracing::info!(identity = %self.identity, "resigned leadership");
+        }
+    }
+
+    async fn load(&mut self) -> Result<State, BackendError> {
+        let root = format!("{}/", self.prefix);
+        let response = self
+            .client
+            .get(root.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(unavailable("load state"))?;
+        let mut state = State::default();
+        for kv in response.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let sub = key.strip_prefix(&root).unwrap_or(&key);
+            let decode = |source| BackendError::Decode {
+                key: key.clone(),
+                source,
+            };
+            if sub == LEADER {
+                state.leader = Some(String::from_utf8_lossy(kv.value()).into_owned());
+            } else if let Some(host) = sub.strip_prefix(REPORTS) {
+                let report: StoredReport = serde_json::from_slice(kv.value()).map_err(decode)?;
+                state.reports.insert(host.to_owned(), report);
+            } else if sub.starts_with(OPERATIONS) {
+                let op: super::StoredOperation =
+                    serde_json::from_slice(kv.value()).map_err(decode)?;
+                state.operations.insert(op.id.clone(), op);
+            } else if sub.starts_with(REMEDIATIONS) {
+                let r: metalguard_api::remediation::Remediation =
+                    serde_json::from_slice(kv.value()).map_err(decode)?;
+                state.remediations.insert(r.id.clone(), r);
+            } else if let Some(host) = sub.strip_prefix(FENCE_REQUESTS) {
+                let request: FenceRequest = serde_json::from_slice(kv.value()).map_err(decode)?;
+                state.fence_requests.insert(host.to_owned(), request);
+            } else if let Some(host) = sub.strip_prefix(HOOKS) {
+                let hooks = serde_json::from_slice(kv.value()).map_err(decode)?;
+                state.hooks.insert(host.to_owned(), hooks);
+            }
+        }
+        Ok(state)
+    }
+
+    async fn record_report(&mut self, report: &StoredReport) -> Result<(), BackendError> {
+        let key = self.key(&format!("{REPORTS}{}", report.report.host));
+        let value = encode(report)?;
+        self.client
+            .put(key, value, None)
+            .await
+            .map_err(unavailable("record report"))?;
+        Ok(())
+    }
+
+    async fn apply(&mut self, writes: Vec<Write>) -> Result<(), BackendError> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let Some(token) = self.lease.as_ref().map(|l| l.token) else {
+            return Err(BackendError::Refused {
+                what: "leadership".to_owned(),
+            });
+        };
+        let mut compares = vec![Compare::create_revision(
+            self.key(LEADER),
+            CompareOp::Equal,
+            token,
+        )];
+        let mut ops = Vec::new();
+        let mut first_created = None;
+        for write in writes {
+            match write {
+                Write::CreateOperation(op) => {
+                    let key = self.key(&format!("{OPERATIONS}{}", op.id));
+                    compares.push(Compare::version(key.clone(), CompareOp::Equal, 0));
+                    first_created.get_or_insert_with(|| op.id.to_string());
+                    ops.push(TxnOp::put(key, encode(&op)?, None));
+                }
+                Write::PutOperation(op) => {
+                    let key = self.key(&format!("{OPERATIONS}{}", op.id));
+                    ops.push(TxnOp::put(key, encode(&op)?, None));
+                }
+                Write::PutRemediation(r) => {
+                    let key = self.key(&format!("{REMEDIATIONS}{}", r.id));
+                    ops.push(TxnOp::put(key, encode(&r)?, None));
+                }
+                Write::DeleteFenceRequest(host) => {
+                    ops.push(TxnOp::delete(
+                        self.key(&format!("{FENCE_REQUESTS}{host}")),
+                        None,
+                    ));
+                }
+                Write::PutHooks(host, hooks) => {
+                    let key = self.key(&format!("{HOOKS}{host}"));
+                    ops.push(TxnOp::put(key, encode(&hooks)?, None));
+                }
+            }
+        }
+        let response = self
+            .client
+            .txn(Txn::new().when(compares).and_then(ops))
+            .await
+            .map_err(unavailable("guarded write"))?;
+        if response.succeeded() {
+            Ok(())
+        } else {
+            Err(BackendError::Refused {
+                what: first_created.unwrap_or_else(|| "leadership".to_owned()),
+            })
+        }
+    }
+}

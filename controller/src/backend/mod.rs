@@ -1,0 +1,99 @@
+//! The backend interface: where the controller's inputs, persisted intent and leadership live.
+//!
+//! Two implementations are planned behind [`Backend`]: [`etcd::EtcdBackend`] (standalone: an
+//! inventory file plus state and a lease-guarded leader key in the guarded etcd) and a
+//! Kubernetes backend (next issue: state in custom resources' status, leadership through a
+//! `Lease` object). The controller loop only ever: campaigns for leadership, loads the
+//! [`State`], records reports, and applies atomic batches of [`Write`]s that succeed only
+//! while it still leads — so two controllers never both act.
+
+pub mod etcd;
+pub mod state;
+
+use std::future::Future;
+
+pub use state::{OperationKind, State, StoredOperation, StoredReport};
+
+use metalguard_api::remediation::Remediation;
+
+/// What a backend call could not do.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The store did not answer (for etcd: no quorum, or unreachable). Never act blind.
+    #[error("backend store is unavailable: {what}")]
+    Unavailable {
+        /// What was attempted.
+        what: String,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A leader-guarded write was refused: leadership was lost, or an operation with the
+    /// same id already exists.
+    #[error("guarded write was refused: leadership lost or {what} already exists")]
+    Refused {
+        /// The first key whose guard may have failed.
+        what: String,
+    },
+    /// Stored data did not decode.
+    #[error("stored record {key} could not be decoded")]
+    Decode {
+        /// The key.
+        key: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// This controller's standing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leadership {
+    /// This controller leads and may act.
+    Leader,
+    /// Another controller leads (its identity, if known).
+    Follower {
+        /// The current leader's identity.
+        holder: Option<String>,
+    },
+}
+
+/// One change in an atomic, leader-guarded batch.
+#[derive(Debug, Clone)]
+pub enum Write {
+    /// Persist the intent of a new operation; the batch fails if the id exists.
+    CreateOperation(StoredOperation),
+    /// Replace an operation (to record its result).
+    PutOperation(StoredOperation),
+    /// Create or replace a remediation record.
+    PutRemediation(Remediation),
+    /// Remove a host's pending fence request (it became a remediation).
+    DeleteFenceRequest(String),
+    /// Replace a host's preDrain hook set.
+    PutHooks(String, std::collections::BTreeSet<String>),
+}
+
+/// The store and leadership of one controller. `Send` futures so the loop can be spawned.
+pub trait Backend: Send {
+    /// Acquires or renews leadership. An error means the store is unreachable: the caller
+    /// must stop acting at once.
+    fn campaign(&mut self) -> impl Future<Output = Result<Leadership, BackendError>> + Send;
+
+    /// Gives up leadership (on clean shutdown), so a successor need not wait for the lease.
+    fn resign(&mut self) -> impl Future<Output = ()> + Send;
+
+    /// Reads everything persisted.
+    fn load(&mut self) -> impl Future<Output = Result<State, BackendError>> + Send;
+
+    /// Stores an agent's latest report (not guarded: any controller may record one).
+    fn record_report(
+        &mut self,
+        report: &StoredReport,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Applies `writes` atomically, only if this controller still leads.
+    fn apply(
+        &mut self,
+        writes: Vec<Write>,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+}

@@ -1,0 +1,101 @@
+//! The persisted records: reports, operations (intent + result), remediations, fence requests
+//! and hooks. Credentials are never part of a record; they are read from the inventory's
+//! files when a command is handed to an agent.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use metalguard_api::duration::Timestamp;
+use metalguard_api::plan::OperationId;
+use metalguard_api::protocol::{AgentReport, CommandResult, PowerAction};
+use metalguard_api::remediation::Remediation;
+use metalguard_api::snapshot::FenceRequest;
+use serde::{Deserialize, Serialize};
+
+/// An agent's latest report and when the controller received it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredReport {
+    /// The report.
+    pub report: AgentReport,
+    /// The controller's receive time (heartbeats use this, not the agent's clock).
+    pub received_at: Timestamp,
+}
+
+/// What an operation does (the command minus credentials).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "type")]
+pub enum OperationKind {
+    /// Drive `target`'s BMC.
+    Fence {
+        /// The host fenced.
+        target: String,
+        /// The power action.
+        action: PowerAction,
+    },
+    /// Promote a learner.
+    EtcdPromote {
+        /// Member id.
+        member_id: u64,
+    },
+    /// Remove a member.
+    EtcdRemove {
+        /// Member id.
+        member_id: u64,
+    },
+}
+
+/// A destructive operation: written before its command is sent, completed by its result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredOperation {
+    /// The plan's stable operation id.
+    pub id: OperationId,
+    /// The agent host that executes it.
+    pub agent: String,
+    /// What it does.
+    pub kind: OperationKind,
+    /// The remediation it belongs to, if any.
+    #[serde(default)]
+    pub remediation_id: Option<String>,
+    /// The remediation step name (`power-off`, `power-on`), if any.
+    #[serde(default)]
+    pub step: Option<String>,
+    /// When the intent was persisted.
+    pub created_at: Timestamp,
+    /// The agent's result, once received.
+    #[serde(default)]
+    pub result: Option<CommandResult>,
+}
+
+impl StoredOperation {
+    /// True while the result is outstanding (the command is offered to the agent).
+    pub fn in_flight(&self) -> bool {
+        self.result.is_none()
+    }
+}
+
+/// Everything a backend persists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct State {
+    /// Latest report per host.
+    pub reports: BTreeMap<String, StoredReport>,
+    /// Every operation, by id.
+    pub operations: BTreeMap<OperationId, StoredOperation>,
+    /// Remediations by id.
+    pub remediations: BTreeMap<String, Remediation>,
+    /// Pending administrator fence requests by host.
+    pub fence_requests: BTreeMap<String, FenceRequest>,
+    /// preDrain hooks per host.
+    pub hooks: BTreeMap<String, BTreeSet<String>>,
+    /// The current leader's identity, if any.
+    pub leader: Option<String>,
+}
+
+impl State {
+    /// The operation of `remediation_id` for `step`, if one was created.
+    pub fn operation_of(&self, remediation_id: &str, step: &str) -> Option<&StoredOperation> {
+        self.operations.values().find(|op| {
+            op.remediation_id.as_deref() == Some(remediation_id) && op.step.as_deref() == Some(step)
+        })
+    }
+}

@@ -1,0 +1,284 @@
+//! The command line: `run`, `plan`, `status`, `fence`, `certs`. Each subcommand wires the
+//! modules and maps errors to an exit status; no decisions are made here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use std::fmt::Write as _;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use metalguard_api::snapshot::{FenceRequest, Snapshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::Backend as _;
+use crate::backend::etcd::EtcdBackend;
+use crate::certs::{self, Usage};
+use crate::clock::now;
+use crate::hub::Hub;
+use crate::inventory::Inventory;
+use crate::metrics::Metrics;
+use crate::service::Controller;
+use crate::tls::{TlsFiles, server_config};
+
+/// metalguard controller.
+#[derive(Debug, Parser)]
+#[command(name = "metalguard-controller", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the controller (standalone backend): agent API, leader election, planner, executor.
+    Run {
+        /// The inventory file.
+        #[arg(long, env = "METALGUARD_INVENTORY")]
+        inventory: PathBuf,
+        /// This controller's identity in leader election (default: random).
+        #[arg(long, env = "METALGUARD_CONTROLLER_ID")]
+        id: Option<String>,
+    },
+    /// Dry run: print the plan for a snapshot with its reasons.
+    Plan {
+        /// A snapshot (JSON).
+        #[arg(long)]
+        snapshot: PathBuf,
+        /// The policy (JSON); default: no health checks, default remediation settings.
+        #[arg(long)]
+        policy: Option<PathBuf>,
+    },
+    /// Print the leader, agents' last reports and operations from the store.
+    Status {
+        /// The inventory file.
+        #[arg(long, env = "METALGUARD_INVENTORY")]
+        inventory: PathBuf,
+    },
+    /// Ask the leader to fence a host.
+    Fence {
+        /// The host.
+        host: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+        /// Skip policy gates (never the safety rules).
+        #[arg(long)]
+        force: bool,
+        /// The inventory file.
+        #[arg(long, env = "METALGUARD_INVENTORY")]
+        inventory: PathBuf,
+    },
+    /// Create the cluster CA and certificates.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum CertsCommand {
+    /// Create a CA in DIR.
+    Init {
+        /// Directory.
+        dir: PathBuf,
+    },
+    /// Issue a certificate for NAME signed by the CA in DIR.
+    Issue {
+        /// Host name (agent) or controller name (`--server`).
+        name: String,
+        /// Directory holding the CA.
+        dir: PathBuf,
+        /// A server certificate for the controller (adds localhost and 127.0.0.1).
+        #[arg(long)]
+        server: bool,
+        /// Extra subject alternative names (names or IP addresses).
+        #[arg(long = "san")]
+        sans: Vec<String>,
+    },
+}
+
+/// The error and its causes, one per line.
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str("\n  caused by: ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Runs the parsed command line.
+pub fn main(cli: Cli) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let result = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(dispatch(cli.command)),
+        Err(e) => Err(e.into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            for cause in error.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn connect(inventory: &Inventory, id: String) -> anyhow::Result<EtcdBackend> {
+    let etcd = &inventory.etcd;
+    Ok(EtcdBackend::connect(
+        &etcd.endpoints,
+        &etcd.prefix,
+        id,
+        etcd.lease_ttl,
+        etcd.timeout,
+    )
+    .await?)
+}
+
+fn random_id() -> String {
+    let mut bytes = [0u8; 6];
+    let _ = getrandom::fill(&mut bytes);
+    let hex = bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    });
+    format!("controller-{hex}")
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run { inventory, id } => run(&inventory, id.unwrap_or_else(random_id)).await,
+        Command::Plan { snapshot, policy } => {
+            let text = std::fs::read_to_string(&snapshot)
+                .with_context(|| format!("snapshot {} could not be read", snapshot.display()))?;
+            let snap: Snapshot = serde_json::from_str(&text)
+                .with_context(|| format!("snapshot {} is invalid", snapshot.display()))?;
+            let policy = match policy {
+                Some(path) => serde_json::from_str(
+                    &std::fs::read_to_string(&path)
+                        .with_context(|| format!("policy {} could not be read", path.display()))?,
+                )
+                .with_context(|| format!("policy {} is invalid", path.display()))?,
+                None => metalguard_api::policy::Policy::default(),
+            };
+            print!("{}", metalguard_core::plan(&snap, &policy, now()));
+            Ok(())
+        }
+        Command::Status { inventory } => {
+            let inventory = Inventory::load(&inventory)?;
+            let mut backend = connect(&inventory, "status".to_owned()).await?;
+            let state = backend.load().await?;
+            print!("{}", crate::status::render(&state, now()));
+            Ok(())
+        }
+        Command::Fence {
+            host,
+            reason,
+            force,
+            inventory,
+        } => {
+            let inventory = Inventory::load(&inventory)?;
+            anyhow::ensure!(
+                inventory.host(&host).is_some(),
+                "host {host} is not in the inventory"
+            );
+            let mut backend = connect(&inventory, "cli".to_owned()).await?;
+            let request = FenceRequest {
+                requested_at: now(),
+                requested_by: Some(format!("cli: {reason}")),
+                force_reason: force.then(|| reason.clone()),
+            };
+            backend.request_fence(&host, &request).await?;
+            println!("fence of {host} requested; the leader plans it on its next round");
+            Ok(())
+        }
+        Command::Certs(CertsCommand::Init { dir }) => {
+            let issued = certs::init_ca(&dir)?;
+            println!("{}\n{}", issued.cert.display(), issued.key.display());
+            Ok(())
+        }
+        Command::Certs(CertsCommand::Issue {
+            name,
+            dir,
+            server,
+            sans,
+        }) => {
+            let usage = if server { Usage::Server } else { Usage::Client };
+            let issued = certs::issue(&dir, &name, usage, &sans)?;
+            println!("{}\n{}", issued.cert.display(), issued.key.display());
+            Ok(())
+        }
+    }
+}
+
+async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()> {
+    let inventory = Inventory::load(inventory_path)?;
+    let settings = inventory.controller.clone();
+    let tls_dir = settings
+        .tls_dir
+        .clone()
+        .context("controller.tls_dir is required to run the agent api")?;
+    let tls = server_config(&TlsFiles::in_dir(&tls_dir, &settings.server_cert_name))?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("agent api address {} could not be bound", settings.listen))?;
+    tracing::info!(address = %settings.listen, identity = %id, "agent api listening");
+    let backend = connect(&inventory, id).await?;
+    let (hub, inbox) = Hub::new();
+    let metrics = Metrics::new();
+    let cancel = CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(crate::server::serve(
+        listener,
+        tls,
+        hub.clone(),
+        cancel.clone(),
+    ));
+    if let Some(addr) = settings.metrics_listen {
+        let (metrics, cancel) = (metrics.clone(), cancel.clone());
+        tasks.spawn(async move {
+            if let Err(error) = crate::metrics::serve(addr, metrics, cancel).await {
+                tracing::error!(%addr, %error, "metrics endpoint failed");
+            }
+        });
+    }
+    let controller = Controller {
+        backend,
+        inventory,
+        hub,
+        metrics,
+    };
+    tasks.spawn(controller.run(inbox, cancel.clone()));
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("sigterm handler could not be installed")?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = sigterm.recv() => {}
+    }
+    tracing::info!("shutting down");
+    cancel.cancel();
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

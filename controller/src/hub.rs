@@ -1,0 +1,199 @@
+//! The meeting point of the API server and the controller loop.
+//!
+//! The loop publishes, per host, the commands whose intent is persisted and whose result is
+//! not in yet ([`Hub::publish`]); long-polls wait on a per-host [`Notify`] and return within
+//! milliseconds of a publish. Reports and results go the other way through an mpsc inbox;
+//! a result is acknowledged only after the loop has persisted it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use metalguard_api::protocol::{AgentReport, Command, CommandResult, ResultAck};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// Something an agent sent, for the controller loop.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A report, already checked against the client certificate.
+    Report(AgentReport),
+    /// A command result from `host`; `reply` receives the ack once it is persisted.
+    Result {
+        /// The reporting agent.
+        host: String,
+        /// The result.
+        result: CommandResult,
+        /// Where the acknowledgement goes.
+        reply: oneshot::Sender<Result<ResultAck, String>>,
+    },
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    commands: Vec<Command>,
+    notify: Arc<Notify>,
+    polling: usize,
+}
+
+/// Shared state between the server and the loop.
+#[derive(Debug)]
+pub struct Hub {
+    leader: AtomicBool,
+    queues: Mutex<HashMap<String, Queue>>,
+    inbox: mpsc::Sender<Inbound>,
+}
+
+impl Hub {
+    /// A hub and the receiving end of its inbox.
+    pub fn new() -> (Arc<Self>, mpsc::Receiver<Inbound>) {
+        let (tx, rx) = mpsc::channel(1024);
+        let hub = Self {
+            leader: AtomicBool::new(false),
+            queues: Mutex::new(HashMap::new()),
+            inbox: tx,
+        };
+        (Arc::new(hub), rx)
+    }
+
+    fn queues(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
+        // A poisoned lock only means another thread panicked mid-update of plain data.
+        self.queues
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// True while this controller holds leadership.
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::SeqCst)
+    }
+
+    /// Records leadership; losing it withdraws every published command.
+    pub fn set_leader(&self, leader: bool) {
+        let was = self.leader.swap(leader, Ordering::SeqCst);
+        if was && !leader {
+            self.publish(&BTreeMap::new());
+        }
+    }
+
+    /// Replaces the pending commands of every host; wakes the long-polls of hosts whose set
+    /// changed.
+    pub fn publish(&self, pending: &BTreeMap<String, Vec<Command>>) {
+        let mut queues = self.queues();
+        for (host, queue) in queues.iter_mut() {
+            let next = pending.get(host).cloned().unwrap_or_default();
+            if queue.commands != next {
+                queue.commands = next;
+                queue.notify.notify_waiters();
+            }
+        }
+        for (host, commands) in pending {
+            if !queues.contains_key(host) {
+                queues.insert(
+                    host.clone(),
+                    Queue {
+                        commands: commands.clone(),
+                        ..Queue::default()
+                    },
+                );
+            }
+        }
+    }
+
+    /// Waits up to `wait` for `host` to have pending commands and returns them (empty when the
+    /// wait ran out).
+    pub async fn poll(&self, host: &str, wait: Duration) -> Vec<Command> {
+        let notify = {
+            let mut queues = self.queues();
+            let queue = queues.entry(host.to_owned()).or_default();
+            if !queue.commands.is_empty() {
+                return queue.commands.clone();
+            }
+            queue.polling += 1;
+            queue.notify.clone()
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        let commands = loop {
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let current = self.commands_of(host);
+            if !current.is_empty() {
+                break current;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break Vec::new();
+            }
+        };
+        if let Some(queue) = self.queues().get_mut(host) {
+            queue.polling = queue.polling.saturating_sub(1);
+        }
+        commands
+    }
+
+    fn commands_of(&self, host: &str) -> Vec<Command> {
+        self.queues()
+            .get(host)
+            .map(|q| q.commands.clone())
+            .unwrap_or_default()
+    }
+
+    /// Number of hosts with a long-poll open right now.
+    pub fn agents_polling(&self) -> usize {
+        self.queues().values().filter(|q| q.polling > 0).count()
+    }
+
+    /// Hands an inbound message to the loop; false when the loop has stopped.
+    pub async fn send(&self, message: Inbound) -> bool {
+        self.inbox.send(message).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metalguard_api::duration::Timestamp;
+    use metalguard_api::plan::OperationId;
+    use metalguard_api::protocol::CommandKind;
+
+    use super::*;
+
+    fn command(id: &str) -> Command {
+        Command {
+            operation_id: OperationId(id.into()),
+            issued_at: Timestamp(0),
+            kind: CommandKind::EtcdPromote { member_id: 1 },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_waiting_poll_returns_as_soon_as_a_command_is_published() {
+        let (hub, _rx) = Hub::new();
+        let waiter = {
+            let hub = hub.clone();
+            tokio::spawn(async move { hub.poll("cp-1", Duration::from_secs(30)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(hub.agents_polling(), 1);
+        let started = std::time::Instant::now();
+        let pending = BTreeMap::from([("cp-1".to_owned(), vec![command("op-1")])]);
+        hub.publish(&pending);
+        let got = waiter.await.unwrap();
+        assert_eq!(got, vec![command("op-1")]);
+        assert!(started.elapsed() < Duration::from_millis(100));
+        assert_eq!(hub.agents_polling(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_poll_for_another_host_sees_nothing_and_times_out() {
+        let (hub, _rx) = Hub::new();
+        hub.publish(&BTreeMap::from([(
+            "cp-1".to_owned(),
+            vec![command("op-1")],
+        )]));
+        assert!(hub.poll("cp-2", Duration::from_millis(50)).await.is_empty());
+        assert_eq!(hub.poll("cp-1", Duration::from_millis(50)).await.len(), 1);
+        hub.set_leader(true);
+        hub.set_leader(false);
+        assert!(hub.poll("cp-1", Duration::from_millis(50)).await.is_empty());
+    }
+}

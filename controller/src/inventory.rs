@@ -1,0 +1,445 @@
+//! The standalone inventory: one TOML file describing the controller, its etcd store, the
+//! hosts with their BMCs, and the decision policy.
+//!
+//! Unknown keys are rejected everywhere; [`Inventory::load`] parses and then validates, and
+//! every error names the file and the offending key or host. BMC passwords are never in the
+//! inventory: each host names a credentials directory (`username` and `password` files, mode
+//! 0600 or stricter) that is read only when a command is built.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use metalguard_api::duration::go_duration;
+use metalguard_api::policy::Policy;
+use metalguard_api::protocol::{BmcCredentials, BmcTrust, Secret};
+use metalguard_api::snapshot::{ControlPlaneSpec, Role};
+use serde::Deserialize;
+
+/// Default etcd key prefix.
+pub const DEFAULT_PREFIX: &str = "/metalguard";
+/// Default leader lease: a dead leader is replaced within this long.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+/// Default timeout of one etcd request.
+pub const DEFAULT_ETCD_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default re-plan period when nothing is reported.
+pub const DEFAULT_PLAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why an inventory could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// The file could not be read.
+    #[error("inventory {path} could not be read")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML did not parse or named an unknown key (the message names the key and line).
+    #[error("inventory {path} is invalid: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// toml's description, which names the key and position.
+        message: String,
+    },
+    /// A semantic rule failed.
+    #[error("inventory {path}: {problem}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the key or host.
+        problem: String,
+    },
+    /// A credentials file is missing, unreadable or readable by others.
+    #[error("bmc credentials file {path} of host {host} {problem}")]
+    Credentials {
+        /// The host.
+        host: String,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+/// The whole inventory file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Inventory {
+    /// This controller's settings.
+    #[serde(default)]
+    pub controller: ControllerSettings,
+    /// The etcd store (leader election and persisted intent).
+    pub etcd: EtcdSettings,
+    /// Desired replicas and failure domains.
+    pub control_plane: ControlPlaneSpec,
+    /// Every host.
+    #[serde(default)]
+    pub hosts: Vec<InventoryHost>,
+    /// Health checks and remediation settings.
+    #[serde(default)]
+    pub policy: Policy,
+}
+
+/// Settings of the controller process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerSettings {
+    /// Address of the agent API (mTLS); default 127.0.0.1:8443.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Address of the Prometheus `/metrics` endpoint (plain HTTP); unset disables it.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Directory written by `certs init` / `certs issue --server`.
+    pub tls_dir: Option<PathBuf>,
+    /// Name of the server certificate in `tls_dir` (`NAME.pem`, `NAME-key.pem`).
+    #[serde(default = "default_server_name")]
+    pub server_cert_name: String,
+    /// Re-plan at least this often.
+    #[serde(default = "default_plan_interval", with = "go_duration")]
+    pub plan_interval: Duration,
+}
+
+impl Default for ControllerSettings {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            metrics_listen: None,
+            tls_dir: None,
+            server_cert_name: default_server_name(),
+            plan_interval: DEFAULT_PLAN_INTERVAL,
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8443))
+}
+fn default_server_name() -> String {
+    "controller".to_owned()
+}
+fn default_plan_interval() -> Duration {
+    DEFAULT_PLAN_INTERVAL
+}
+fn default_prefix() -> String {
+    DEFAULT_PREFIX.to_owned()
+}
+fn default_lease_ttl() -> Duration {
+    DEFAULT_LEASE_TTL
+}
+fn default_etcd_timeout() -> Duration {
+    DEFAULT_ETCD_TIMEOUT
+}
+
+/// Where state and leadership live.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdSettings {
+    /// Client URLs of the guarded etcd cluster.
+    pub endpoints: Vec<String>,
+    /// Every key metalguard writes starts with this prefix.
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// Leader lease time to live.
+    #[serde(default = "default_lease_ttl", with = "go_duration")]
+    pub lease_ttl: Duration,
+    /// Timeout of one etcd request (and of connecting).
+    #[serde(default = "default_etcd_timeout", with = "go_duration")]
+    pub timeout: Duration,
+}
+
+/// One host of the inventory.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InventoryHost {
+    /// Unique host name; also the common name of its agent's certificate.
+    pub name: String,
+    /// Control plane or worker.
+    pub role: Role,
+    /// Failure domain, one of `control_plane.failure_domains`.
+    #[serde(default)]
+    pub failure_domain: Option<String>,
+    /// Labels health-check selectors match on.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The host's BMC, if it has one.
+    #[serde(default)]
+    pub bmc: Option<BmcSettings>,
+}
+
+/// A host's BMC.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcSettings {
+    /// Address as `metalguard-bmc` parses it (`redfish+https://…`, `ipmi://…`).
+    pub address: String,
+    /// Directory holding `username` and `password` files (0600).
+    pub credentials_dir: PathBuf,
+    /// How the agent trusts the BMC's certificate.
+    #[serde(default)]
+    pub tls: TrustSetting,
+}
+
+/// TLS trust of a BMC as written in the inventory.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TrustSetting {
+    /// A CA bundle file; its PEM text is sent to the agent.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// A SHA-256 certificate fingerprint.
+    #[serde(default)]
+    pub fingerprint_sha256: Option<String>,
+    /// Accept any certificate (counted as insecure).
+    #[serde(default)]
+    pub insecure: bool,
+}
+
+impl Inventory {
+    /// Reads, parses and validates an inventory file.
+    pub fn load(path: &Path) -> Result<Self, InventoryError> {
+        let text = fs::read_to_string(path).map_err(|source| InventoryError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and validates inventory text (`path` is used in messages only).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, InventoryError> {
+        let inventory: Inventory = toml::from_str(text).map_err(|e| InventoryError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        inventory
+            .validate()
+            .map_err(|problem| InventoryError::Invalid {
+                path: path.to_owned(),
+                problem,
+            })?;
+        Ok(inventory)
+    }
+
+    /// The semantic rules: unique host names, known failure domains, odd replicas, a usable
+    /// etcd section, at most one trust mode per BMC.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.etcd.endpoints.is_empty() {
+            return Err("etcd.endpoints is empty".to_owned());
+        }
+        if !self.etcd.prefix.starts_with('/') || self.etcd.prefix.ends_with('/') {
+            return Err(format!(
+                "etcd.prefix {:?} must start with / and not end with /",
+                self.etcd.prefix
+            ));
+        }
+        if self.etcd.lease_ttl < Duration::from_secs(2) {
+            return Err("etcd.lease_ttl must be at least 2s".to_owned());
+        }
+        let replicas = self.control_plane.desired_replicas;
+        if replicas == 0 || replicas.is_multiple_of(2) {
+            return Err(format!(
+                "control_plane.desired_replicas is {replicas}; it must be odd"
+            ));
+        }
+        let domains: BTreeSet<&str> = self
+            .control_plane
+            .failure_domains
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let mut names = BTreeSet::new();
+        for host in &self.hosts {
+            if host.name.is_empty() {
+                return Err("a host has an empty name".to_owned());
+            }
+            if !names.insert(host.name.as_str()) {
+                return Err(format!("host {} is listed twice", host.name));
+            }
+            if let Some(domain) = &host.failure_domain
+                && !domains.contains(domain.as_str())
+            {
+                {
+                    return Err(format!(
+                        "host {} names failure_domain {domain:?}, which control_plane.failure_domains does not list",
+                        host.name
+                    ));
+                }
+            }
+            if let Some(bmc) = &host.bmc {
+                let modes = usize::from(bmc.tls.ca_file.is_some())
+                    + usize::from(bmc.tls.fingerprint_sha256.is_some())
+                    + usize::from(bmc.tls.insecure);
+                if modes > 1 {
+                    return Err(format!(
+                        "host {} bmc.tls sets more than one of ca-file, fingerprint-sha256, insecure",
+                        host.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The host named `name`.
+    pub fn host(&self, name: &str) -> Option<&InventoryHost> {
+        self.hosts.iter().find(|h| h.name == name)
+    }
+}
+
+impl BmcSettings {
+    /// Reads the credentials of `host`'s BMC, refusing files others may read.
+    pub fn credentials(&self, host: &str) -> Result<BmcCredentials, InventoryError> {
+        let username = read_secret_file(host, &self.credentials_dir.join("username"))?;
+        let password = read_secret_file(host, &self.credentials_dir.join("password"))?;
+        Ok(BmcCredentials {
+            username,
+            password: Secret::new(password),
+        })
+    }
+
+    /// The trust to send to the agent (reads a CA file's PEM text).
+    pub fn trust(&self, host: &str) -> Result<BmcTrust, InventoryError> {
+        if self.tls.insecure {
+            return Ok(BmcTrust::Insecure);
+        }
+        if let Some(sha256) = &self.tls.fingerprint_sha256 {
+            return Ok(BmcTrust::Fingerprint {
+                sha256: sha256.clone(),
+            });
+        }
+        if let Some(path) = &self.tls.ca_file {
+            let pem = fs::read_to_string(path).map_err(|e| InventoryError::Credentials {
+                host: host.to_owned(),
+                path: path.clone(),
+                problem: format!("could not be read ({})", e.kind()),
+            })?;
+            return Ok(BmcTrust::CaPem { pem });
+        }
+        Ok(BmcTrust::SystemRoots)
+    }
+}
+
+fn read_secret_file(host: &str, path: &Path) -> Result<String, InventoryError> {
+    let problem = |problem: String| InventoryError::Credentials {
+        host: host.to_owned(),
+        path: path.to_owned(),
+        problem,
+    };
+    let meta =
+        fs::metadata(path).map_err(|e| problem(format!("could not be read ({})", e.kind())))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(problem(format!(
+            "has mode {mode:o}; it must not be readable by group or others (chmod 600)"
+        )));
+    }
+    let text = fs::read_to_string(path)
+        .map_err(|e| problem(format!("could not be read ({})", e.kind())))?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[etcd]
+endpoints = ["http://127.0.0.1:2379"]
+
+[control_plane]
+desired_replicas = 3
+failure_domains = ["a", "b"]
+
+[[hosts]]
+name = "cp-1"
+role = "control-plane"
+failure_domain = "a"
+bmc = { address = "ipmi://127.0.0.1:623", credentials_dir = "/nonexistent" }
+"#;
+
+    fn parse(text: &str) -> Result<Inventory, InventoryError> {
+        Inventory::parse(Path::new("inv.toml"), text)
+    }
+
+    #[test]
+    fn a_minimal_inventory_gets_the_defaults() {
+        let inv = parse(MINIMAL).unwrap();
+        assert_eq!(inv.etcd.prefix, DEFAULT_PREFIX);
+        assert_eq!(inv.etcd.lease_ttl, DEFAULT_LEASE_TTL);
+        assert_eq!(inv.controller.listen.to_string(), "127.0.0.1:8443");
+        assert_eq!(inv.hosts[0].role, Role::ControlPlane);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_naming_the_key_and_file() {
+        let text = MINIMAL.replace("desired_replicas = 3", "desired_replicas = 3\nreplcas = 3");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("inv.toml") && err.contains("replcas"), "{err}");
+        let text = MINIMAL.replace("credentials_dir", "credential_dir");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("credential_dir"), "{err}");
+    }
+
+    #[test]
+    fn semantic_errors_name_the_host_and_key() {
+        let err = parse(&MINIMAL.replace("= \"a\"\nbmc", "= \"z\"\nbmc"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cp-1") && err.contains("\"z\""), "{err}");
+        let err = parse(&MINIMAL.replace("desired_replicas = 3", "desired_replicas = 2"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("desired_replicas is 2"), "{err}");
+        let err = parse(
+            &MINIMAL
+                .replace("lease_ttl", "x")
+                .replace("endpoints = [", "lease_ttl = \"10ms\"\nendpoints = ["),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("etcd.lease_ttl"), "{err}");
+    }
+
+    #[test]
+    fn world_readable_credentials_are_refused_and_never_echoed() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("username"), "admin\n").unwrap();
+        fs::write(dir.path().join("password"), "hunter2\n").unwrap();
+        fs::set_permissions(
+            dir.path().join("username"),
+            fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        fs::set_permissions(
+            dir.path().join("password"),
+            fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        let bmc = BmcSettings {
+            address: "ipmi://127.0.0.1".into(),
+            credentials_dir: dir.path().to_owned(),
+            tls: TrustSetting::default(),
+        };
+        let err = bmc.credentials("cp-1").unwrap_err().to_string();
+        assert!(
+            err.contains("password") && err.contains("644") && err.contains("cp-1"),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"));
+        fs::set_permissions(
+            dir.path().join("password"),
+            fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        let creds = bmc.credentials("cp-1").unwrap();
+        assert_eq!(creds.username, "admin");
+        assert_eq!(creds.password.expose(), "hunter2");
+    }
+}

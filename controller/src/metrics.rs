@@ -1,0 +1,135 @@
+//! Prometheus metrics, on an explicit registry, for what an operator alerts on.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+type Labels = Vec<(String, String)>;
+
+/// The controller's metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// 1 while this controller leads.
+    pub leader: Gauge,
+    /// 1 while the store is unreachable (the controller cannot act).
+    pub store_unavailable: Gauge,
+    /// Unhealthy targets per health check.
+    pub unhealthy_targets: Family<Labels, Gauge>,
+    /// 1 per health check whose remediation is short-circuited.
+    pub short_circuited: Family<Labels, Gauge>,
+    /// Remediations per phase.
+    pub remediations: Family<Labels, Gauge>,
+    /// Fence results by protocol and outcome.
+    pub fences: Family<Labels, Counter>,
+    /// Fence durations (agent-measured) by protocol.
+    pub fence_seconds: Family<Labels, Histogram>,
+    /// Agents with a long-poll open.
+    pub agents_connected: Gauge,
+    /// BMCs configured to accept any certificate.
+    pub insecure_bmcs: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("metalguard_controller");
+        let metrics = Self {
+            leader: Gauge::default(),
+            store_unavailable: Gauge::default(),
+            unhealthy_targets: Family::default(),
+            short_circuited: Family::default(),
+            remediations: Family::default(),
+            fences: Family::default(),
+            fence_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.05, 2.0, 10))
+            }),
+            agents_connected: Gauge::default(),
+            insecure_bmcs: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "leader",
+            "1 while this controller leads",
+            metrics.leader.clone(),
+        );
+        registry.register(
+            "store_unavailable",
+            "1 while the backend store is unreachable and the controller cannot act",
+            metrics.store_unavailable.clone(),
+        );
+        registry.register(
+            "unhealthy_targets",
+            "Unhealthy targets per health check",
+            metrics.unhealthy_targets.clone(),
+        );
+        registry.register(
+            "short_circuited",
+            "1 per health check whose remediation is short-circuited",
+            metrics.short_circuited.clone(),
+        );
+        registry.register(
+            "remediations",
+            "Remediations per phase",
+            metrics.remediations.clone(),
+        );
+        registry.register(
+            "fences",
+            "Fence results by protocol and outcome",
+            metrics.fences.clone(),
+        );
+        registry.register(
+            "fence_duration_seconds",
+            "Fence durations by protocol",
+            metrics.fence_seconds.clone(),
+        );
+        registry.register(
+            "agents_connected",
+            "Agents with a long-poll open",
+            metrics.agents_connected.clone(),
+        );
+        registry.register(
+            "insecure_bmc_connections",
+            "BMCs configured to accept any certificate",
+            metrics.insecure_bmcs.clone(),
+        );
+        Arc::new(Self {
+            registry,
+            ..metrics
+        })
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// One label pair.
+pub fn label(key: &str, value: &str) -> Labels {
+    vec![(key.to_owned(), value.to_owned())]
+}
+
+/// Serves `/metrics` on `addr` (plain HTTP, bind it to a local address) until `cancel`.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let app = axum::Router::new().route("/metrics", get(move || async move { metrics.render() }));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await
+}

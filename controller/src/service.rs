@@ -1,0 +1,247 @@
+//! `metalguard-controller run`: the API server plus the controller loop.
+//!
+//! The loop campaigns for leadership every tick; while it leads it re-plans on every report,
+//! every result and every `plan_interval`: load state → build snapshot → `metalguard_core::plan`
+//! → apply each action's writes (intent first, guarded by leadership) → publish the
+//! in-flight operations as commands. When the store is unreachable it stops acting at once
+//! and says so.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use metalguard_api::protocol::Outcome;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, Leadership, StoredReport, Write};
+use crate::clock::now;
+use crate::executor;
+use crate::hub::{Hub, Inbound};
+use crate::inventory::Inventory;
+use crate::metrics::{Metrics, label};
+
+/// The controller loop's context.
+pub struct Controller<B> {
+    /// The store.
+    pub backend: B,
+    /// The inventory.
+    pub inventory: Inventory,
+    /// Shared with the server.
+    pub hub: Arc<Hub>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl<B: Backend> Controller<B> {
+    /// Runs until `cancel`, then resigns leadership.
+    pub async fn run(mut self, mut inbox: mpsc::Receiver<Inbound>, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(self.inventory.controller.plan_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let insecure = self
+            .inventory
+            .hosts
+            .iter()
+            .filter_map(|h| h.bmc.as_ref())
+            .filter(|b| b.tls.insecure)
+            .count();
+        self.metrics
+            .insecure_bmcs
+            .set(i64::try_from(insecure).unwrap_or(i64::MAX));
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                _ = tick.tick() => {
+                    self.campaign().await;
+                }
+                message = inbox.recv() => match message {
+                    Some(message) => self.handle(message).await,
+                    None => break,
+                },
+            }
+            self.metrics
+                .agents_connected
+                .set(i64::try_from(self.hub.agents_polling()).unwrap_or(i64::MAX));
+            if self.hub.is_leader() {
+                self.plan_and_execute().await;
+            }
+        }
+        self.hub.set_leader(false);
+        self.backend.resign().await;
+    }
+
+    async fn campaign(&mut self) {
+        match self.backend.campaign().await {
+            Ok(Leadership::Leader) => {
+                self.metrics.store_unavailable.set(0);
+                self.set_leader(true);
+            }
+            Ok(Leadership::Follower { holder }) => {
+                self.metrics.store_unavailable.set(0);
+                if self.hub.is_leader() {
+                    tracing::warn!(
+                        holder = holder.as_deref().unwrap_or("unknown"),
+                        "leadership lost"
+                    );
+                }
+                self.set_leader(false);
+            }
+            Err(error) => {
+                if self.metrics.store_unavailable.get() == 0 {
+                    tracing::error!(error = %crate::cli::chain(&error), "cannot act: the backend store is unavailable (etcd without quorum?)");
+                }
+                self.metrics.store_unavailable.set(1);
+                self.set_leader(false);
+            }
+        }
+    }
+
+    fn set_leader(&self, leader: bool) {
+        self.hub.set_leader(leader);
+        self.metrics.leader.set(i64::from(leader));
+    }
+
+    async fn handle(&mut self, message: Inbound) {
+        match message {
+            Inbound::Report(report) => {
+                let stored = StoredReport {
+                    report,
+                    received_at: now(),
+                };
+                if let Err(error) = self.backend.record_report(&stored).await {
+                    tracing::warn!(host = %stored.report.host, error = %crate::cli::chain(&error), "report could not be stored");
+                }
+            }
+            Inbound::Result {
+                host,
+                result,
+                reply,
+            } => {
+                let answer = self.persist_result(&host, result).await;
+                let _ = reply.send(answer);
+            }
+        }
+    }
+
+    async fn persist_result(
+        &mut self,
+        host: &str,
+        result: metalguard_api::protocol::CommandResult,
+    ) -> Result<metalguard_api::protocol::ResultAck, String> {
+        let state = self
+            .backend
+            .load()
+            .await
+            .map_err(|e| crate::cli::chain(&e))?;
+        let protocol = state
+            .operations
+            .get(&result.operation_id)
+            .and_then(|op| match &op.kind {
+                crate::backend::OperationKind::Fence { target, .. } => self.inventory.host(target),
+                _ => None,
+            })
+            .and_then(|h| h.bmc.as_ref())
+            .map_or("none", |b| {
+                if b.address.starts_with("ipmi") {
+                    "ipmi"
+                } else {
+                    "redfish"
+                }
+            });
+        let outcome = result.outcome;
+        let seconds = result.finished_at.since(result.started_at).as_secs_f64();
+        let (write, ack) = executor::record_result(&state, host, result)?;
+        if let Some(write) = write {
+            self.backend
+                .apply(vec![write])
+                .await
+                .map_err(|e| crate::cli::chain(&e))?;
+            if protocol != "none" {
+                let labels = vec![
+                    ("protocol".to_owned(), protocol.to_owned()),
+                    ("outcome".to_owned(), outcome.name().to_owned()),
+                ];
+                self.metrics.fences.get_or_create(&labels).inc();
+                if outcome == Outcome::Succeeded {
+                    self.metrics
+                        .fence_seconds
+                        .get_or_create(&label("protocol", protocol))
+                        .observe(seconds);
+                }
+            }
+            tracing::info!(operation = %ack.operation_id, %host, outcome = outcome.name(), "command result persisted");
+        }
+        Ok(ack)
+    }
+
+    async fn plan_and_execute(&mut self) {
+        let state = match self.backend.load().await {
+            Ok(state) => state,
+            Err(error) => {
+                tracing::warn!(error = %crate::cli::chain(&error), "state could not be loaded");
+                return;
+            }
+        };
+        let at = now();
+        let snapshot = crate::snapshot::build(&self.inventory, &state, at);
+        let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
+        self.observe(&plan, &state);
+        let mut changed = false;
+        for action in executor::actions(&plan) {
+            let Some(writes) = executor::writes_for(action, &state, at) else {
+                continue;
+            };
+            let creates = writes
+                .iter()
+                .any(|w| matches!(w, Write::CreateOperation(_)));
+            match self.backend.apply(writes).await {
+                Ok(()) => {
+                    changed = true;
+                    if creates {
+                        tracing::info!(operation = %action.id, reason = %action.reason, "intent persisted");
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(operation = %action.id, error = %crate::cli::chain(&error), "action not persisted");
+                    break;
+                }
+            }
+        }
+        let state = if changed {
+            match self.backend.load().await {
+                Ok(state) => state,
+                Err(_) => return,
+            }
+        } else {
+            state
+        };
+        if self.hub.is_leader() {
+            self.hub
+                .publish(&executor::pending_commands(&self.inventory, &state));
+        }
+    }
+
+    fn observe(&self, plan: &metalguard_api::plan::Plan, state: &crate::backend::State) {
+        for check in &plan.health {
+            let unhealthy = i64::try_from(check.unhealthy.len()).unwrap_or(i64::MAX);
+            self.metrics
+                .unhealthy_targets
+                .get_or_create(&label("check", &check.name))
+                .set(unhealthy);
+            self.metrics
+                .short_circuited
+                .get_or_create(&label("check", &check.name))
+                .set(i64::from(check.short_circuit.is_some()));
+        }
+        let mut phases: BTreeMap<&str, i64> = BTreeMap::new();
+        for r in state.remediations.values() {
+            *phases.entry(r.phase.name()).or_default() += 1;
+        }
+        self.metrics.remediations.clear();
+        for (phase, count) in phases {
+            self.metrics
+                .remediations
+                .get_or_create(&label("phase", phase))
+                .set(count);
+        }
+    }
+}
