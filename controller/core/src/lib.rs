@@ -22,6 +22,8 @@ pub mod quorum;
 pub mod remediation;
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 mod remediation_tests;
 #[cfg(test)]
 mod scenarios;

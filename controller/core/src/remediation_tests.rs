@@ -106,7 +106,7 @@ fn phase_or_none(w: &World, rid: &str) -> Option<P> {
 #[test]
 fn reboot_strategy_power_cycles_only() {
     let mut w = world(2, &["w-1"], |w| {
-        w.policy.remediation.strategy = Strategy::Reboot
+        w.policy.remediation.strategy = Strategy::Reboot;
     });
     run(&mut w, 8);
     assert_eq!(
@@ -125,7 +125,7 @@ fn reboot_strategy_power_cycles_only() {
 #[test]
 fn out_of_service_taint_replaces_node_deletion_and_is_removed_on_restore() {
     let mut w = world(2, &["w-0"], |w| {
-        w.policy.remediation.node_handling = NodeHandling::OutOfServiceTaint
+        w.policy.remediation.node_handling = NodeHandling::OutOfServiceTaint;
     });
     run(&mut w, 10);
     let s = steps(&w, "remediation/w-0/1");
@@ -368,6 +368,23 @@ fn forced_fence_of_a_control_plane_host_never_skips_the_quorum_guard() {
     });
     let p = w.step().unwrap();
     assert!(w.snap.remediations.is_empty(), "{p}");
+    assert!(
+        p.refusals
+            .iter()
+            .any(|r| r.subject == "cp-0" && r.reason.contains("would leave 1 of 3")),
+        "{p}"
+    );
+}
+
+#[test]
+fn control_plane_host_with_a_live_member_is_not_fenced_while_another_member_hangs() {
+    let mut w = world(1, &[], |w| {
+        w.kubelet_down.insert("cp-0".into());
+        w.hung.insert("cp-1".into());
+    });
+    run(&mut w, 3);
+    assert!(w.snap.remediations.is_empty(), "{:?}", w.log);
+    let p = w.step().unwrap();
     assert!(
         p.refusals
             .iter()

@@ -23,6 +23,8 @@ pub(crate) struct World {
     pub broken: BTreeSet<String>,
     pub hung: BTreeSet<String>,
     pub bmc_broken: BTreeSet<String>,
+    /// Hosts whose kubelet is down: Node NotReady while etcd and the agent still run.
+    pub kubelet_down: BTreeSet<String>,
     pub next_member: u64,
     pub next_host: u32,
     /// Actions applied so far (for failure messages).
@@ -52,6 +54,7 @@ impl World {
             broken: BTreeSet::new(),
             hung: BTreeSet::new(),
             bmc_broken: BTreeSet::new(),
+            kubelet_down: BTreeSet::new(),
             next_member,
             next_host,
             log: Vec::new(),
@@ -78,14 +81,21 @@ impl World {
             .iter()
             .map(|h| (self.up(&h.name), self.hung.contains(&h.name)))
             .unzip();
-        for ((h, up), hung) in self.snap.hosts.iter_mut().zip(up).zip(hung) {
-            let want = if up {
+        let kubelet: Vec<bool> = self
+            .snap
+            .hosts
+            .iter()
+            .map(|h| !self.kubelet_down.contains(&h.name))
+            .collect();
+        for (((h, up), hung), kubelet) in self.snap.hosts.iter_mut().zip(up).zip(hung).zip(kubelet)
+        {
+            let want = if up && kubelet {
                 ConditionStatus::True
             } else {
                 ConditionStatus::False
             };
             match h.node.as_mut() {
-                None if up => {
+                None if up && kubelet => {
                     h.node = Some(ready_node(now));
                     h.node_seen = true;
                 }
@@ -369,6 +379,9 @@ impl World {
                 self.remediate(remediation_id, target, step)?;
             }
         }
+        // The world reacts at once (etcd health follows power, the Machine API removes
+        // unhooked deleting hosts) so the invariants see the action's real effect.
+        self.refresh();
         self.check_invariants(quorum_before)
     }
 
@@ -389,6 +402,7 @@ impl World {
                 self.power_off.remove(target);
                 self.broken.remove(target);
                 self.hung.remove(target);
+                self.kubelet_down.remove(target);
             }
             RemediationStep::DeleteNode => {
                 if let Some(h) = self.host_mut(target) {
