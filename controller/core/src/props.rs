@@ -63,6 +63,7 @@ fn event() -> impl Strategy<Value = Event> {
 }
 
 #[derive(Debug, Clone)]
+#[allow(clippy::struct_excessive_bools)] // independent knobs of a random setup
 struct Setup {
     control_plane: usize,
     workers: usize,
