@@ -11,8 +11,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bmc_cmd;
 mod config;
 mod daemon;
+mod fence_agent;
 
 /// metalguard host agent.
 #[derive(Debug, Parser)]
@@ -29,6 +31,10 @@ enum Command {
     Run(daemon::RunArgs),
     /// Check the configuration (agent.toml and agent.d/*.toml) and exit.
     CheckConfig(config::CheckArgs),
+    /// Power control of one host through its BMC (status, on, off, reboot, cycle).
+    Bmc(bmc_cmd::BmcArgs),
+    /// ClusterLabs fence-agent interface (for Pacemaker and medik8s FAR).
+    FenceAgent(fence_agent::FenceAgentArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +42,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => daemon::run(&args),
         Command::CheckConfig(args) => config::check(&args),
+        Command::Bmc(args) => bmc_cmd::run(&args),
+        Command::FenceAgent(args) => fence_agent::run(&args),
     }
 }
 
