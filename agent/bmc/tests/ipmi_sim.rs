@@ -182,3 +182,65 @@ async fn a_suite_list_without_3_finds_no_common_suite_on_ipmi_sim() {
         "{offered:?}"
     );
 }
+
+/// A UDP relay in front of `port` that drops the BMC's RAKP message 2, leaving every
+/// handshake half-open (after Open Session, before activation).
+async fn relay_dropping_rakp2(port: u16) -> std::io::Result<(u16, tokio::task::JoinHandle<()>)> {
+    let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
+    let back = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
+    back.connect(("127.0.0.1", port)).await?;
+    let front_port = front.local_addr()?.port();
+    let task = tokio::spawn(async move {
+        let (mut a, mut b) = ([0u8; 1024], [0u8; 1024]);
+        let mut client = None;
+        loop {
+            tokio::select! {
+                Ok((n, from)) = front.recv_from(&mut a) => {
+                    client = Some(from);
+                    let _ = back.send(&a[..n]).await;
+                }
+                Ok(n) = back.recv(&mut b) => {
+                    let rakp2 = n > 5 && b[4] == 0x06 && b[5] & 0x3F == 0x13;
+                    if let (false, Some(to)) = (rakp2, client) {
+                        let _ = front.send_to(&b[..n], to).await;
+                    }
+                }
+            }
+        }
+    });
+    Ok((front_port, task))
+}
+
+/// Handshakes that fail or are cancelled half-open are aborted with an RAKP3 error status,
+/// or ipmi_sim would run out of its 63 slots.
+#[tokio::test]
+async fn half_open_handshakes_do_not_leak_session_slots() {
+    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+    let (relay, task) = relay_dropping_rakp2(sim.port()).await.unwrap();
+    let mut c = config(&sim, Account::Admin);
+    c.port = relay;
+    c.retry.first_timeout = Duration::from_millis(20);
+    c.retry.attempts = 1;
+    for _ in 0..40 {
+        let err = IpmiSession::connect(&c).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                IpmiError::Timeout {
+                    step: "rakp message 2",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    for _ in 0..40 {
+        let cancelled = tokio::time::timeout(Duration::from_millis(10), IpmiSession::connect(&c));
+        assert!(cancelled.await.is_err());
+    }
+    task.abort();
+    let s = IpmiSession::connect(&config(&sim, Account::Admin))
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+}

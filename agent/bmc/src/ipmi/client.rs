@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UdpSocket;
@@ -170,7 +171,7 @@ enum Retransmit {
 
 /// The socket and the bookkeeping shared by the handshake and the session.
 struct Transport {
-    socket: UdpSocket,
+    socket: Arc<UdpSocket>,
     bmc: String,
     retry: RetryPolicy,
     started: Instant,
@@ -419,7 +420,7 @@ impl IpmiSession {
         let socket = UdpSocket::bind(local).await.map_err(io)?;
         socket.connect(addr).await.map_err(io)?;
         let mut t = Transport {
-            socket,
+            socket: Arc::new(socket),
             bmc: bmc.clone(),
             retry: config.retry,
             started: Instant::now(),
@@ -655,6 +656,32 @@ impl Drop for IpmiSession {
     }
 }
 
+/// A session the BMC opened but that is not activated yet. Unless disarmed, dropping it sends
+/// RAKP message 3 with an error status, which makes the BMC free the slot (IPMI v2.0 §13.22);
+/// this covers a wrong password, a lost RAKP answer and a cancelled handshake alike.
+struct HalfOpen {
+    socket: Arc<UdpSocket>,
+    bmc_session_id: u32,
+    armed: bool,
+}
+
+impl Drop for HalfOpen {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let abort = rakp::encode_rakp3(
+            3,
+            rakp::STATUS_INVALID_INTEGRITY_CHECK,
+            self.bmc_session_id,
+            &[],
+        );
+        let (datagram, _) = encode_rmcp_plus(PayloadType::Rakp3, false, false, 0, 0, &abort);
+        let sent = self.socket.try_send(&datagram).is_ok();
+        tracing::debug!(sent, "ipmi half-open session aborted");
+    }
+}
+
 async fn resolve(host: &str, port: u16, bmc: &str) -> Result<SocketAddr, IpmiError> {
     let mut addrs = tokio::net::lookup_host((host, port))
         .await
@@ -790,6 +817,12 @@ async fn handshake_steps(
         ));
     }
     let bmc_sid = r.bmc_session_id;
+    // From here until activation the BMC holds a slot for us: free it on every way out.
+    let mut half_open = HalfOpen {
+        socket: Arc::clone(&t.socket),
+        bmc_session_id: bmc_sid,
+        armed: true,
+    };
 
     // RAKP 1 and 2.
     let step = "rakp message 2";
@@ -827,10 +860,7 @@ async fn handshake_steps(
         username: user.as_bytes(),
     };
     if !constant_time_eq(&crypto::rakp2_auth_code(suite, kuid, &ctx), &r2.auth_code) {
-        // Tell the BMC to drop the half-open session; no answer is expected.
-        let abort = rakp::encode_rakp3(3, rakp::STATUS_INVALID_INTEGRITY_CHECK, bmc_sid, &[]);
-        let (datagram, _) = encode_rmcp_plus(PayloadType::Rakp3, false, false, 0, 0, &abort);
-        let _ = t.socket.send(&datagram).await;
+        // `half_open` tells the BMC to drop the session as we return.
         return Err(auth_failed());
     }
 
@@ -854,6 +884,7 @@ async fn handshake_steps(
     ) {
         return Err(IpmiError::Rakp4Mismatch { bmc });
     }
+    half_open.armed = false;
     t.record("activated", "session", format!("suite {}", suite.id()));
     Ok((SessionKeys::derive(suite, &sik), bmc_sid, console_sid))
 }
