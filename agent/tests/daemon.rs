@@ -187,7 +187,7 @@ fn daemon_notifies_ready_watchdog_and_stopping_and_serves_status() {
     );
 
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
+        nix::unistd::Pid::from_raw(pid.cast_signed()),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();

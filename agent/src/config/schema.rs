@@ -79,7 +79,6 @@ pub struct ControllerConfig {
     #[serde(default = "request_timeout", with = "humantime_serde")]
     pub request_timeout: Duration,
     /// Long-poll wait for commands.
-    #[allow(dead_code)] // read by the controller client, which lands with the protocol
     #[serde(default = "command_wait", with = "humantime_serde")]
     pub command_wait: Duration,
 }

@@ -5,6 +5,9 @@
 //! READY once every probe has run once, pings the watchdog only while every loop beats, and
 //! keeps a STATUS line; SIGTERM (or SIGINT) cancels everything and sends STOPPING.
 
+mod execute;
+mod journal;
+mod link;
 mod local_http;
 mod logging;
 pub mod metrics;
@@ -140,6 +143,49 @@ async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
         }
     }
 
+    if let Some(controller) = &config.controller {
+        let executor = match journal::Journal::open(&config.state.dir) {
+            Ok(journal) => {
+                execute::Executor::new(journal, etcd_settings(&config), &config.state.dir)
+            }
+            Err(err) => {
+                tracing::error!(dir = %config.state.dir.display(), error = %err, "cannot open the operation journal; refusing to start");
+                cancel.cancel();
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        };
+        let link = match link::Link::new(controller, &host) {
+            Ok(link) => link,
+            Err(err) => {
+                tracing::error!(error = %err, "cannot set up the controller client; refusing to start");
+                cancel.cancel();
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        };
+        tracing::info!(controller = %controller.url, "reporting to the controller");
+        tasks.spawn(link::report_loop(
+            link.clone(),
+            board.clone(),
+            executor.clone(),
+            beats.clone(),
+            cancel.clone(),
+        ));
+        tasks.spawn(link::command_loop(
+            link.clone(),
+            executor.clone(),
+            beats.clone(),
+            cancel.clone(),
+        ));
+        tasks.spawn(link::result_loop(
+            link,
+            executor,
+            beats.clone(),
+            cancel.clone(),
+        ));
+    } else {
+        tracing::warn!("no [controller] configured: probing and serving /status only");
+    }
+
     tasks.spawn(supervise(
         board.clone(),
         beats.clone(),
@@ -160,6 +206,19 @@ async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
     }
     tracing::info!("metalguard-agent stopped");
     ExitCode::SUCCESS
+}
+
+fn etcd_settings(config: &AgentConfig) -> Option<metalguard_etcd::ClientSettings> {
+    let etcd = config.etcd.as_ref()?;
+    let mut settings = metalguard_etcd::ClientSettings::new(etcd.endpoints.clone());
+    if etcd.ca.is_some() || etcd.cert.is_some() {
+        settings.tls = Some(metalguard_etcd::TlsFiles {
+            ca: etcd.ca.clone(),
+            cert: etcd.cert.clone(),
+            key: etcd.key.clone(),
+        });
+    }
+    Some(settings)
 }
 
 /// READY after the first probe round; WATCHDOG only while every loop beats; STATUS on change.

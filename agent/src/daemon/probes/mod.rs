@@ -205,6 +205,11 @@ impl Board {
             .all(|s| s.healthy.is_some())
     }
 
+    /// Subscribes to verdict changes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
     fn record(
         &self,
         condition: &str,
@@ -272,10 +277,10 @@ pub async fn run(
         if let Some(healthy) = changed {
             match &result {
                 Ok(message) => {
-                    tracing::info!(condition = %probe.condition, healthy, message = %message, "probe verdict changed")
+                    tracing::info!(condition = %probe.condition, healthy, message = %message, "probe verdict changed");
                 }
                 Err(f) => {
-                    tracing::warn!(condition = %probe.condition, healthy, reason = f.reason, message = %f.message, "probe verdict changed")
+                    tracing::warn!(condition = %probe.condition, healthy, reason = f.reason, message = %f.message, "probe verdict changed");
                 }
             }
         }

@@ -1,0 +1,330 @@
+//! The agent's side of the protocol: reports on an interval and on change, one long-poll for
+//! commands, and delivery of results until the controller acknowledges them — over HTTPS with
+//! this host's client certificate. While the controller is away every loop keeps trying with
+//! capped exponential backoff; probes keep running regardless.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metalguard_api::duration::Timestamp;
+use metalguard_api::protocol::{
+    self, AgentReport, CommandBatch, CommandResult, Condition, ErrorBody, ReportAck, ResultAck,
+};
+use metalguard_api::snapshot::ConditionStatus;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use super::execute::{Executor, error_chain};
+use super::notify::Heartbeats;
+use super::probes::{Board, now_ms};
+use crate::config::ControllerConfig;
+
+/// First retry delay after a failed call.
+const BACKOFF_START: Duration = Duration::from_millis(250);
+/// Largest retry delay.
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How often pending results are re-sent.
+const RESULT_RETRY: Duration = Duration::from_secs(2);
+
+/// Why a call to the controller failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// Transport failure (connect, TLS, timeout).
+    #[error("request to the controller failed")]
+    Transport(#[source] reqwest::Error),
+    /// The controller answered with an error status.
+    #[error("controller answered {status}: {message}")]
+    Status {
+        /// HTTP status.
+        status: reqwest::StatusCode,
+        /// The controller's error message.
+        message: String,
+    },
+}
+
+/// An mTLS client for this host's endpoints.
+#[derive(Debug, Clone)]
+pub struct Link {
+    client: reqwest::Client,
+    base: String,
+    host: String,
+    config: ControllerConfig,
+}
+
+impl Link {
+    /// Builds the client from the configured CA, certificate and key.
+    pub fn new(config: &ControllerConfig, host: &str) -> Result<Self, String> {
+        let tls = client_tls(&config.ca, &config.cert, &config.key)?;
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .connect_timeout(config.request_timeout)
+            .no_proxy()
+            .build()
+            .map_err(|e| format!("building the controller client: {e}"))?;
+        Ok(Self {
+            client,
+            base: config.url.trim_end_matches('/').to_owned(),
+            host: host.to_owned(),
+            config: config.clone(),
+        })
+    }
+
+    async fn call<B: Serialize, R: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<R, LinkError> {
+        let url = format!("{}{path}", self.base);
+        let request = match body {
+            Some(body) => self.client.post(url).json(body),
+            None => self.client.get(url),
+        };
+        let response = request
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(LinkError::Transport)?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            let message = serde_json::from_str::<ErrorBody>(&text).map_or(text, |e| e.error);
+            return Err(LinkError::Status { status, message });
+        }
+        response.json().await.map_err(LinkError::Transport)
+    }
+
+    /// Sends a report.
+    pub async fn report(&self, report: &AgentReport) -> Result<ReportAck, LinkError> {
+        self.call(
+            &protocol::report_path(&self.host),
+            Some(report),
+            self.config.request_timeout,
+        )
+        .await
+    }
+
+    /// Waits up to the configured long-poll for commands.
+    pub async fn poll(&self) -> Result<CommandBatch, LinkError> {
+        let wait = self.config.command_wait;
+        let path = protocol::commands_path(&self.host, wait);
+        self.call::<(), _>(&path, None, wait + self.config.request_timeout)
+            .await
+    }
+
+    /// Delivers one result.
+    pub async fn deliver(&self, result: &CommandResult) -> Result<ResultAck, LinkError> {
+        self.call(
+            &protocol::results_path(&self.host),
+            Some(result),
+            self.config.request_timeout,
+        )
+        .await
+    }
+}
+
+fn client_tls(ca: &Path, cert: &Path, key: &Path) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_file_iter(ca)
+        .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?
+    {
+        let der = der.map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
+        roots
+            .add(der)
+            .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?;
+    // The key's contents never appear in messages, only its path.
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("controller.key {}: {e}", key.display()))?;
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| format!("controller client certificate: {e}"))
+}
+
+/// Capped exponential backoff.
+#[derive(Debug)]
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Self(BACKOFF_START)
+    }
+    fn next(&mut self) -> Duration {
+        let now = self.0;
+        self.0 = (self.0 * 2).min(BACKOFF_MAX);
+        now
+    }
+    fn reset(&mut self) {
+        self.0 = BACKOFF_START;
+    }
+}
+
+fn conditions(board: &Board) -> Vec<Condition> {
+    board
+        .snapshot()
+        .into_iter()
+        .map(|s| Condition {
+            type_: s.condition,
+            status: match s.healthy {
+                Some(true) => ConditionStatus::True,
+                Some(false) => ConditionStatus::False,
+                None => ConditionStatus::Unknown,
+            },
+            reason: s.reason,
+            message: s.message,
+            last_transition: Timestamp(s.last_transition_ms),
+        })
+        .collect()
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Reports every interval and whenever a probe verdict changes.
+pub async fn report_loop(
+    link: Link,
+    board: Board,
+    executor: Executor,
+    beats: Heartbeats,
+    cancel: CancellationToken,
+) {
+    let name = "report";
+    let stale_after = BACKOFF_MAX + link.config.report_interval + link.config.request_timeout * 2;
+    let mut changes = board.subscribe();
+    let mut sequence = 0u64;
+    let boot = boot_id();
+    let mut backoff = Backoff::new();
+    loop {
+        beats.beat(name, stale_after);
+        sequence += 1;
+        let report = AgentReport {
+            host: link.host.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            sequence,
+            boot_id: boot.clone(),
+            sent_at: Timestamp(now_ms()),
+            conditions: conditions(&board),
+            etcd: None,
+            bmc_reachability: Vec::new(),
+            unacknowledged_results: executor
+                .journal()
+                .pending()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|r| r.operation_id)
+                .collect(),
+        };
+        let wait = match link.report(&report).await {
+            Ok(_) => {
+                backoff.reset();
+                link.config.report_interval
+            }
+            Err(err) => {
+                let delay = backoff.next();
+                tracing::warn!(error = %error_chain(&err), retry_in = ?delay, "report not delivered");
+                delay
+            }
+        };
+        beats.beat(name, stale_after);
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(wait) => {}
+            update = changes.changed() => if update.is_err() { break },
+        }
+    }
+    beats.retire(name);
+}
+
+/// Long-polls for commands, executes each (at most once) and delivers its result.
+pub async fn command_loop(
+    link: Link,
+    executor: Executor,
+    beats: Heartbeats,
+    cancel: CancellationToken,
+) {
+    let name = "commands";
+    let stale_after = link.config.command_wait + link.config.request_timeout + BACKOFF_MAX * 2;
+    let mut backoff = Backoff::new();
+    loop {
+        beats.beat(name, stale_after);
+        let polled = tokio::select! {
+            () = cancel.cancelled() => break,
+            polled = link.poll() => polled,
+        };
+        match polled {
+            Ok(batch) => {
+                backoff.reset();
+                for command in batch.commands {
+                    beats.beat(name, stale_after);
+                    match Box::pin(executor.handle(command)).await {
+                        Ok(result) => deliver(&link, &executor, &result).await,
+                        Err(err) => {
+                            tracing::error!(error = %err, "cannot record a command in the journal; not executed");
+                        }
+                    }
+                }
+            }
+            Err(err) => {
+                let delay = backoff.next();
+                tracing::warn!(error = %error_chain(&err), retry_in = ?delay, "polling for commands failed");
+                tokio::select! {
+                    () = cancel.cancelled() => break,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+    beats.retire(name);
+}
+
+/// Re-sends unacknowledged results (for example after the controller was away).
+pub async fn result_loop(
+    link: Link,
+    executor: Executor,
+    beats: Heartbeats,
+    cancel: CancellationToken,
+) {
+    let name = "results";
+    let stale_after = RESULT_RETRY + link.config.request_timeout * 4;
+    loop {
+        beats.beat(name, stale_after);
+        for result in executor.journal().pending().unwrap_or_default() {
+            deliver(&link, &executor, &result).await;
+        }
+        beats.beat(name, stale_after);
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            () = tokio::time::sleep(RESULT_RETRY) => {}
+        }
+    }
+    beats.retire(name);
+}
+
+async fn deliver(link: &Link, executor: &Executor, result: &CommandResult) {
+    match link.deliver(result).await {
+        Ok(ack) => {
+            if let Err(err) = executor.journal().acknowledge(&ack.operation_id) {
+                tracing::error!(operation = %ack.operation_id, error = %err, "cannot mark a result delivered");
+            } else {
+                tracing::info!(operation = %ack.operation_id, first = ack.first, "result delivered");
+            }
+        }
+        Err(err) => {
+            tracing::warn!(operation = %result.operation_id, error = %error_chain(&err), "result not delivered yet; will retry");
+        }
+    }
+}
