@@ -1,0 +1,191 @@
+//! The remediation planner: starts remediations through every gate and drives each running one
+//! one step along the external-baremetal state machine (seed 003, DOMAIN.md §3, seed 004 KCP).
+
+mod start;
+mod steps;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use metalguard_api::duration::Timestamp;
+use metalguard_api::plan::{Action, ActionKind, OperationId, Refusal, RemediationStep};
+use metalguard_api::policy::{DEFAULT_NODE_REREGISTER_DEADLINE, Policy};
+use metalguard_api::remediation::Remediation;
+use metalguard_api::snapshot::{Host, Snapshot};
+
+use crate::health::{CheckVerdict, judge_host, selects};
+use crate::quorum::EtcdView;
+
+/// Prefix of the cause of an administrator-requested fence.
+pub const ADMIN_CAUSE: &str = "fence requested by";
+
+/// Everything the remediation planner reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// The snapshot.
+    pub snapshot: &'a Snapshot,
+    /// The policy.
+    pub policy: &'a Policy,
+    /// Now.
+    pub now: Timestamp,
+    /// Health verdicts, one per check.
+    pub verdicts: &'a [CheckVerdict<'a>],
+    /// The etcd view.
+    pub view: &'a EtcdView<'a>,
+    /// The guard planned an etcd membership change in this plan.
+    pub membership_change_planned: bool,
+    /// The guard reported the control plane degraded.
+    pub control_plane_degraded: bool,
+}
+
+/// What the remediation planner decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemediationOutput {
+    /// Actions, in order: steps of running remediations, then new ones.
+    pub actions: Vec<Action>,
+    /// Refusals with reasons.
+    pub refusals: Vec<Refusal>,
+    /// The earliest time a deadline or retry wait expires.
+    pub next: Option<Timestamp>,
+}
+
+impl RemediationOutput {
+    fn refuse(&mut self, subject: &str, reason: String) {
+        self.refusals.push(Refusal {
+            subject: subject.to_owned(),
+            reason,
+        });
+    }
+    fn wake_at(&mut self, t: Timestamp) {
+        self.next = Some(self.next.map_or(t, |n| n.min(t)));
+    }
+}
+
+struct Candidate<'a> {
+    host: &'a Host,
+    cause: String,
+    since: Timestamp,
+    forced: Option<String>,
+    blocked_by: Option<String>,
+}
+
+struct Planner<'a> {
+    inp: Inputs<'a>,
+    hosts: HashMap<&'a str, &'a Host>,
+    latest: BTreeMap<&'a str, &'a Remediation>,
+    executors: Vec<&'a Host>,
+    out: RemediationOutput,
+}
+
+/// Plans remediation steps and starts.
+pub fn plan_remediations(inp: Inputs<'_>) -> RemediationOutput {
+    let snapshot = inp.snapshot;
+    let hosts: HashMap<&str, &Host> = snapshot
+        .hosts
+        .iter()
+        .map(|h| (h.name.as_str(), h))
+        .collect();
+    let mut latest: BTreeMap<&str, &Remediation> = BTreeMap::new();
+    for r in &snapshot.remediations {
+        let e = latest.entry(r.target.as_str()).or_insert(r);
+        if r.seq > e.seq {
+            *e = r;
+        }
+    }
+    let busy: HashSet<&str> = snapshot
+        .remediations
+        .iter()
+        .filter(|r| r.phase.is_active())
+        .map(|r| r.target.as_str())
+        .collect();
+    let unhealthy: HashSet<&str> = inp
+        .verdicts
+        .iter()
+        .flat_map(|v| v.unhealthy.iter().map(|u| u.host.name.as_str()))
+        .collect();
+    let hb = inp.policy.remediation.executor_heartbeat_timeout;
+    let mut executors: Vec<&Host> = snapshot
+        .hosts
+        .iter()
+        .filter(|h| {
+            h.agent
+                .as_ref()
+                .is_some_and(|a| a.can_fence && a.last_heartbeat.after(hb) > inp.now)
+                && h.node_ready()
+                && !h.is_deleting()
+                && !busy.contains(h.name.as_str())
+                && !unhealthy.contains(h.name.as_str())
+        })
+        .collect();
+    executors.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut p = Planner {
+        inp,
+        hosts,
+        latest,
+        executors,
+        out: RemediationOutput::default(),
+    };
+    let mut active: Vec<&Remediation> = snapshot
+        .remediations
+        .iter()
+        .filter(|r| r.phase.is_active())
+        .collect();
+    active.sort_by(|a, b| a.id.cmp(&b.id));
+    for r in &active {
+        p.step(r);
+    }
+    p.start_new(&active);
+    p.out
+}
+
+impl<'a> Planner<'a> {
+    fn choose_executor(&self, target: &Host, current: Option<&str>) -> Option<&'a Host> {
+        if let Some(c) = current
+            && c != target.name
+            && let Ok(i) = self.executors.binary_search_by(|h| h.name.as_str().cmp(c))
+        {
+            return Some(self.executors[i]);
+        }
+        let others = || {
+            self.executors
+                .iter()
+                .copied()
+                .filter(|h| h.name != target.name)
+        };
+        others()
+            .find(|h| target.failure_domain.is_some() && h.failure_domain != target.failure_domain)
+            .or_else(|| others().next())
+    }
+
+    fn node_deadline(&self, target: &Host) -> Duration {
+        self.inp
+            .policy
+            .health_checks
+            .iter()
+            .filter(|c| selects(&c.selector, target))
+            .find_map(|c| c.node_startup_timeout.filter(|t| !t.is_zero()))
+            .unwrap_or(DEFAULT_NODE_REREGISTER_DEADLINE)
+    }
+
+    fn healthy_now(&self, target: &Host) -> bool {
+        self.inp
+            .policy
+            .health_checks
+            .iter()
+            .filter(|c| selects(&c.selector, target))
+            .all(|c| judge_host(c, target, false, self.inp.now).0.is_none())
+    }
+
+    fn emit(&mut self, r: &Remediation, executor: &str, step: RemediationStep, reason: String) {
+        self.out.actions.push(Action {
+            id: OperationId(format!("{}/{}", r.id, step.name())),
+            kind: ActionKind::Remediate {
+                remediation_id: r.id.clone(),
+                target: r.target.clone(),
+                executor: executor.to_owned(),
+                step,
+            },
+            reason,
+        });
+    }
+}

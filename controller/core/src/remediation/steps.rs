@@ -1,0 +1,216 @@
+//! The next step of a running remediation, and the last gate before power-off.
+
+use metalguard_api::duration::format_duration;
+use metalguard_api::plan::{Action, ActionKind, OperationId, RemediationStep};
+use metalguard_api::remediation::{Remediation, RemediationPhase as P};
+use metalguard_api::snapshot::{Host, Role};
+
+use metalguard_api::policy::{NodeHandling, Strategy};
+
+use super::{ADMIN_CAUSE, Planner};
+
+impl Planner<'_> {
+    /// Plans the next step of one running remediation.
+    pub(super) fn step(&mut self, r: &Remediation) {
+        let now = self.inp.now;
+        let Some(target) = self.hosts.get(r.target.as_str()).copied() else {
+            let reason = format!("target {} disappeared from the inventory", r.target);
+            return self.emit(
+                r,
+                &r.executor,
+                RemediationStep::Fail {
+                    reason: reason.clone(),
+                },
+                reason,
+            );
+        };
+        let executor = match self.choose_executor(target, Some(&r.executor)) {
+            Some(e) => e.name.clone(),
+            None => {
+                return self.out.refuse(
+                    &r.target,
+                    format!(
+                        "{} holds: no healthy agent other than the target can drive its BMC",
+                        r.id
+                    ),
+                );
+            }
+        };
+        let admin = r.cause.starts_with(ADMIN_CAUSE);
+        let mut cancel = r.cancel_requested.clone();
+        if cancel.is_none() && target.is_deleting() && !r.phase.power_may_be_off() {
+            cancel = Some("target is being deleted".to_owned());
+        }
+        if cancel.is_none()
+            && r.phase == P::Gated
+            && r.forced.is_none()
+            && !admin
+            && self.healthy_now(target)
+        {
+            cancel = Some("target recovered before power-off".to_owned());
+        }
+        let name = &r.target;
+        let (step, reason) = match (&r.phase, &cancel) {
+            (P::Detected | P::Gated, Some(c)) => (
+                RemediationStep::Cancel { reason: c.clone() },
+                format!("cancel {} of {name}: {c}", r.id),
+            ),
+            (P::Detected, None) => {
+                let c =
+                    "detected but never gated; gates are re-evaluated on the next plan".to_owned();
+                (
+                    RemediationStep::Cancel { reason: c.clone() },
+                    format!("cancel {}: {c}", r.id),
+                )
+            }
+            (P::Gated, None) => match self.gate_power_off(r, target) {
+                Some(x) => x,
+                None => return,
+            },
+            (P::PoweringOff | P::VerifiedOff | P::BackedUp, Some(c)) => (
+                RemediationStep::PowerOn,
+                format!("cancelling {} ({c}): power {name} back on", r.id),
+            ),
+            (P::PoweringOff, None) => (
+                RemediationStep::VerifyPowerOff,
+                format!("confirm {name} reports power Off (PoweringOff is not off)"),
+            ),
+            (P::VerifiedOff, None) if r.strategy == Strategy::Reboot => (
+                RemediationStep::PowerOn,
+                format!("reboot strategy: {name} is off, power it on"),
+            ),
+            (P::VerifiedOff, None) => (
+                RemediationStep::BackupNodeMetadata,
+                format!("{name} is off: save its node labels and annotations"),
+            ),
+            (P::BackedUp, None) if r.node_handling == NodeHandling::OutOfServiceTaint => (
+                RemediationStep::TaintOutOfService,
+                format!("taint {name} out-of-service so its workloads move"),
+            ),
+            (P::BackedUp, None) => (
+                RemediationStep::DeleteNode,
+                format!("delete node {name} so its workloads are rescheduled"),
+            ),
+            (P::NodeRemoved, _) => (RemediationStep::PowerOn, format!("power {name} on")),
+            (P::PoweringOn, _) => (
+                RemediationStep::VerifyPowerOn,
+                format!("confirm {name} reports power On"),
+            ),
+            (P::WaitingForNode, _) => {
+                let deadline = r.phase_since.after(self.node_deadline(target));
+                if !target.node_ready() {
+                    if now >= deadline {
+                        let reason = format!(
+                            "node {name} did not become ready within {}",
+                            format_duration(self.node_deadline(target))
+                        );
+                        (
+                            RemediationStep::Fail {
+                                reason: reason.clone(),
+                            },
+                            reason,
+                        )
+                    } else {
+                        self.out.wake_at(deadline);
+                        return;
+                    }
+                } else if r.backup.is_some() && (r.strategy == Strategy::ExternalBaremetal) {
+                    (
+                        RemediationStep::RestoreNodeMetadata,
+                        format!(
+                            "node {name} is back: restore saved labels and annotations (keys on the new node win)"
+                        ),
+                    )
+                } else if let Some(c) = &cancel {
+                    (
+                        RemediationStep::Cancel { reason: c.clone() },
+                        format!("{name} is back on: finish cancelling {} ({c})", r.id),
+                    )
+                } else {
+                    (
+                        RemediationStep::Complete,
+                        format!("node {name} is back and ready: remediation done"),
+                    )
+                }
+            }
+            (P::Restored, Some(c)) => (
+                RemediationStep::Cancel { reason: c.clone() },
+                format!("{name} restored: finish cancelling {} ({c})", r.id),
+            ),
+            (P::Restored, None) => (
+                RemediationStep::Complete,
+                format!("node {name} restored: remediation done"),
+            ),
+            _ => return,
+        };
+        self.emit(r, &executor, step, reason);
+    }
+
+    /// The last gate before anything destructive: re-checked on every plan.
+    fn gate_power_off(
+        &mut self,
+        r: &Remediation,
+        target: &Host,
+    ) -> Option<(RemediationStep, String)> {
+        let name = &r.target;
+        if target.role == Role::ControlPlane {
+            if self.inp.control_plane_degraded {
+                self.out.refuse(
+                    name,
+                    format!(
+                        "{} holds before power-off: the control plane is degraded",
+                        r.id
+                    ),
+                );
+                return None;
+            }
+            if self.inp.membership_change_planned {
+                self.out.refuse(
+                    name,
+                    format!(
+                        "{} holds before power-off: an etcd membership change goes first",
+                        r.id
+                    ),
+                );
+                return None;
+            }
+            if let Err(e) = self.inp.view.may_fence(target) {
+                self.out
+                    .refuse(name, format!("{} holds before power-off: {e}", r.id));
+                return None;
+            }
+            if let Some(m) = self.inp.view.member_of(name)
+                && m.member.leader
+                && m.member.healthy
+            {
+                let to = self
+                    .inp
+                    .view
+                    .voters()
+                    .find(|o| o.member.id != m.member.id && o.member.healthy);
+                if let Some(to) = to {
+                    self.out.actions.push(Action {
+                        id: OperationId(format!("{}/move-leader", r.id)),
+                        kind: ActionKind::MoveLeader {
+                            from_member: m.member.id,
+                            to_member: to.member.id,
+                        },
+                        reason: format!(
+                            "{name} leads etcd: move leadership to {} before fencing it",
+                            to.label()
+                        ),
+                    });
+                }
+                return None;
+            }
+        }
+        let how = r
+            .forced
+            .as_ref()
+            .map_or_else(String::new, |f| format!(" (forced: {f})"));
+        Some((
+            RemediationStep::PowerOff,
+            format!("{name} is unhealthy ({}){how}: power it off", r.cause),
+        ))
+    }
+}
