@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod admin;
 mod bmc_cmd;
 mod config;
 mod daemon;
@@ -35,6 +36,10 @@ enum Command {
     Bmc(bmc_cmd::BmcArgs),
     /// ClusterLabs fence-agent interface (for Pacemaker and medik8s FAR).
     FenceAgent(fence_agent::FenceAgentArgs),
+    /// Print the running daemon's local view (probes and their verdicts).
+    Status(admin::StatusArgs),
+    /// Break-glass: fence a host straight through its BMC, bypassing the controller.
+    Fence(admin::FenceArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +49,8 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => config::check(&args),
         Command::Bmc(args) => bmc_cmd::run(&args),
         Command::FenceAgent(args) => fence_agent::run(&args),
+        Command::Status(args) => admin::status(&args),
+        Command::Fence(args) => admin::fence(&args),
     }
 }
 

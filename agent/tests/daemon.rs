@@ -169,6 +169,19 @@ fn daemon_notifies_ready_watchdog_and_stopping_and_serves_status() {
         "{status}"
     );
 
+    let out = Command::new(AGENT)
+        .arg("status")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(
+        table.contains("FlagPresent") && table.contains("yes"),
+        "{table}"
+    );
+
     // The probe fails twice (threshold 2) and the STATUS line follows.
     std::fs::remove_file(&flag).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
