@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)] // test helpers outside #[test] fns
 
+use std::fmt::Write as _;
 use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -52,7 +53,7 @@ fn cli(args: &[&str], stdin: Option<&str>, transcript: &mut String) -> Run {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         elapsed: started.elapsed(),
     };
-    transcript.push_str(&format!("$ {args:?}\n{}\n{}\n", run.stdout, run.stderr));
+    let _ = write!(transcript, "$ {args:?}\n{}\n{}\n", run.stdout, run.stderr);
     run
 }
 
