@@ -28,6 +28,8 @@ mod remediation_tests;
 #[cfg(test)]
 mod scenarios;
 #[cfg(test)]
+mod scenarios_quorum;
+#[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod testkit;
