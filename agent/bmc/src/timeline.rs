@@ -82,6 +82,16 @@ impl Timeline {
         });
     }
 
+    /// Records an entry that happened at `at` (for clients that collect events first, like
+    /// the IPMI session, and hand them over after the call).
+    pub fn record_at(&mut self, at: Instant, direction: Direction, what: impl Into<String>) {
+        self.entries.push(TimelineEntry {
+            elapsed: at.saturating_duration_since(self.start),
+            direction,
+            what: what.into(),
+        });
+    }
+
     /// The entries, oldest first.
     pub fn entries(&self) -> &[TimelineEntry] {
         &self.entries

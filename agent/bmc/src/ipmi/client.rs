@@ -149,8 +149,8 @@ impl IpmiConfig {
 /// One step of the conversation with the BMC, for the operation's timeline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
-    /// Time since the client started.
-    pub at: Duration,
+    /// When it happened.
+    pub at: Instant,
     /// What happened (`sent`, `received`, `retransmit`, `ignored`).
     pub what: &'static str,
     /// The request or answer concerned.
@@ -174,7 +174,6 @@ struct Transport {
     socket: Arc<UdpSocket>,
     bmc: String,
     retry: RetryPolicy,
-    started: Instant,
     events: Vec<Event>,
 }
 
@@ -182,7 +181,7 @@ impl Transport {
     fn record(&mut self, what: &'static str, step: &'static str, detail: String) {
         tracing::debug!(bmc = %self.bmc, what, step, detail = %detail, "ipmi exchange");
         self.events.push(Event {
-            at: self.started.elapsed(),
+            at: Instant::now(),
             what,
             step,
             detail,
@@ -423,7 +422,6 @@ impl IpmiSession {
             socket: Arc::new(socket),
             bmc: bmc.clone(),
             retry: config.retry,
-            started: Instant::now(),
             events: Vec::new(),
         };
 

@@ -13,7 +13,9 @@ use super::client::{Event, IpmiConfig, IpmiSession, RetryPolicy};
 use super::commands::ChassisControl;
 use super::crypto::CipherSuite;
 use super::error::IpmiError;
-use crate::{BmcAddress, BmcError, Capabilities, Credentials, PowerControl, PowerState, Timeline};
+use crate::{
+    BmcAddress, BmcError, Capabilities, Credentials, Direction, PowerControl, PowerState, Timeline,
+};
 
 /// Power control of one host over IPMI v2.0 RMCP+.
 #[derive(Debug)]
@@ -129,11 +131,15 @@ fn retry_within(first_timeout: Duration, request_timeout: Duration) -> RetryPoli
 
 fn record_events(timeline: &mut Timeline, events: &[Event]) {
     for e in events {
-        match e.what {
-            "sent" | "retransmit" => timeline.sent(format!("ipmi {} ({})", e.step, e.detail)),
-            "received" => timeline.seen(format!("ipmi {} ({})", e.step, e.detail)),
-            other => timeline.note(format!("ipmi {other} {} ({})", e.step, e.detail)),
-        }
+        let (direction, what) = match e.what {
+            "sent" | "retransmit" => (Direction::Sent, format!("ipmi {} ({})", e.step, e.detail)),
+            "received" => (Direction::Seen, format!("ipmi {} ({})", e.step, e.detail)),
+            other => (
+                Direction::Note,
+                format!("ipmi {other} {} ({})", e.step, e.detail),
+            ),
+        };
+        timeline.record_at(e.at, direction, what);
     }
 }
 
