@@ -185,6 +185,7 @@ impl<B: Backend> Controller<B> {
         let snapshot = crate::snapshot::build(&self.inventory, &state, at);
         let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
         self.observe(&plan, &state);
+        tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
         for action in executor::actions(&plan) {
             let Some(writes) = executor::writes_for(action, &state, at) else {

@@ -5,8 +5,11 @@
 use metalguard_api::duration::Timestamp;
 use metalguard_api::protocol::EtcdView;
 use metalguard_api::snapshot::{
-    AgentReport, EtcdMember, Host, NodeCondition, NodeStatus, Snapshot,
+    AgentReport, ConditionStatus, EtcdMember, Host, NodeCondition, NodeStatus, Snapshot,
 };
+
+/// The Node condition the core reads for readiness.
+const READY: &str = "Ready";
 
 use crate::backend::State;
 use crate::inventory::Inventory;
@@ -37,20 +40,7 @@ pub fn build(inventory: &Inventory, state: &State, now: Timestamp) -> Snapshot {
                 pre_drain_hooks: state.hooks.get(&h.name).cloned().unwrap_or_default(),
                 fence_request: state.fence_requests.get(&h.name).cloned(),
                 phase_failed: false,
-                node: stored.map(|s| NodeStatus {
-                    created_at: Timestamp(0),
-                    conditions: s
-                        .report
-                        .conditions
-                        .iter()
-                        .map(|c| NodeCondition {
-                            type_: c.type_.clone(),
-                            status: c.status,
-                            last_transition: c.last_transition,
-                        })
-                        .collect(),
-                    ..NodeStatus::default()
-                }),
+                node: stored.map(|s| node_of(&s.report)),
                 node_seen: stored.is_some(),
                 agent: stored.map(|s| AgentReport {
                     last_heartbeat: s.received_at,
@@ -66,6 +56,44 @@ pub fn build(inventory: &Inventory, state: &State, now: Timestamp) -> Snapshot {
         hosts,
         orphan_members: Vec::new(),
         remediations: state.remediations.values().cloned().collect(),
+    }
+}
+
+/// The Node a report stands for: the report's conditions, plus a synthesized `Ready` (unless
+/// the agent reports one) that is `True` when no reported condition is `False`, with the
+/// latest transition among them.
+fn node_of(report: &metalguard_api::protocol::AgentReport) -> NodeStatus {
+    let mut conditions: Vec<NodeCondition> = report
+        .conditions
+        .iter()
+        .map(|c| NodeCondition {
+            type_: c.type_.clone(),
+            status: c.status,
+            last_transition: c.last_transition,
+        })
+        .collect();
+    if !conditions.iter().any(|c| c.type_ == READY) {
+        let failing = conditions
+            .iter()
+            .any(|c| c.status == ConditionStatus::False);
+        conditions.push(NodeCondition {
+            type_: READY.to_owned(),
+            status: if failing {
+                ConditionStatus::False
+            } else {
+                ConditionStatus::True
+            },
+            last_transition: conditions
+                .iter()
+                .map(|c| c.last_transition)
+                .max()
+                .unwrap_or(Timestamp(0)),
+        });
+    }
+    NodeStatus {
+        created_at: Timestamp(0),
+        conditions,
+        ..NodeStatus::default()
     }
 }
 
