@@ -70,6 +70,8 @@ enum Command {
         #[arg(long, env = "METALGUARD_INVENTORY")]
         inventory: PathBuf,
     },
+    /// Print the OpenAPI document of the agent API.
+    Openapi,
     /// Create the cluster CA and certificates.
     #[command(subcommand)]
     Certs(CertsCommand),
@@ -201,6 +203,10 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             };
             backend.request_fence(&host, &request).await?;
             println!("fence of {host} requested; the leader plans it on its next round");
+            Ok(())
+        }
+        Command::Openapi => {
+            print!("{}", crate::openapi::render());
             Ok(())
         }
         Command::Certs(CertsCommand::Init { dir }) => {

@@ -16,6 +16,7 @@ mod executor;
 mod hub;
 mod inventory;
 mod metrics;
+mod openapi;
 mod server;
 mod service;
 mod snapshot;

@@ -1,0 +1,451 @@
+//! The OpenAPI 3.1 document of the agent API, built from the protocol's path constants.
+//!
+//! Schemas are written here by hand rather than derived (the `metalguard-api` crate stays
+//! free of schema-derive dependencies because the agent builds it too); a test validates
+//! serialized samples of every protocol type against them, so a field added, renamed or
+//! removed in `metalguard_api::protocol` fails the build until the schema follows. Another
+//! test fails when the committed `docs/openapi.json` differs from [`document`]
+//! (`UPDATE_OPENAPI=1 cargo nextest run -p metalguard-controller openapi` rewrites it).
+
+use metalguard_api::protocol::{
+    API_VERSION, COMMANDS_PATH, MAX_WAIT, REPORT_PATH, RESULTS_PATH, WAIT_PARAM,
+};
+use serde_json::{Map, Value, json};
+
+fn reference(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{name}") })
+}
+
+fn object(properties: &[(&str, Value)], required: &[&str]) -> Value {
+    let props: Map<String, Value> = properties
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "properties": props,
+        "required": required,
+    })
+}
+
+fn string() -> Value {
+    json!({ "type": "string" })
+}
+fn integer() -> Value {
+    json!({ "type": "integer", "minimum": 0 })
+}
+fn boolean() -> Value {
+    json!({ "type": "boolean" })
+}
+fn array(items: &Value) -> Value {
+    json!({ "type": "array", "items": items })
+}
+fn nullable(schema: &Value) -> Value {
+    json!({ "oneOf": [schema, { "type": "null" }] })
+}
+fn one_of_strings(values: &[&str]) -> Value {
+    json!({ "type": "string", "enum": values })
+}
+fn tagged(tag: &str, value: &str, properties: &[(&str, Value)], required: &[&str]) -> Value {
+    let mut props = vec![(tag, one_of_strings(&[value]))];
+    props.extend(properties.iter().cloned());
+    let mut req = vec![tag];
+    req.extend(required);
+    object(&props, &req)
+}
+
+fn timestamp() -> Value {
+    json!({ "type": "integer", "minimum": 0, "description": "milliseconds since the Unix epoch" })
+}
+
+fn schemas() -> Value {
+    let fence_fields = [
+        ("target", string()),
+        ("action", reference("PowerAction")),
+        ("bmc_address", string()),
+        ("tls", reference("BmcTrust")),
+        ("credentials", reference("BmcCredentials")),
+    ];
+    json!({
+        "AgentReport": object(&[
+            ("host", string()),
+            ("agent_version", string()),
+            ("sequence", integer()),
+            ("boot_id", string()),
+            ("sent_at", timestamp()),
+            ("conditions", array(&reference("Condition"))),
+            ("etcd", nullable(&reference("EtcdView"))),
+            ("bmc_reachability", array(&reference("BmcReachability"))),
+            ("unacknowledged_results", array(&string())),
+        ], &["host", "agent_version", "sequence", "sent_at"]),
+        "Condition": object(&[
+            ("type", string()),
+            ("status", one_of_strings(&["True", "False", "Unknown"])),
+            ("reason", string()),
+            ("message", string()),
+            ("last_transition", timestamp()),
+        ], &["type", "status", "reason", "last_transition"]),
+        "EtcdView": object(&[
+            ("local_member_id", nullable(&integer())),
+            ("leader_id", nullable(&integer())),
+            ("members", array(&reference("EtcdMemberView"))),
+        ], &[]),
+        "EtcdMemberView": object(&[
+            ("id", integer()),
+            ("name", string()),
+            ("peer_urls", array(&string())),
+            ("client_urls", array(&string())),
+            ("learner", boolean()),
+            ("healthy", boolean()),
+            ("alarms", array(&string())),
+            ("raft_applied_index", nullable(&integer())),
+            ("error", nullable(&string())),
+        ], &["id", "healthy"]),
+        "BmcReachability": object(&[
+            ("host", string()),
+            ("reachable", boolean()),
+            ("checked_at", timestamp()),
+            ("error", nullable(&string())),
+        ], &["host", "reachable", "checked_at"]),
+        "ReportAck": object(&[
+            ("sequence", integer()),
+            ("received_at", timestamp()),
+        ], &["sequence", "received_at"]),
+        "CommandBatch": object(&[
+            ("commands", array(&reference("Command"))),
+        ], &["commands"]),
+        "Command": object(&[
+            ("operation_id", string()),
+            ("issued_at", timestamp()),
+            ("kind", reference("CommandKind")),
+        ], &["operation_id", "issued_at", "kind"]),
+        "CommandKind": { "oneOf": [
+            tagged("type", "fence", &fence_fields,
+                &["target", "action", "bmc_address", "credentials"]),
+            tagged("type", "etcd-join-go-ahead",
+                &[("member_id", integer()), ("initial_cluster", string())],
+                &["member_id", "initial_cluster"]),
+            tagged("type", "etcd-promote", &[("member_id", integer())], &["member_id"]),
+            tagged("type", "etcd-remove", &[("member_id", integer())], &["member_id"]),
+        ]},
+        "PowerAction": one_of_strings(&["off", "on", "reboot"]),
+        "BmcTrust": { "oneOf": [
+            tagged("mode", "system-roots", &[], &[]),
+            tagged("mode", "ca-pem", &[("pem", string())], &["pem"]),
+            tagged("mode", "fingerprint", &[("sha256", string())], &["sha256"]),
+            tagged("mode", "insecure", &[], &[]),
+        ]},
+        "BmcCredentials": object(&[
+            ("username", string()),
+            ("password", json!({ "type": "string", "format": "password", "writeOnly": true })),
+        ], &["username", "password"]),
+        "CommandResult": object(&[
+            ("operation_id", string()),
+            ("outcome", one_of_strings(&["succeeded", "failed", "rejected"])),
+            ("started_at", timestamp()),
+            ("finished_at", timestamp()),
+            ("timeline", array(&reference("TimelineEntry"))),
+            ("error", nullable(&string())),
+        ], &["operation_id", "outcome", "started_at", "finished_at"]),
+        "TimelineEntry": object(&[
+            ("elapsed_ms", integer()),
+            ("direction", one_of_strings(&["sent", "seen", "note"])),
+            ("what", string()),
+        ], &["elapsed_ms", "direction", "what"]),
+        "ResultAck": object(&[
+            ("operation_id", string()),
+            ("first", boolean()),
+        ], &["operation_id", "first"]),
+        "ErrorBody": object(&[("error", string())], &["error"]),
+    })
+}
+
+fn errors() -> Value {
+    let body = json!({ "content": { "application/json": { "schema": reference("ErrorBody") } } });
+    let with = |text: &str| {
+        let mut b = body.clone();
+        b["description"] = json!(text);
+        b
+    };
+    json!({
+        "403": with("the path names a host other than the client certificate's"),
+        "503": with("this controller is not the leader, or is stopping"),
+    })
+}
+
+fn json_body(name: &str) -> Value {
+    json!({ "required": true, "content": { "application/json": { "schema": reference(name) } } })
+}
+
+fn ok(name: &str, description: &str) -> Value {
+    json!({ "description": description, "content": { "application/json": { "schema": reference(name) } } })
+}
+
+/// The whole document.
+pub fn document() -> Value {
+    let host = json!({
+        "name": "host", "in": "path", "required": true,
+        "description": "the host named by the client certificate",
+        "schema": { "type": "string" },
+    });
+    let with_errors = |mut responses: Value| {
+        if let (Some(map), Some(errs)) = (responses.as_object_mut(), errors().as_object()) {
+            for (k, v) in errs {
+                map.insert(k.clone(), v.clone());
+            }
+        }
+        responses
+    };
+    let mut result_responses =
+        with_errors(json!({ "200": ok("ResultAck", "the result is persisted") }));
+    result_responses["409"] = json!({
+        "description": "unknown operation id, or an operation sent to another host",
+        "content": { "application/json": { "schema": reference("ErrorBody") } },
+    });
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "metalguard agent API",
+            "version": API_VERSION,
+            "description": "Agent to controller protocol. HTTPS with mutual TLS: a client certificate signed by the cluster CA is required, and its common name is the only host a client may speak for.",
+        },
+        "paths": {
+            REPORT_PATH: { "post": {
+                "operationId": "report",
+                "summary": "An agent's report about its own host",
+                "parameters": [host],
+                "requestBody": json_body("AgentReport"),
+                "responses": with_errors(json!({ "200": ok("ReportAck", "the report was received") })),
+            }},
+            COMMANDS_PATH: { "get": {
+                "operationId": "commands",
+                "summary": "Long-poll for the host's pending commands",
+                "parameters": [host, {
+                    "name": WAIT_PARAM, "in": "query", "required": false,
+                    "description": format!("seconds to wait for a command (at most {})", MAX_WAIT.as_secs()),
+                    "schema": { "type": "integer", "minimum": 0 },
+                }],
+                "responses": with_errors(json!({ "200": ok("CommandBatch", "pending commands; empty when the wait ran out") })),
+            }},
+            RESULTS_PATH: { "post": {
+                "operationId": "results",
+                "summary": "The result of one command",
+                "parameters": [host],
+                "requestBody": json_body("CommandResult"),
+                "responses": result_responses,
+            }},
+        },
+        "components": { "schemas": schemas() },
+    })
+}
+
+/// The document as committed: pretty JSON with a trailing newline.
+pub fn render() -> String {
+    let mut text = serde_json::to_string_pretty(&document()).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use metalguard_api::duration::Timestamp;
+    use metalguard_api::plan::OperationId;
+    use metalguard_api::protocol::*;
+    use metalguard_api::snapshot::ConditionStatus;
+    use serde::Serialize;
+
+    use super::*;
+
+    /// A small validator for the subset of JSON Schema used above.
+    fn validate(schema: &Value, value: &Value, root: &Value, at: &str) -> Result<(), String> {
+        if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+            let name = r.trim_start_matches("#/components/schemas/");
+            return validate(&root["components"]["schemas"][name], value, root, at);
+        }
+        if let Some(options) = schema.get("oneOf").and_then(Value::as_array) {
+            let matching = options
+                .iter()
+                .filter(|o| validate(o, value, root, at).is_ok())
+                .count();
+            return if matching == 1 {
+                Ok(())
+            } else {
+                Err(format!("{at}: {matching} oneOf alternatives match {value}"))
+            };
+        }
+        if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+            && !allowed.contains(value)
+        {
+            return Err(format!("{at}: {value} not in {allowed:?}"));
+        }
+        match schema.get("type").and_then(Value::as_str) {
+            Some("object") => {
+                let map = value.as_object().ok_or(format!("{at}: not an object"))?;
+                let props = schema["properties"].as_object().ok_or("bad schema")?;
+                for (k, v) in map {
+                    let p = props
+                        .get(k)
+                        .ok_or(format!("{at}: property {k} is not in the schema"))?;
+                    validate(p, v, root, &format!("{at}.{k}"))?;
+                }
+                for r in schema["required"].as_array().into_iter().flatten() {
+                    let r = r.as_str().unwrap_or_default();
+                    if !map.contains_key(r) {
+                        return Err(format!("{at}: required {r} missing"));
+                    }
+                }
+                Ok(())
+            }
+            Some("array") => {
+                let items = value.as_array().ok_or(format!("{at}: not an array"))?;
+                for (i, v) in items.iter().enumerate() {
+                    validate(&schema["items"], v, root, &format!("{at}[{i}]"))?;
+                }
+                Ok(())
+            }
+            Some("string") if !value.is_string() => Err(format!("{at}: not a string")),
+            Some("integer") if !value.is_u64() => Err(format!("{at}: not an integer")),
+            Some("boolean") if !value.is_boolean() => Err(format!("{at}: not a boolean")),
+            Some("null") if !value.is_null() => Err(format!("{at}: not null")),
+            _ => Ok(()),
+        }
+    }
+
+    fn check<T: Serialize>(name: &str, sample: &T) {
+        let doc = document();
+        let value = serde_json::to_value(sample).unwrap();
+        validate(&doc["components"]["schemas"][name], &value, &doc, name)
+            .unwrap_or_else(|e| panic!("schema {name} is stale: {e}"));
+    }
+
+    fn command(kind: CommandKind) -> Command {
+        Command {
+            operation_id: OperationId("op".into()),
+            issued_at: Timestamp(1),
+            kind,
+        }
+    }
+
+    #[test]
+    fn every_protocol_type_matches_its_schema() {
+        let report = AgentReport {
+            host: "cp-1".into(),
+            agent_version: "0.1.0".into(),
+            sequence: 3,
+            boot_id: "b".into(),
+            sent_at: Timestamp(5),
+            conditions: vec![Condition {
+                type_: "EtcdHealthy".into(),
+                status: ConditionStatus::False,
+                reason: "Timeout".into(),
+                message: "m".into(),
+                last_transition: Timestamp(4),
+            }],
+            etcd: Some(EtcdView {
+                local_member_id: Some(1),
+                leader_id: None,
+                members: vec![EtcdMemberView {
+                    id: 1,
+                    name: "cp-1".into(),
+                    peer_urls: vec!["http://a".into()],
+                    client_urls: vec![],
+                    learner: true,
+                    healthy: false,
+                    alarms: vec!["NOSPACE".into()],
+                    raft_applied_index: Some(9),
+                    error: Some("e".into()),
+                }],
+            }),
+            bmc_reachability: vec![BmcReachability {
+                host: "cp-2".into(),
+                reachable: false,
+                checked_at: Timestamp(2),
+                error: None,
+            }],
+            unacknowledged_results: vec![OperationId("x".into())],
+        };
+        check("AgentReport", &report);
+        check(
+            "ReportAck",
+            &ReportAck {
+                sequence: 1,
+                received_at: Timestamp(1),
+            },
+        );
+        let trusts = [
+            BmcTrust::SystemRoots,
+            BmcTrust::CaPem { pem: "p".into() },
+            BmcTrust::Fingerprint { sha256: "f".into() },
+            BmcTrust::Insecure,
+        ];
+        let mut commands: Vec<Command> = trusts
+            .into_iter()
+            .map(|tls| {
+                command(CommandKind::Fence(FenceCommand {
+                    target: "cp-2".into(),
+                    action: PowerAction::Reboot,
+                    bmc_address: "ipmi://a".into(),
+                    tls,
+                    credentials: BmcCredentials {
+                        username: "u".into(),
+                        password: Secret::new("p"),
+                    },
+                }))
+            })
+            .collect();
+        commands.push(command(CommandKind::EtcdJoinGoAhead {
+            member_id: 1,
+            initial_cluster: "a=http://a".into(),
+        }));
+        commands.push(command(CommandKind::EtcdPromote { member_id: 1 }));
+        commands.push(command(CommandKind::EtcdRemove { member_id: 1 }));
+        check("CommandBatch", &CommandBatch { commands });
+        check(
+            "CommandResult",
+            &CommandResult {
+                operation_id: OperationId("op".into()),
+                outcome: Outcome::Rejected,
+                started_at: Timestamp(1),
+                finished_at: Timestamp(2),
+                timeline: vec![TimelineEntry {
+                    elapsed_ms: 3,
+                    direction: TimelineDirection::Seen,
+                    what: "w".into(),
+                }],
+                error: Some("e".into()),
+            },
+        );
+        check(
+            "ResultAck",
+            &ResultAck {
+                operation_id: OperationId("op".into()),
+                first: true,
+            },
+        );
+        check("ErrorBody", &ErrorBody { error: "e".into() });
+    }
+
+    #[test]
+    fn a_misnamed_field_fails_validation() {
+        let doc = document();
+        let bad = json!({ "sequence": 1, "received_at": 2, "extra": 3 });
+        assert!(validate(&doc["components"]["schemas"]["ReportAck"], &bad, &doc, "x").is_err());
+    }
+
+    #[test]
+    fn the_committed_document_is_current() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+        let current = render();
+        if std::env::var_os("UPDATE_OPENAPI").is_some() {
+            std::fs::write(&path, &current).unwrap();
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == current,
+            "docs/openapi.json is stale: run UPDATE_OPENAPI=1 cargo nextest run -p metalguard-controller openapi"
+        );
+    }
+}
