@@ -216,10 +216,17 @@ pub struct Action {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Refusal {
-    /// What was refused (usually a host name or "etcd").
+    /// What was not done, as a verb phrase: "remediating", "changing the membership of".
+    #[serde(default = "default_refused")]
+    pub refused: String,
+    /// What it was not done to (usually a host name, "etcd" or "control-plane").
     pub subject: String,
     /// Why.
     pub reason: String,
+}
+
+fn default_refused() -> String {
+    "acting on".to_owned()
 }
 
 /// The health verdict of one health check.
@@ -293,7 +300,7 @@ impl fmt::Display for Plan {
             writeln!(f, "{}. [{}] {}", i + 1, a.id, a.reason)?;
         }
         for r in &self.refusals {
-            writeln!(f, "not acting on {}: {}", r.subject, r.reason)?;
+            writeln!(f, "not {} {}: {}", r.refused, r.subject, r.reason)?;
         }
         if let Some(t) = self.requeue_at {
             writeln!(f, "re-plan no later than {t}")?;

@@ -30,7 +30,13 @@ impl GuardOutput {
     }
 
     fn refuse(&mut self, subject: &str, reason: String) {
+        let refused = if subject == "etcd" {
+            "changing the membership of"
+        } else {
+            "scaling"
+        };
         self.refusals.push(Refusal {
+            refused: refused.to_owned(),
             subject: subject.to_owned(),
             reason,
         });

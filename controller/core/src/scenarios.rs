@@ -152,7 +152,7 @@ fn seed_000_control_plane_max_unhealthy_1_takes_no_action_with_two_unhealthy() {
     assert!(starts(&p).is_empty(), "{p}");
     let text = p.to_string();
     assert!(
-        text.contains("cp-0: not remediating: check control-plane short-circuited: 2 unhealthy > maxUnhealthy 1 (cp-0, cp-1)"),
+        text.contains("not remediating cp-0: check control-plane short-circuited: 2 unhealthy > maxUnhealthy 1 (cp-0, cp-1)"),
         "{text}"
     );
 }
@@ -238,4 +238,23 @@ fn step_names_are_stable_operation_ids() {
     assert_eq!(ids(&p1), ["remediation/w-1/1/start"]);
     assert_eq!(ids(&p1), ids(&p2));
     let _ = RemediationStep::PowerOff;
+}
+
+#[test]
+fn plan_renders_actions_refusals_and_reasons_as_text() {
+    let mut s = cluster(3, 3);
+    break_host(find(&mut s, "w-0"), ten_minutes_ago());
+    break_host(find(&mut s, "w-1"), ten_minutes_ago());
+    s.hosts[0].pre_drain_hooks.clear();
+    let text = crate::plan(&s, &policy(), NOW).to_string();
+    let expected = "\
+plan at t=100000000ms
+check control-plane: 0 of 3 unhealthy (maxUnhealthy 1)
+check workers: 2 of 3 unhealthy (maxUnhealthy 3) [w-0, w-1]
+disruption budget: 2 etcd members must stay available
+1. [quorum/add-hook/cp-0] cp-0 hosts etcd voter 1: protect it with the preDrain hook before it votes
+2. [remediation/w-0/1/start] w-0: Ready=False for at least 5m (check workers); attempt 1; executor cp-0
+not remediating w-1: 1 worker remediations running, maxConcurrent 1
+";
+    assert_eq!(text, expected);
 }

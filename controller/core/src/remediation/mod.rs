@@ -50,8 +50,10 @@ pub struct RemediationOutput {
 }
 
 impl RemediationOutput {
+    /// Records that `subject` is not remediated (or a running remediation holds), and why.
     fn refuse(&mut self, subject: &str, reason: String) {
         self.refusals.push(Refusal {
+            refused: "remediating".to_owned(),
             subject: subject.to_owned(),
             reason,
         });

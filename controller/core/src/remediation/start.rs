@@ -90,7 +90,7 @@ impl<'a> Planner<'a> {
                 continue;
             }
             let refuse = |out: &mut RemediationOutput, why: String| {
-                out.refuse(name, format!("not remediating: {why}"));
+                out.refuse(name, why);
             };
             if host.is_deleting() {
                 refuse(&mut self.out, "the host is being deleted".into());
