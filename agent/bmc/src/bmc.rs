@@ -11,7 +11,8 @@ use crate::{
 /// Per-call timeouts shared by both protocols (each protocol maps them to its own knobs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallTimeouts {
-    /// Connect (TCP + TLS) timeout; for IPMI the first-answer timeout.
+    /// Connect (TCP + TLS) timeout; for IPMI a cap on the first attempt's wait (UDP requests
+    /// start at 250 ms and back off within `request`).
     pub connect: Duration,
     /// Timeout of one request.
     pub request: Duration,

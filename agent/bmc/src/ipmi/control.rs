@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use zeroize::Zeroizing;
 
-use super::client::{Event, IpmiConfig, IpmiSession, RetryPolicy};
+use super::client::{DEFAULT_FIRST_TIMEOUT, Event, IpmiConfig, IpmiSession, RetryPolicy};
 use super::commands::ChassisControl;
 use super::crypto::CipherSuite;
 use super::error::IpmiError;
@@ -28,7 +28,9 @@ pub struct IpmiClient {
 
 impl IpmiClient {
     /// A client for `address`; no traffic until the first call. `request_timeout` bounds one
-    /// request with all its retransmissions; the first attempt waits `first_timeout`.
+    /// request with all its retransmissions; the first attempt waits 250 ms, or
+    /// `first_timeout` when shorter (a TCP-style connect timeout of seconds would delay the
+    /// first retransmission of a lost UDP datagram that long).
     pub fn new(
         address: &BmcAddress,
         credentials: &Credentials,
@@ -41,7 +43,7 @@ impl IpmiClient {
             Zeroizing::new(credentials.password().as_bytes().to_vec()),
         );
         config.port = address.port;
-        config.retry = retry_within(first_timeout, request_timeout);
+        config.retry = retry_within(first_timeout.min(DEFAULT_FIRST_TIMEOUT), request_timeout);
         Self {
             config,
             address: address.host_port(),
