@@ -99,19 +99,19 @@ fn probe_reason(member: &MemberView) -> String {
 
 /// Checks that every voter answered our probe healthy and that the leader is one of them.
 fn require_healthy_voters(view: &ClusterView) -> Result<(), Refusal> {
-    for voter in view.voters() {
-        if !voter.reachable() {
-            return Err(Refusal::DeadVoter {
-                member: voter.label(),
-                reason: probe_reason(voter),
-            });
-        }
-        if !voter.healthy() {
-            return Err(Refusal::UnhealthyVoter {
-                member: voter.label(),
-                reason: probe_reason(voter),
-            });
-        }
+    // Dead voters first: while one is dead the others may see no leader, and the dead one
+    // is what must be dealt with.
+    if let Some(voter) = view.voters().find(|v| !v.reachable()) {
+        return Err(Refusal::DeadVoter {
+            member: voter.label(),
+            reason: probe_reason(voter),
+        });
+    }
+    if let Some(voter) = view.voters().find(|v| !v.healthy()) {
+        return Err(Refusal::UnhealthyVoter {
+            member: voter.label(),
+            reason: probe_reason(voter),
+        });
     }
     if !view.leader().is_some_and(MemberView::healthy) {
         return Err(Refusal::NoLiveLeader);
@@ -207,6 +207,12 @@ mod tests {
         assert!(matches!(err, Refusal::LearnerPresent { .. }));
         let err = may_add_learner(&view(vec![voter(1, 1, 5), unstarted(2, true)])).unwrap_err();
         assert!(matches!(err, Refusal::UnstartedMember { .. }));
+    }
+
+    #[test]
+    fn a_dead_voter_is_named_before_a_leaderless_one() {
+        let err = may_add_learner(&view(vec![voter(1, 0, 5), dead(2, false)])).unwrap_err();
+        assert!(matches!(err, Refusal::DeadVoter { .. }), "{err}");
     }
 
     #[test]

@@ -118,17 +118,24 @@ pub async fn add_learner(
     settings: &ClientSettings,
     peer_url: &str,
 ) -> Result<LearnerAdded, EtcdError> {
+    // Boxed: the etcd client calls make a large future, which callers should not inline.
+    Box::pin(add_learner_unboxed(settings, peer_url)).await
+}
+
+async fn add_learner_unboxed(
+    settings: &ClientSettings,
+    peer_url: &str,
+) -> Result<LearnerAdded, EtcdError> {
     let started = Instant::now();
     loop {
         match Box::pin(try_add_learner(settings, peer_url)).await {
             Err(err)
-                if err.kind() == Some(EtcdErrorKind::UnhealthyCluster)
-                    && started.elapsed() < settings.change_timeout =>
+                if matches!(
+                    err.kind(),
+                    Some(EtcdErrorKind::UnhealthyCluster | EtcdErrorKind::MemberNotFound)
+                ) && started.elapsed() < settings.change_timeout =>
             {
-                tracing::debug!(
-                    peer_url,
-                    "etcd refused the learner add as unhealthy cluster, retrying"
-                );
+                tracing::debug!(peer_url, "etcd refused the learner add for now, retrying");
                 tokio::time::sleep(RECONFIG_RETRY).await;
             }
             other => return other,
@@ -181,8 +188,14 @@ async fn try_add_learner(
                 members,
             })
         }
-        // A concurrent or earlier add won: read the member back.
-        Err(err) if err.kind() == Some(EtcdErrorKind::PeerUrlExists) => {
+        // A concurrent or earlier add won, or etcd 3.4 answered "member not found" to an add
+        // right after a removal (the add may still have applied): read the member back.
+        Err(err)
+            if matches!(
+                err.kind(),
+                Some(EtcdErrorKind::PeerUrlExists | EtcdErrorKind::MemberNotFound)
+            ) =>
+        {
             let view = observe(settings).await?;
             match view.member_by_peer_url(peer_url) {
                 Some(existing) => Ok(reuse(&view, existing)),
@@ -204,6 +217,15 @@ fn reuse(view: &ClusterView, existing: &MemberView) -> LearnerAdded {
 
 /// Promotes the learner `id` through the gate, retrying only "not in sync" refusals.
 pub async fn promote(
+    settings: &ClientSettings,
+    id: u64,
+    retry: PromoteRetry,
+) -> Result<Promoted, EtcdError> {
+    // Boxed: the etcd client calls make a large future, which callers should not inline.
+    Box::pin(promote_unboxed(settings, id, retry)).await
+}
+
+async fn promote_unboxed(
     settings: &ClientSettings,
     id: u64,
     retry: PromoteRetry,
@@ -255,6 +277,11 @@ pub async fn promote(
 /// is the leader, leadership is moved to the most advanced healthy voter first (MoveLeader is
 /// sent to the leader), so the cluster is never without a leader.
 pub async fn remove(settings: &ClientSettings, id: u64) -> Result<Removed, EtcdError> {
+    // Boxed: the etcd client calls make a large future, which callers should not inline.
+    Box::pin(remove_unboxed(settings, id)).await
+}
+
+async fn remove_unboxed(settings: &ClientSettings, id: u64) -> Result<Removed, EtcdError> {
     let mut view = observe(settings).await?;
     if view.member(id).is_none() {
         return Ok(Removed::AlreadyGone);

@@ -1,4 +1,5 @@
 //! Observation, gate and operations against real etcd processes from the harness.
+#![allow(clippy::panic)]
 
 mod common;
 
@@ -81,7 +82,7 @@ async fn killed_voter_must_be_removed_first_then_the_join_succeeds() {
     let err = ops::add_learner(&s, &slot.peer_url).await.unwrap_err();
     match refusal(&err) {
         Refusal::DeadVoter { member, .. } => {
-            assert!(member.starts_with(&format!("{dead_id:x}")), "{member}")
+            assert!(member.starts_with(&format!("{dead_id:x}")), "{member}");
         }
         other => panic!("{other:?}"),
     }

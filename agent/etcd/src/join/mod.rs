@@ -23,6 +23,7 @@ use crate::client::ClientSettings;
 use crate::error::{EtcdError, EtcdErrorKind};
 use crate::observe::observe;
 use crate::ops::{self, PromoteRetry};
+use crate::view::MemberView;
 use launcher::{EtcdLaunch, LaunchError, Launcher};
 use state::{Discovery, InitialClusterError, JoinState, Reconcile, StateFileError};
 use std::path::PathBuf;
@@ -269,10 +270,13 @@ impl JoinFlow {
                         initial_cluster,
                     });
                 }
-                if self
-                    .config
-                    .bootstrap_desired_voters
-                    .is_some_and(|want| view.summary.voters < want)
+                // A restarted etcd may not serve yet: wait for it to answer before promoting.
+                let reachable = view.member(member_id).is_some_and(MemberView::reachable);
+                if reachable
+                    && self
+                        .config
+                        .bootstrap_desired_voters
+                        .is_some_and(|want| view.summary.voters < want)
                 {
                     Box::pin(ops::promote(
                         &self.config.client,

@@ -1,6 +1,13 @@
 //! Helpers shared by the integration tests: settings, a concurrent writer, bulk data, and a
 //! guard that kills an etcd started by the join flow.
-#![allow(dead_code, unreachable_pub, missing_docs)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
 
 use etcd_client::{Client, ConnectOptions};
 use metalguard_e2e::etcd::{EtcdCluster, HostSlot};
