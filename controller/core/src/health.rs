@@ -191,7 +191,9 @@ pub fn judge_host(
             }
         }
     }
-    if let Some(timeout) = check.agent_heartbeat_timeout {
+    // A host still starting (no Node yet, none ever seen) is judged by nodeStartupTimeout alone.
+    let starting = host.node.is_none() && !host.node_seen;
+    if let Some(timeout) = check.agent_heartbeat_timeout.filter(|_| !starting) {
         let last = host
             .agent
             .as_ref()
@@ -287,6 +289,84 @@ mod tests {
     fn seed_003_default_is_100_percent_and_seed_000_control_plane_default_is_1() {
         assert_eq!(resolve_max_unhealthy(None, 7, false), Ok(7));
         assert_eq!(resolve_max_unhealthy(None, 3, true), Ok(1));
+    }
+
+    fn check(timeout_s: u64) -> HealthCheck {
+        use metalguard_api::policy::UnhealthyCondition;
+        use metalguard_api::snapshot::ConditionStatus;
+        let cond = |type_: &str, status| UnhealthyCondition {
+            type_: type_.into(),
+            status,
+            timeout: Duration::from_secs(timeout_s),
+        };
+        HealthCheck {
+            name: "c".into(),
+            selector: Selector::default(),
+            unhealthy_conditions: vec![
+                cond("Ready", ConditionStatus::False),
+                cond("DiskPressure", ConditionStatus::True),
+            ],
+            max_unhealthy: None,
+            node_startup_timeout: None,
+            agent_heartbeat_timeout: Some(Duration::from_secs(60)),
+        }
+    }
+
+    #[test]
+    fn conditions_are_ored_and_timeouts_give_the_next_change() {
+        use crate::testkit::{NOW, worker};
+        use metalguard_api::snapshot::{ConditionStatus, NodeCondition};
+        let mut h = worker("w", 0);
+        let node = h.node.as_mut().unwrap();
+        node.conditions.push(NodeCondition {
+            type_: "DiskPressure".into(),
+            status: ConditionStatus::True,
+            last_transition: Timestamp(NOW.0 - 10_000),
+        });
+        let (verdict, next) = judge_host(&check(30), &h, false, NOW);
+        assert_eq!(verdict, None);
+        assert_eq!(next, Some(Timestamp(NOW.0 + 20_000)));
+        let (verdict, _) = judge_host(&check(5), &h, false, NOW);
+        assert!(
+            matches!(verdict, Some((UnhealthyReason::Condition { .. }, t)) if t == Timestamp(NOW.0 - 5_000))
+        );
+    }
+
+    #[test]
+    fn heartbeat_loss_counts_but_not_while_the_host_is_still_starting() {
+        use crate::testkit::{NOW, worker};
+        let mut h = worker("w", 0);
+        h.agent.as_mut().unwrap().last_heartbeat = Timestamp(NOW.0 - 61_000);
+        let (verdict, _) = judge_host(&check(300), &h, false, NOW);
+        assert!(matches!(
+            verdict,
+            Some((UnhealthyReason::HeartbeatLost(_), _))
+        ));
+        h.node = None;
+        h.node_seen = false;
+        h.created_at = Timestamp(NOW.0 - 120_000);
+        let (verdict, next) = judge_host(&check(300), &h, false, NOW);
+        assert_eq!(
+            verdict, None,
+            "a starting host waits for nodeStartupTimeout"
+        );
+        assert_eq!(next, Some(Timestamp(NOW.0 + 480_000)));
+    }
+
+    #[test]
+    fn selector_matches_role_and_every_label() {
+        use crate::testkit::worker;
+        let mut h = worker("w", 0);
+        h.labels.insert("pool".into(), "a".into());
+        let mut sel = Selector::default();
+        assert!(selects(&sel, &h));
+        sel.match_labels.insert("pool".into(), "a".into());
+        assert!(selects(&sel, &h));
+        sel.match_labels.insert("rack".into(), "1".into());
+        assert!(!selects(&sel, &h));
+        sel.match_labels.remove("rack");
+        sel.role = Some(Role::ControlPlane);
+        assert!(!selects(&sel, &h));
     }
 
     #[test]
