@@ -114,7 +114,7 @@ measure "curl POST ForceOff (1 request)" "$POWER_ON" - curl -K "$BENCH_TMP/curl.
 measure "curl GET system (1 request)" "" - curl -K "$BENCH_TMP/curl.cfg" -o /dev/null -f "$BASE$SYSTEM"
 measure "fence_redfish off (defaults)" "$POWER_ON" "$BENCH_TMP/fr-off.in" fence_redfish
 measure "fence_redfish off (power_wait=0)" "$POWER_ON" "$BENCH_TMP/fr-off-pw0.in" fence_redfish
-measure "fence_redfish status" "" "$BENCH_TMP/fr-status.in" fence_redfish
+measure "fence_redfish status" "$POWER_ON" "$BENCH_TMP/fr-status.in" fence_redfish
 
 # --- IPMI half (ipmi_sim; ipmipower, ipmitool, fence_ipmilan), owned by its own script ------
 if [[ -f $ROOT/scripts/bench-bmc-ipmi.sh ]]; then
