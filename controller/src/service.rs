@@ -13,7 +13,7 @@ use metalguard_api::protocol::Outcome;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, Leadership, StoredReport, Write};
+use crate::backend::{Backend, BackendError, Leadership, StoredReport, Write};
 use crate::clock::now;
 use crate::executor;
 use crate::hub::{Hub, Inbound};
@@ -70,7 +70,17 @@ impl<B: Backend> Controller<B> {
     }
 
     async fn campaign(&mut self) {
-        match self.backend.campaign().await {
+        // Every backend call has its own timeout; this is the overall deadline of a round.
+        let deadline = self.inventory.etcd.timeout * 3;
+        let outcome = tokio::time::timeout(deadline, self.backend.campaign())
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError::Unavailable {
+                    what: "leadership round".to_owned(),
+                    source: format!("no answer within {deadline:?}").into(),
+                })
+            });
+        match outcome {
             Ok(Leadership::Leader) => {
                 self.metrics.store_unavailable.set(0);
                 self.set_leader(true);

@@ -33,8 +33,12 @@ struct Lab {
 
 impl Lab {
     fn start() -> Self {
+        Self::start_with(1)
+    }
+
+    fn start_with(etcd_members: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let etcd = EtcdCluster::start(1).unwrap();
+        let etcd = EtcdCluster::start(etcd_members).unwrap();
         let tls = dir.path().join("tls");
         run(&["certs", "init", tls.to_str().unwrap()]);
         run(&[
@@ -58,15 +62,27 @@ impl Lab {
     }
 
     fn inventory(&self, name: &str, port: u16) -> PathBuf {
+        self.inventory_with(name, port, "")
+    }
+
+    /// An inventory with `extra` lines in its `[controller]` table.
+    fn inventory_with(&self, name: &str, port: u16, extra: &str) -> PathBuf {
+        let endpoints: Vec<String> = self
+            .etcd
+            .endpoints()
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
         let text = format!(
             r#"
 [controller]
 listen = "127.0.0.1:{port}"
 tls_dir = "{tls}"
 plan_interval = "200ms"
+{extra}
 
 [etcd]
-endpoints = ["{endpoint}"]
+endpoints = [{endpoints}]
 lease_ttl = "2s"
 timeout = "1s"
 
@@ -88,7 +104,7 @@ role = "worker"
 bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
 "#,
             tls = self.tls().display(),
-            endpoint = self.etcd.endpoints()[0],
+            endpoints = endpoints.join(", "),
             creds = self.dir.path().join("bmc-creds").display(),
         );
         let path = self.dir.path().join(format!("{name}.toml"));
@@ -101,7 +117,11 @@ bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
     }
 
     fn controller(&self, name: &str, port: &PortLease) -> Proc {
-        let inventory = self.inventory(name, port.port());
+        self.controller_with(name, port, "")
+    }
+
+    fn controller_with(&self, name: &str, port: &PortLease, extra: &str) -> Proc {
+        let inventory = self.inventory_with(name, port.port(), extra);
         let mut command = Command::new(BIN);
         command
             .args([
@@ -446,4 +466,67 @@ async fn a_controller_killed_after_persisting_intent_re_offers_the_same_fence_an
     assert!(status.contains("w-1: agent test"), "{status}");
     assert!(status.contains("succeeded"), "{status}");
     assert!(!status.contains("hunter2"));
+}
+
+/// GET /metrics over plain HTTP/1.0.
+fn scrape(port: u16) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_etcd_quorum_the_leader_stops_acting_and_resumes_when_quorum_returns() {
+    let mut lab = Lab::start_with(3);
+    let (port, metrics_port) = (reserve_port().unwrap(), reserve_port().unwrap());
+    let extra = format!("metrics_listen = \"127.0.0.1:{}\"", metrics_port.port());
+    let controller = lab.controller_with("ctl-a", &port, &extra);
+    let w1 = client(&lab.tls(), Some("w-1"));
+    wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
+    let metrics = scrape(metrics_port.port());
+    assert!(
+        metrics.contains("metalguard_controller_leader 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("metalguard_controller_store_unavailable 0"),
+        "{metrics}"
+    );
+
+    lab.etcd.kill(1);
+    lab.etcd.kill(2);
+    let lost = Instant::now();
+    loop {
+        if post_report(&w1, port.port(), "w-1", "w-1").await == Ok(503) {
+            break;
+        }
+        assert!(
+            lost.elapsed() < Duration::from_secs(8),
+            "still acting without quorum\n{}",
+            controller.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("stopped acting {:?} after quorum was lost", lost.elapsed());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let metrics = scrape(metrics_port.port());
+    assert!(
+        metrics.contains("metalguard_controller_leader 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("metalguard_controller_store_unavailable 1"),
+        "{metrics}"
+    );
+    assert!(controller.log_tail(200).contains("cannot act"));
+
+    lab.etcd.restart(1).unwrap();
+    lab.etcd.restart(2).unwrap();
+    lab.etcd.wait_healthy(Duration::from_secs(20)).unwrap();
+    wait_leader(&w1, port.port(), Duration::from_secs(20)).await;
 }

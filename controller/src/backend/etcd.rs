@@ -13,8 +13,7 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
-    PutOptions, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use metalguard_api::snapshot::FenceRequest;
 use serde::Serialize;
@@ -32,8 +31,6 @@ const HOOKS: &str = "hooks/";
 struct Lease {
     id: i64,
     token: i64,
-    keeper: LeaseKeeper,
-    stream: LeaseKeepAliveStream,
 }
 
 /// State and leadership in etcd.
@@ -42,6 +39,7 @@ pub struct EtcdBackend {
     prefix: String,
     identity: String,
     lease_ttl: Duration,
+    timeout: Duration,
     lease: Option<Lease>,
 }
 
@@ -79,6 +77,7 @@ impl EtcdBackend {
             prefix: prefix.to_owned(),
             identity,
             lease_ttl,
+            timeout,
             lease: None,
         })
     }
@@ -103,21 +102,27 @@ impl EtcdBackend {
     }
 
     async fn renew(&mut self) -> Result<Option<Leadership>, BackendError> {
-        let Some(lease) = self.lease.as_mut() else {
+        let timeout = self.timeout;
+        let Some((lease_id, token)) = self.lease.as_ref().map(|l| (l.id, l.token)) else {
             return Ok(None);
         };
-        lease
-            .keeper
-            .keep_alive()
+        // The keep-alive is a stream, which the client's request timeout does not cover;
+        // without quorum it would wait forever, so it gets its own deadline. A fresh stream
+        // per round: a stream broken by an outage never blocks renewal after it.
+        let mut client = self.client.clone();
+        let renewal = async move {
+            let (mut keeper, mut stream) = client.lease_keep_alive(lease_id).await?;
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        let answer = tokio::time::timeout(timeout, renewal)
             .await
-            .map_err(unavailable("lease keep-alive"))?;
-        let answer = lease
-            .stream
-            .message()
-            .await
+            .map_err(|_| BackendError::Unavailable {
+                what: "lease keep-alive".to_owned(),
+                source: format!("no answer within {timeout:?}").into(),
+            })?
             .map_err(unavailable("lease keep-alive"))?;
         if answer.is_some_and(|a| a.ttl() > 0) {
-            let token = lease.token;
             let key = self.key(LEADER);
             let current = self
                 .client
@@ -171,17 +176,10 @@ impl Backend for EtcdBackend {
             let token = response
                 .header()
                 .map_or(0, etcd_client::ResponseHeader::revision);
-            let (keeper, stream) = self
-                .client
-                .lease_keep_alive(grant.id())
-                .await
-                .map_err(unavailable("lease keep-alive"))?;
             tracing::info!(identity = %self.identity, token, "became leader");
             self.lease = Some(Lease {
                 id: grant.id(),
                 token,
-                keeper,
-                stream,
             });
             return Ok(Leadership::Leader);
         }
