@@ -1,5 +1,6 @@
 //! Property tests: random cluster histories (crashes, etcd hangs, recoveries, broken BMCs,
-//! admin deletions and fences, hook removals by others, controller restarts) interleaved
+//! admin deletions and fences, hook removals by others, controller restarts, resizes between
+//! 3 and 5 control-plane hosts) interleaved
 //! with planning; the simulator applies every planned action and checks after each one:
 //!
 //! - no planned action leaves healthy voters below quorum;
@@ -43,6 +44,8 @@ enum Event {
     Fence(usize, bool),
     RemoveHook(usize),
     Restart,
+    /// The operator changes the desired control-plane size (3 or 5).
+    Resize(bool),
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -59,6 +62,7 @@ fn event() -> impl Strategy<Value = Event> {
         2 => (any::<usize>(), any::<bool>()).prop_map(|(i, f)| Event::Fence(i, f)),
         1 => any::<usize>().prop_map(Event::RemoveHook),
         1 => Just(Event::Restart),
+        1 => any::<bool>().prop_map(Event::Resize),
     ]
 }
 
@@ -208,6 +212,9 @@ fn run_history(setup: &Setup, events: &[Event]) -> Result<(), String> {
                 {
                     h.pre_drain_hooks.remove(QUORUM_HOOK);
                 }
+            }
+            Event::Resize(big) => {
+                w.snap.control_plane.desired_replicas = if *big { 5 } else { 3 };
             }
             Event::Restart => {
                 let json = serde_json::to_string(&w.snap).map_err(|e| e.to_string())?;
