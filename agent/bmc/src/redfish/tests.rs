@@ -613,3 +613,30 @@ async fn allowable_values_from_action_info() {
     let requests = server.requests.lock().unwrap().clone();
     assert_eq!(requests.last().unwrap().body, r#"{"ResetType":"ForceOn"}"#);
 }
+
+#[tokio::test]
+async fn truncated_answers_are_transport_errors() {
+    // Promises 500 bytes, sends 20, closes: a broken exchange, retried, then reported.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redfish+http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n{\"Systems\":{\"@odata")
+                .await;
+            let _ = stream.shutdown().await;
+        }
+    });
+    let error = client(&url).power_state().await.unwrap_err();
+    task.abort();
+    assert!(
+        matches!(error, BmcError::Transport { ref what, .. } if what == "GET /redfish/v1"),
+        "{error:?}"
+    );
+    assert!(error.is_transient());
+}
