@@ -205,3 +205,162 @@ pub fn record_result(
 pub fn actions(plan: &Plan) -> impl Iterator<Item = &Action> {
     plan.actions.iter()
 }
+
+#[cfg(test)]
+mod tests {
+    use metalguard_api::plan::OperationId;
+    use metalguard_api::policy::{NodeHandling, Strategy};
+
+    use super::*;
+
+    fn remediation(phase: RemediationPhase) -> Remediation {
+        Remediation {
+            id: "remediation/w-2/1".into(),
+            target: "w-2".into(),
+            seq: 1,
+            attempt: 1,
+            executor: "w-1".into(),
+            strategy: Strategy::default(),
+            node_handling: NodeHandling::default(),
+            phase,
+            started_at: Timestamp(1),
+            phase_since: Timestamp(1),
+            control_plane: false,
+            cause: "test".into(),
+            forced: None,
+            cancel_requested: None,
+            backup: None,
+        }
+    }
+
+    fn action(step: RemediationStep) -> Action {
+        Action {
+            id: OperationId(format!("remediation/w-2/1/{}", step.name())),
+            kind: ActionKind::Remediate {
+                remediation_id: "remediation/w-2/1".into(),
+                target: "w-2".into(),
+                executor: "w-1".into(),
+                step,
+            },
+            reason: "test".into(),
+        }
+    }
+
+    fn state_with(r: Remediation) -> State {
+        let mut state = State::default();
+        state.remediations.insert(r.id.clone(), r);
+        state
+    }
+
+    /// Applies writes to an in-memory state the way the store would.
+    fn apply(state: &mut State, writes: Vec<Write>) {
+        for w in writes {
+            match w {
+                Write::CreateOperation(op) | Write::PutOperation(op) => {
+                    state.operations.insert(op.id.clone(), op);
+                }
+                Write::PutRemediation(r) => {
+                    state.remediations.insert(r.id.clone(), r);
+                }
+                Write::DeleteFenceRequest(h) => {
+                    state.fence_requests.remove(&h);
+                }
+                Write::PutHooks(h, hooks) => {
+                    state.hooks.insert(h, hooks);
+                }
+            }
+        }
+    }
+
+    fn result(id: &OperationId, outcome: Outcome) -> CommandResult {
+        CommandResult {
+            operation_id: id.clone(),
+            outcome,
+            started_at: Timestamp(10),
+            finished_at: Timestamp(20),
+            timeline: Vec::new(),
+            error: (outcome != Outcome::Succeeded).then(|| "bmc said no".to_owned()),
+        }
+    }
+
+    #[test]
+    fn a_power_off_persists_its_intent_with_the_phase_change_and_only_once() {
+        let mut state = state_with(remediation(RemediationPhase::Gated));
+        let off = action(RemediationStep::PowerOff);
+        let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
+        assert!(
+            matches!(&writes[0], Write::CreateOperation(op) if op.id == off.id && op.agent == "w-1")
+        );
+        assert!(
+            matches!(&writes[1], Write::PutRemediation(r) if r.phase == RemediationPhase::PoweringOff)
+        );
+        apply(&mut state, writes);
+        // Re-planning the same step (as after a restart) creates nothing new...
+        assert!(writes_for(&off, &state, Timestamp(6)).is_none());
+        // ...and neither does a differently named action for the same remediation step.
+        let mut renamed = off.clone();
+        renamed.id = OperationId("other-id".into());
+        assert!(writes_for(&renamed, &state, Timestamp(6)).is_none());
+        // The persisted operation is what agents are offered.
+        assert_eq!(state.operations.len(), 1);
+    }
+
+    #[test]
+    fn verification_waits_for_the_result_and_follows_its_outcome() {
+        for (outcome, expect_failed) in [(Outcome::Succeeded, false), (Outcome::Failed, true)] {
+            let mut state = state_with(remediation(RemediationPhase::Gated));
+            let off = action(RemediationStep::PowerOff);
+            let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
+            apply(&mut state, writes);
+            let verify = action(RemediationStep::VerifyPowerOff);
+            assert!(
+                writes_for(&verify, &state, Timestamp(6)).is_none(),
+                "no result yet"
+            );
+            let (write, ack) = record_result(&state, "w-1", result(&off.id, outcome)).unwrap();
+            assert!(ack.first);
+            apply(&mut state, vec![write.unwrap()]);
+            let writes = writes_for(&verify, &state, Timestamp(7)).unwrap();
+            let Write::PutRemediation(r) = &writes[0] else {
+                panic!("{writes:?}")
+            };
+            assert_eq!(
+                matches!(r.phase, RemediationPhase::Failed { .. }),
+                expect_failed,
+                "{:?}",
+                r.phase
+            );
+            if !expect_failed {
+                assert_eq!(r.phase, RemediationPhase::VerifiedOff);
+            }
+        }
+    }
+
+    #[test]
+    fn results_are_accepted_once_and_only_from_the_executing_agent() {
+        let mut state = state_with(remediation(RemediationPhase::Gated));
+        let off = action(RemediationStep::PowerOff);
+        let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
+        apply(&mut state, writes);
+        let err = record_result(&state, "w-2", result(&off.id, Outcome::Succeeded)).unwrap_err();
+        assert!(err.contains("w-1") && err.contains("w-2"), "{err}");
+        let unknown = OperationId("nope".into());
+        assert!(record_result(&state, "w-1", result(&unknown, Outcome::Succeeded)).is_err());
+        let (write, _) = record_result(&state, "w-1", result(&off.id, Outcome::Succeeded)).unwrap();
+        apply(&mut state, vec![write.unwrap()]);
+        let (again, ack) = record_result(&state, "w-1", result(&off.id, Outcome::Failed)).unwrap();
+        assert!(again.is_none() && !ack.first);
+        assert_eq!(
+            state.operations[&off.id].result.as_ref().unwrap().outcome,
+            Outcome::Succeeded,
+            "a retried post never overwrites the first result"
+        );
+    }
+
+    #[test]
+    fn an_illegal_transition_is_not_persisted() {
+        let state = state_with(remediation(RemediationPhase::Detected));
+        // Detected → PoweringOff skips the gates: refused, and no operation is created.
+        assert!(writes_for(&action(RemediationStep::PowerOff), &state, Timestamp(5)).is_none());
+    }
+}
