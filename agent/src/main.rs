@@ -15,6 +15,7 @@ mod admin;
 mod bmc_cmd;
 mod config;
 mod daemon;
+mod etcd_cmd;
 mod fence_agent;
 
 /// metalguard host agent.
@@ -36,6 +37,8 @@ enum Command {
     Bmc(bmc_cmd::BmcArgs),
     /// ClusterLabs fence-agent interface (for Pacemaker and medik8s FAR).
     FenceAgent(fence_agent::FenceAgentArgs),
+    /// etcd membership: status, learner join, promote, remove (through the safety gate).
+    Etcd(etcd_cmd::EtcdArgs),
     /// Print the running daemon's local view (probes and their verdicts).
     Status(admin::StatusArgs),
     /// Break-glass: fence a host straight through its BMC, bypassing the controller.
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => config::check(&args),
         Command::Bmc(args) => bmc_cmd::run(&args),
         Command::FenceAgent(args) => fence_agent::run(&args),
+        Command::Etcd(args) => etcd_cmd::run(&args),
         Command::Status(args) => admin::status(&args),
         Command::Fence(args) => admin::fence(&args),
     }

@@ -155,7 +155,7 @@ pub enum EtcdError {
     #[error("no etcd endpoints configured")]
     NoEndpoints,
     /// The safety gate refused a membership change.
-    #[error("membership change refused: {0}")]
+    #[error("membership change refused by the safety gate")]
     Refused(#[from] crate::gate::Refusal),
     /// A learner could not be promoted within the retry budget.
     #[error("promotion of learner {member_id:x} did not succeed after {attempts} attempts")]

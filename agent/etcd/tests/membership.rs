@@ -67,7 +67,10 @@ async fn hung_voter_is_detected_within_the_probe_timeout_and_the_gate_refuses() 
         .await
         .unwrap_err();
     assert!(matches!(refusal(&err), Refusal::DeadVoter { .. }), "{err}");
-    assert!(err.to_string().contains("must be removed first"), "{err}");
+    assert!(
+        refusal(&err).to_string().contains("must be removed first"),
+        "{err}"
+    );
     cluster.resume(2).unwrap();
 }
 
@@ -86,7 +89,10 @@ async fn killed_voter_must_be_removed_first_then_the_join_succeeds() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(err.to_string().contains("must be removed first"), "{err}");
+    assert!(
+        refusal(&err).to_string().contains("must be removed first"),
+        "{err}"
+    );
     // Removing a healthy voter now would lose quorum: the gate refuses that too.
     let healthy_id = member_id(&cluster, 0);
     assert!(matches!(
@@ -139,7 +145,8 @@ async fn a_second_learner_is_refused_clearly_by_the_gate_and_by_etcd() {
         "{err}"
     );
     assert!(
-        err.to_string()
+        refusal(&err)
+            .to_string()
             .contains("already exists and etcd allows one learner"),
         "{err}"
     );
