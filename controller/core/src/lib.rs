@@ -20,6 +20,7 @@ pub mod health;
 pub mod plan;
 pub mod quorum;
 pub mod remediation;
+pub mod validate;
 
 #[cfg(test)]
 mod props;

@@ -15,6 +15,7 @@ use crate::guard::{ControlPlaneActivity, plan_guard};
 use crate::health::{CheckVerdict, evaluate_check};
 use crate::quorum::EtcdView;
 use crate::remediation::{Inputs, plan_remediations};
+use crate::validate::validate_snapshot;
 
 fn summarize(v: &CheckVerdict<'_>) -> CheckSummary {
     CheckSummary {
@@ -28,6 +29,13 @@ fn summarize(v: &CheckVerdict<'_>) -> CheckSummary {
 
 /// Plans what to do now. Pure: the same inputs always give the same plan.
 pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
+    if let Err(e) = validate_snapshot(snapshot) {
+        return Plan {
+            now,
+            degraded: Some(format!("snapshot is invalid: {e}; nothing is planned")),
+            ..Plan::default()
+        };
+    }
     let remediating: BTreeSet<&str> = snapshot
         .remediations
         .iter()
