@@ -433,8 +433,16 @@ impl IpmiSession {
                 "get channel authentication capabilities",
             )
             .await?;
-        if !commands::supports_ipmi_v2(&caps).unwrap_or(false) {
-            return Err(IpmiError::NotIpmiV2 { bmc });
+        match commands::supports_ipmi_v2(&caps) {
+            Ok(true) => {}
+            Ok(false) => return Err(IpmiError::NotIpmiV2 { bmc }),
+            Err(source) => {
+                return Err(IpmiError::Malformed {
+                    bmc,
+                    step: "get channel authentication capabilities",
+                    source,
+                });
+            }
         }
         let candidates = choose_suites(&mut t, config).await?;
         let mut last_err = None;
@@ -700,7 +708,8 @@ async fn choose_suites(
     config: &IpmiConfig,
 ) -> Result<Vec<CipherSuite>, IpmiError> {
     let mut records = Vec::new();
-    for page in 0..4u8 {
+    // 16 pages of 16 bytes hold ~50 suite records, more than any BMC lists.
+    for page in 0..16u8 {
         let data = match t
             .presession(
                 2 + page,
