@@ -159,7 +159,7 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
                     ),
                 );
             }
-            Err(e) => out.refuse("etcd", e),
+            Err(e) => out.refuse("etcd", e.to_string()),
         }
     }
     // (c) At most one learner: promote it when it may be promoted, else wait.
@@ -249,7 +249,7 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
                         ),
                     );
                 }
-                Err(e) => return out.refuse("etcd", e),
+                Err(e) => return out.refuse("etcd", e.to_string()),
             }
         }
         out.refuse(

@@ -19,6 +19,54 @@
 
 use metalguard_api::snapshot::{EtcdMember, Host, Role, Snapshot};
 
+/// Why the guard refuses a quorum-affecting change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuorumError {
+    /// No voting member is known.
+    #[error("no etcd voting member is known")]
+    NoVoters,
+    /// Healthy voters are already below quorum.
+    #[error("etcd quorum lost: {healthy} of {voters} voters healthy, quorum needs {need}")]
+    QuorumLost {
+        /// Healthy voters.
+        healthy: usize,
+        /// All voters.
+        voters: usize,
+        /// The quorum.
+        need: usize,
+    },
+    /// The member is not a voter.
+    #[error("member {0:x} is not a voter")]
+    NotAVoter(u64),
+    /// Removing the member would leave too few healthy voters.
+    #[error("removing {member} would leave {left} healthy voters, quorum of {voters} needs {need}")]
+    RemovalCostsQuorum {
+        /// The member (label).
+        member: String,
+        /// Healthy voters left.
+        left: usize,
+        /// Voters after removal.
+        voters: usize,
+        /// Quorum of that size.
+        need: usize,
+    },
+    /// Fencing the host would leave too few healthy voters.
+    #[error("fencing {host} would leave {left} of {voters} voters healthy, quorum needs {need}")]
+    FenceCostsQuorum {
+        /// The host.
+        host: String,
+        /// Healthy voters left.
+        left: usize,
+        /// Voters.
+        voters: usize,
+        /// The quorum.
+        need: usize,
+    },
+    /// The desired replica count is not odd.
+    #[error("desired control-plane replicas {0} is not an odd number ≥ 1")]
+    DesiredNotOdd(u32),
+}
+
 /// The quorum of a cluster of `voters` voting members.
 pub const fn quorum(voters: usize) -> usize {
     voters / 2 + 1
@@ -120,17 +168,16 @@ impl<'a> EtcdView<'a> {
     }
 
     /// Set when healthy voters are below quorum (or there are none): the reason.
-    pub fn quorum_lost(&self) -> Option<String> {
+    pub fn quorum_lost(&self) -> Option<QuorumError> {
         let voters = self.voter_count();
         let healthy = self.healthy_voter_count();
         if voters == 0 {
-            return Some("no etcd voting member is known".to_owned());
+            return Some(QuorumError::NoVoters);
         }
-        (healthy < quorum(voters)).then(|| {
-            format!(
-                "etcd quorum lost: {healthy} of {voters} voters healthy, quorum needs {}",
-                quorum(voters)
-            )
+        (healthy < quorum(voters)).then_some(QuorumError::QuorumLost {
+            healthy,
+            voters,
+            need: quorum(voters),
         })
     }
 
@@ -143,26 +190,27 @@ impl<'a> EtcdView<'a> {
     }
 
     /// Whether removing voter `id` keeps healthy voters ≥ quorum of the new size.
-    pub fn may_remove_voter(&self, id: u64) -> Result<(), String> {
+    pub fn may_remove_voter(&self, id: u64) -> Result<(), QuorumError> {
         let voters = self.voter_count();
         let Some(m) = self.voters().find(|m| m.member.id == id) else {
-            return Err(format!("member {id:x} is not a voter"));
+            return Err(QuorumError::NotAVoter(id));
         };
-        let healthy_after = self.healthy_voter_count() - usize::from(m.member.healthy);
+        let left = self.healthy_voter_count() - usize::from(m.member.healthy);
         let need = quorum(voters - 1);
-        if healthy_after < need {
-            return Err(format!(
-                "removing {} would leave {healthy_after} healthy voters, quorum of {} needs {need}",
-                m.label(),
-                voters - 1
-            ));
+        if left < need {
+            return Err(QuorumError::RemovalCostsQuorum {
+                member: m.label(),
+                left,
+                voters: voters - 1,
+                need,
+            });
         }
         Ok(())
     }
 
     /// Whether fencing (powering off) control-plane host `host` cannot cost quorum: its member
     /// is already unhealthy, or the other healthy voters still make quorum.
-    pub fn may_fence(&self, host: &Host) -> Result<(), String> {
+    pub fn may_fence(&self, host: &Host) -> Result<(), QuorumError> {
         if let Some(reason) = self.quorum_lost() {
             return Err(reason);
         }
@@ -175,11 +223,12 @@ impl<'a> EtcdView<'a> {
         let voters = self.voter_count();
         let left = self.healthy_voter_count() - 1;
         if left < quorum(voters) {
-            return Err(format!(
-                "fencing {} would leave {left} of {voters} voters healthy, quorum needs {}",
-                host.name,
-                quorum(voters)
-            ));
+            return Err(QuorumError::FenceCostsQuorum {
+                host: host.name.clone(),
+                left,
+                voters,
+                need: quorum(voters),
+            });
         }
         Ok(())
     }
@@ -191,11 +240,9 @@ impl<'a> EtcdView<'a> {
 }
 
 /// Validates the desired control-plane replica count (odd, at least 1).
-pub fn validate_desired(desired: u32) -> Result<usize, String> {
+pub fn validate_desired(desired: u32) -> Result<usize, QuorumError> {
     if desired == 0 || desired.is_multiple_of(2) {
-        return Err(format!(
-            "desired control-plane replicas {desired} is not an odd number ≥ 1"
-        ));
+        return Err(QuorumError::DesiredNotOdd(desired));
     }
     Ok(desired as usize)
 }
@@ -221,7 +268,16 @@ mod tests {
         assert!(view.may_fence(&s.hosts[1]).is_ok());
         // Fencing a healthy one would leave 1 of 3.
         let err = view.may_fence(&s.hosts[0]).unwrap_err();
-        assert!(err.contains("1 of 3 voters healthy"), "{err}");
+        assert!(err.to_string().contains("1 of 3 voters healthy"), "{err}");
+        assert!(matches!(
+            err,
+            QuorumError::FenceCostsQuorum {
+                left: 1,
+                voters: 3,
+                need: 2,
+                ..
+            }
+        ));
     }
 
     #[test]

@@ -282,6 +282,6 @@ impl<'a> Planner<'a> {
                 h.name
             ));
         }
-        view.may_fence(host)
+        view.may_fence(host).map_err(|e| e.to_string())
     }
 }
