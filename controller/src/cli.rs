@@ -264,6 +264,7 @@ async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()>
         inventory,
         hub,
         metrics,
+        leader_since: None,
     };
     tasks.spawn(controller.run(inbox, cancel.clone()));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

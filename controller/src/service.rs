@@ -20,6 +20,10 @@ use crate::hub::{Hub, Inbound};
 use crate::inventory::Inventory;
 use crate::metrics::{Metrics, label};
 
+/// Most plan rounds run back to back after one trigger (each round that persisted something
+/// is followed by another).
+const MAX_ROUNDS: usize = 8;
+
 /// The controller loop's context.
 pub struct Controller<B> {
     /// The store.
@@ -30,6 +34,8 @@ pub struct Controller<B> {
     pub hub: Arc<Hub>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// When this controller last became leader (hosts are "known" from then on).
+    pub leader_since: Option<metalguard_api::duration::Timestamp>,
 }
 
 impl<B: Backend> Controller<B> {
@@ -105,7 +111,12 @@ impl<B: Backend> Controller<B> {
         }
     }
 
-    fn set_leader(&self, leader: bool) {
+    fn set_leader(&mut self, leader: bool) {
+        match (leader, self.leader_since) {
+            (true, None) => self.leader_since = Some(now()),
+            (false, Some(_)) => self.leader_since = None,
+            _ => {}
+        }
         self.hub.set_leader(leader);
         self.metrics.leader.set(i64::from(leader));
     }
@@ -183,22 +194,39 @@ impl<B: Backend> Controller<B> {
         Ok(ack)
     }
 
+    /// Plans and executes until a round changes nothing (bounded by [`MAX_ROUNDS`]), so chained
+    /// steps — start a remediation, then power off — do not wait for the timer; then offers
+    /// every in-flight operation to its agent.
     async fn plan_and_execute(&mut self) {
-        let state = match self.backend.load().await {
-            Ok(state) => state,
-            Err(error) => {
-                tracing::warn!(error = %crate::cli::chain(&error), "state could not be loaded");
+        for _ in 0..MAX_ROUNDS {
+            let state = match self.backend.load().await {
+                Ok(state) => state,
+                Err(error) => {
+                    tracing::warn!(error = %crate::cli::chain(&error), "state could not be loaded");
+                    return;
+                }
+            };
+            if !self.execute_round(&state).await {
+                if self.hub.is_leader() {
+                    self.hub
+                        .publish(&executor::pending_commands(&self.inventory, &state));
+                }
                 return;
             }
-        };
+        }
+    }
+
+    /// One plan over `state`; true when it persisted anything.
+    async fn execute_round(&mut self, state: &crate::backend::State) -> bool {
         let at = now();
-        let snapshot = crate::snapshot::build(&self.inventory, &state, at);
+        let known_since = self.leader_since.unwrap_or(at);
+        let snapshot = crate::snapshot::build(&self.inventory, state, known_since, at);
         let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
-        self.observe(&plan, &state);
+        self.observe(&plan, state);
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
         for action in executor::actions(&plan) {
-            let Some(writes) = executor::writes_for(action, &state, at) else {
+            let Some(writes) = executor::writes_for(action, state, at) else {
                 continue;
             };
             let creates = writes
@@ -217,18 +245,7 @@ impl<B: Backend> Controller<B> {
                 }
             }
         }
-        let state = if changed {
-            match self.backend.load().await {
-                Ok(state) => state,
-                Err(_) => return,
-            }
-        } else {
-            state
-        };
-        if self.hub.is_leader() {
-            self.hub
-                .publish(&executor::pending_commands(&self.inventory, &state));
-        }
+        changed
     }
 
     fn observe(&self, plan: &metalguard_api::plan::Plan, state: &crate::backend::State) {

@@ -14,8 +14,15 @@ const READY: &str = "Ready";
 use crate::backend::State;
 use crate::inventory::Inventory;
 
-/// The snapshot the core plans from.
-pub fn build(inventory: &Inventory, state: &State, now: Timestamp) -> Snapshot {
+/// The snapshot the core plans from. `known_since` (when this controller started leading)
+/// stands for every host's creation time: a host whose agent has never reported is given the
+/// health checks' node startup timeout from then, instead of being judged missing at once.
+pub fn build(
+    inventory: &Inventory,
+    state: &State,
+    known_since: Timestamp,
+    now: Timestamp,
+) -> Snapshot {
     let views: Vec<&EtcdView> = state
         .reports
         .values()
@@ -30,7 +37,7 @@ pub fn build(inventory: &Inventory, state: &State, now: Timestamp) -> Snapshot {
                 name: h.name.clone(),
                 role: h.role,
                 failure_domain: h.failure_domain.clone(),
-                created_at: Timestamp(0),
+                created_at: known_since,
                 labels: h.labels.clone(),
                 annotations: std::collections::BTreeMap::new(),
                 externally_provisioned: true,
@@ -40,7 +47,7 @@ pub fn build(inventory: &Inventory, state: &State, now: Timestamp) -> Snapshot {
                 pre_drain_hooks: state.hooks.get(&h.name).cloned().unwrap_or_default(),
                 fence_request: state.fence_requests.get(&h.name).cloned(),
                 phase_failed: false,
-                node: stored.map(|s| node_of(&s.report)),
+                node: stored.map(|s| node_of(&s.report, known_since)),
                 node_seen: stored.is_some(),
                 agent: stored.map(|s| AgentReport {
                     last_heartbeat: s.received_at,
@@ -62,7 +69,7 @@ pub fn build(inventory: &Inventory, state: &State, now: Timestamp) -> Snapshot {
 /// The Node a report stands for: the report's conditions, plus a synthesized `Ready` (unless
 /// the agent reports one) that is `True` when no reported condition is `False`, with the
 /// latest transition among them.
-fn node_of(report: &metalguard_api::protocol::AgentReport) -> NodeStatus {
+fn node_of(report: &metalguard_api::protocol::AgentReport, known_since: Timestamp) -> NodeStatus {
     let mut conditions: Vec<NodeCondition> = report
         .conditions
         .iter()
@@ -91,7 +98,7 @@ fn node_of(report: &metalguard_api::protocol::AgentReport) -> NodeStatus {
         });
     }
     NodeStatus {
-        created_at: Timestamp(0),
+        created_at: known_since,
         conditions,
         ..NodeStatus::default()
     }

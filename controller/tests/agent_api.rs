@@ -122,6 +122,10 @@ bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
 
     fn controller_with(&self, name: &str, port: &PortLease, extra: &str) -> Proc {
         let inventory = self.inventory_with(name, port.port(), extra);
+        self.controller_from(name, &inventory)
+    }
+
+    fn controller_from(&self, name: &str, inventory: &Path) -> Proc {
         let mut command = Command::new(BIN);
         command
             .args([
@@ -529,4 +533,83 @@ async fn without_etcd_quorum_the_leader_stops_acting_and_resumes_when_quorum_ret
     lab.etcd.restart(2).unwrap();
     lab.etcd.wait_healthy(Duration::from_secs(20)).unwrap();
     wait_leader(&w1, port.port(), Duration::from_secs(20)).await;
+}
+
+/// The time from the report that makes a worker unhealthy past its timeout to the power-off
+/// command arriving at the executor's open long-poll, over several fresh controllers.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unhealthy_report_reaches_the_executor_as_a_fence_within_200ms_median() {
+    const SAMPLES: usize = 7;
+    let lab = Lab::start();
+    let w2 = client(&lab.tls(), Some("w-2"));
+    let w1 = client(&lab.tls(), Some("w-1"));
+    let cp1 = client(&lab.tls(), Some("cp-1"));
+    let mut samples = Vec::new();
+    for i in 0..SAMPLES {
+        let port = reserve_port().unwrap();
+        let base = std::fs::read_to_string(lab.inventory("base", port.port())).unwrap();
+        let text = base.replace(
+            "timeout = \"1s\"",
+            &format!("timeout = \"1s\"\nprefix = \"/latency-{i}\""),
+        ) + r#"
+[[policy.health_checks]]
+name = "workers"
+selector = { role = "worker" }
+unhealthy_conditions = [{ type = "KubeletHealthy", status = "False", timeout = "1s" }]
+"#;
+        let path = lab.dir.path().join(format!("latency-{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let mut controller = lab.controller_from(&format!("ctl-{i}"), &path);
+        wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
+        report_etcd_voter(&lab, port.port()).await;
+        let wait = Duration::from_secs(10);
+        let (poll_cp1, poll_w1) = (
+            poll(&cp1, port.port(), "cp-1", wait),
+            poll(&w1, port.port(), "w-1", wait),
+        );
+        tokio::pin!(poll_cp1, poll_w1);
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(300)) => {}
+            b = &mut poll_cp1 => panic!("cp-1 got {b:?} before any fence"),
+            b = &mut poll_w1 => panic!("w-1 got {b:?} before any fence"),
+        }
+        let mut sick = report("w-2", 1);
+        let unhealthy_since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+            - 5_000;
+        sick.conditions = vec![metalguard_api::protocol::Condition {
+            type_: "KubeletHealthy".into(),
+            status: metalguard_api::snapshot::ConditionStatus::False,
+            reason: "Timeout".into(),
+            message: String::new(),
+            last_transition: Timestamp(unhealthy_since),
+        }];
+        let sent = Instant::now();
+        let status = w2
+            .post(url(port.port(), &report_path("w-2")))
+            .json(&sick)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status.as_u16(), 200);
+        let batch = tokio::select! {
+            b = &mut poll_cp1 => b,
+            b = &mut poll_w1 => b,
+        };
+        let latency = sent.elapsed();
+        assert!(
+            matches!(&batch.commands[..], [c] if matches!(&c.kind, CommandKind::Fence(f) if f.target == "w-2" && f.action == PowerAction::Off)),
+            "{batch:?}\n{}",
+            controller.log_tail(60)
+        );
+        samples.push(latency);
+        controller.kill();
+    }
+    samples.sort();
+    let median = samples[SAMPLES / 2];
+    eprintln!("report -> fence command at the executor: median {median:?}, samples {samples:?}");
+    assert!(median < Duration::from_millis(200), "median {median:?}");
 }
