@@ -237,3 +237,54 @@ impl EtcdMember {
         self.learner && self.healthy && self.progress_permille >= 900
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"{
+        "observed_at": 1000,
+        "control_plane": {"desired_replicas": 3, "failure_domains": ["a"]},
+        "hosts": [{
+            "name": "cp-0", "role": "control-plane", "created_at": 0,
+            "node": {"created_at": 0, "conditions": [
+                {"type": "Ready", "status": "True", "last_transition": 0}]},
+            "etcd": {"id": 1, "learner": false, "healthy": true}
+        }]
+    }"#;
+
+    #[test]
+    fn minimal_snapshot_reads_with_defaults_and_round_trips() {
+        let s: Snapshot = serde_json::from_str(MINIMAL).unwrap();
+        let h = &s.hosts[0];
+        assert!(h.up_to_date && !h.bmc_configured && !h.is_deleting() && h.node_ready());
+        assert!(h.etcd.as_ref().unwrap().is_voter());
+        let back: Snapshot = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let typo = MINIMAL.replace(
+            "\"role\": \"control-plane\",",
+            "\"role\": \"control-plane\", \"bmc_configred\": true,",
+        );
+        assert_ne!(typo, MINIMAL);
+        let err = serde_json::from_str::<Snapshot>(&typo).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown field `bmc_configred`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn learner_promotable_at_90_percent() {
+        let mut m: EtcdMember =
+            serde_json::from_str(r#"{"id": 2, "learner": true, "healthy": true}"#).unwrap();
+        assert!(!m.caught_up());
+        m.progress_permille = 900;
+        assert!(m.caught_up());
+        m.healthy = false;
+        assert!(!m.caught_up());
+    }
+}
