@@ -15,6 +15,7 @@ mod clock;
 mod executor;
 mod hub;
 mod inventory;
+mod membership;
 mod metrics;
 mod openapi;
 mod server;

@@ -226,7 +226,10 @@ impl<B: Backend> Controller<B> {
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
         for action in executor::actions(&plan) {
-            let Some(writes) = executor::writes_for(action, state, at) else {
+            let heartbeat = self.inventory.policy.remediation.executor_heartbeat_timeout;
+            let writes = executor::writes_for(action, state, at)
+                .or_else(|| crate::membership::writes_for(action, state, at, heartbeat));
+            let Some(writes) = writes else {
                 continue;
             };
             let creates = writes
