@@ -70,6 +70,12 @@ enum Command {
         #[arg(long, env = "METALGUARD_INVENTORY")]
         inventory: PathBuf,
     },
+    /// Check the inventory, the files it names and the TLS files; print every problem.
+    CheckConfig {
+        /// The inventory file.
+        #[arg(long, env = "METALGUARD_INVENTORY")]
+        inventory: PathBuf,
+    },
     /// Print the OpenAPI document of the agent API.
     Openapi,
     /// Create the cluster CA and certificates.
@@ -203,6 +209,30 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             };
             backend.request_fence(&host, &request).await?;
             println!("fence of {host} requested; the leader plans it on its next round");
+            Ok(())
+        }
+        Command::CheckConfig { inventory } => {
+            let inv = Inventory::load(&inventory)?;
+            let mut problems: Vec<String> = inv.check_files().iter().map(|e| chain(e)).collect();
+            match &inv.controller.tls_dir {
+                Some(dir) => {
+                    let files = TlsFiles::in_dir(dir, &inv.controller.server_cert_name);
+                    if let Err(e) = server_config(&files) {
+                        problems.push(chain(&e));
+                    }
+                }
+                None => problems.push("controller.tls_dir is not set".to_owned()),
+            }
+            for p in &problems {
+                eprintln!("{p}");
+            }
+            anyhow::ensure!(
+                problems.is_empty(),
+                "inventory {} has {} problem(s)",
+                inventory.display(),
+                problems.len()
+            );
+            println!("inventory {} is valid", inventory.display());
             Ok(())
         }
         Command::Openapi => {

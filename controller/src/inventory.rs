@@ -287,6 +287,23 @@ impl Inventory {
         Ok(())
     }
 
+    /// Reads every file the inventory names (credentials, CA bundles) and returns every
+    /// problem found, so `check-config` reports them all at once.
+    pub fn check_files(&self) -> Vec<InventoryError> {
+        let mut problems = Vec::new();
+        for host in &self.hosts {
+            if let Some(bmc) = &host.bmc {
+                if let Err(e) = bmc.credentials(&host.name) {
+                    problems.push(e);
+                }
+                if let Err(e) = bmc.trust(&host.name) {
+                    problems.push(e);
+                }
+            }
+        }
+        problems
+    }
+
     /// The host named `name`.
     pub fn host(&self, name: &str) -> Option<&InventoryHost> {
         self.hosts.iter().find(|h| h.name == name)
@@ -439,6 +456,17 @@ bmc = { address = "ipmi://127.0.0.1:623", credentials_dir = "/nonexistent" }
         )
         .unwrap();
         let creds = bmc.credentials("cp-1").unwrap();
+        let mut inv = parse(MINIMAL).unwrap();
+        inv.hosts[0].bmc = Some(bmc.clone());
+        assert!(inv.check_files().is_empty());
+        fs::remove_file(dir.path().join("username")).unwrap();
+        let problems = inv.check_files();
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0].to_string().contains("username"),
+            "{}",
+            problems[0]
+        );
         assert_eq!(creds.username, "admin");
         assert_eq!(creds.password.expose(), "hunter2");
     }

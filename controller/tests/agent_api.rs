@@ -261,6 +261,31 @@ async fn a_certificate_speaks_only_for_its_own_host_and_no_certificate_is_refuse
     );
 }
 
+#[test]
+fn check_config_names_the_file_and_problem_and_never_the_secret() {
+    let lab = Lab::start();
+    let inventory = lab.inventory("check", 1);
+    let ok = run(&["check-config", "--inventory", inventory.to_str().unwrap()]);
+    assert!(ok.contains("is valid"), "{ok}");
+    let password = lab.dir.path().join("bmc-creds/password");
+    std::fs::set_permissions(&password, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", "--inventory", inventory.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(password.to_str().unwrap()) && stderr.contains("644"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("host w-1") && stderr.contains("host w-2"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn exactly_one_of_two_controllers_leads_and_a_killed_leader_is_replaced_within_the_lease() {
     let lab = Lab::start();
