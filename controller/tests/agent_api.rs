@@ -638,3 +638,36 @@ unhealthy_conditions = [{ type = "KubeletHealthy", status = "False", timeout = "
     eprintln!("report -> fence command at the executor: median {median:?}, samples {samples:?}");
     assert!(median < Duration::from_millis(200), "median {median:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_stopped_with_sigterm_resigns_and_the_other_takes_over_before_the_lease_ends() {
+    let lab = Lab::start();
+    let (port_a, port_b) = (reserve_port().unwrap(), reserve_port().unwrap());
+    let mut a = lab.controller("ctl-a", &port_a);
+    let w1 = client(&lab.tls(), Some("w-1"));
+    wait_leader(&w1, port_a.port(), Duration::from_secs(15)).await;
+    let _b = lab.controller("ctl-b", &port_b);
+    // b is up and following.
+    let started = Instant::now();
+    while post_report(&w1, port_b.port(), "w-1", "w-1").await != Ok(503) {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "ctl-b never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stopping = Instant::now();
+    tokio::task::block_in_place(|| a.terminate(Duration::from_secs(5)));
+    let handover = wait_leader(&w1, port_b.port(), Duration::from_secs(5)).await;
+    let total = stopping.elapsed();
+    eprintln!("resign hand-over: {total:?} from SIGTERM (lease 2s)");
+    assert!(
+        a.log_tail(20).contains("resigned leadership"),
+        "{}",
+        a.log_tail(20)
+    );
+    assert!(
+        total < Duration::from_millis(1500),
+        "took {total:?} ({handover:?} after exit)"
+    );
+}
