@@ -97,10 +97,10 @@ pub(crate) enum EtcdCommand {
         #[arg(value_parser = parse_member_id)]
         id: u64,
         /// How many times to try while etcd says the learner is not in sync.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 400)]
         attempts: u32,
         /// Wait between attempts.
-        #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "25ms", value_parser = humantime::parse_duration)]
         interval: Duration,
     },
     /// Remove a member (member ID in hex) through the safety gate, moving leadership first.
