@@ -82,7 +82,7 @@ async fn one_run() -> Sample {
         match outcome {
             StepOutcome::Advanced(JoinState::Started { .. }) => started = Some(before),
             StepOutcome::Advanced(JoinState::Promotable { .. }) => {
-                promotable = Some(Instant::now())
+                promotable = Some(Instant::now());
             }
             StepOutcome::Advanced(JoinState::Member { .. }) => break Instant::now(),
             StepOutcome::Waiting(_) => tokio::time::sleep(DEFAULT_POLL_INTERVAL).await,
