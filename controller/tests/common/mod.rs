@@ -1,0 +1,282 @@
+//! Shared fixtures of the controller's integration tests: a lab with real etcd, a CA and
+//! certificates made by the real binary, inventories, and an mTLS client playing the agent.
+
+// Not every test binary uses every helper.
+#![allow(dead_code, unreachable_pub)]
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use metalguard_api::duration::Timestamp;
+use metalguard_api::protocol::{
+    AgentReport, CommandBatch, EtcdMemberView, EtcdView, commands_path, report_path,
+};
+use metalguard_e2e::etcd::EtcdCluster;
+use metalguard_e2e::ports::PortLease;
+use metalguard_e2e::process::Proc;
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_metalguard-controller");
+
+pub struct Lab {
+    pub dir: tempfile::TempDir,
+    pub etcd: EtcdCluster,
+}
+
+impl Lab {
+    pub fn start() -> Self {
+        Self::start_with(1)
+    }
+
+    pub fn start_with(etcd_members: usize) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let etcd = EtcdCluster::start(etcd_members).unwrap();
+        let tls = dir.path().join("tls");
+        run(&["certs", "init", tls.to_str().unwrap()]);
+        run(&[
+            "certs",
+            "issue",
+            "controller",
+            tls.to_str().unwrap(),
+            "--server",
+        ]);
+        for host in ["cp-1", "w-1", "w-2"] {
+            run(&["certs", "issue", host, tls.to_str().unwrap()]);
+        }
+        let creds = dir.path().join("bmc-creds");
+        std::fs::create_dir(&creds).unwrap();
+        for (file, value) in [("username", "admin"), ("password", "hunter2")] {
+            let path = creds.join(file);
+            std::fs::write(&path, value).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        Self { dir, etcd }
+    }
+
+    pub fn inventory(&self, name: &str, port: u16) -> PathBuf {
+        self.inventory_with(name, port, "")
+    }
+
+    /// An inventory with `extra` lines in its `[controller]` table.
+    pub fn inventory_with(&self, name: &str, port: u16, extra: &str) -> PathBuf {
+        let endpoints: Vec<String> = self
+            .etcd
+            .endpoints()
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
+        let text = format!(
+            r#"
+[controller]
+listen = "127.0.0.1:{port}"
+tls_dir = "{tls}"
+plan_interval = "200ms"
+{extra}
+
+[etcd]
+endpoints = [{endpoints}]
+lease_ttl = "2s"
+timeout = "1s"
+
+[control_plane]
+desired_replicas = 1
+
+[[hosts]]
+name = "cp-1"
+role = "control-plane"
+
+[[hosts]]
+name = "w-1"
+role = "worker"
+bmc = {{ address = "ipmi://127.0.0.1:1623", credentials_dir = "{creds}" }}
+
+[[hosts]]
+name = "w-2"
+role = "worker"
+bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
+"#,
+            tls = self.tls().display(),
+            endpoints = endpoints.join(", "),
+            creds = self.dir.path().join("bmc-creds").display(),
+        );
+        let path = self.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    pub fn tls(&self) -> PathBuf {
+        self.dir.path().join("tls")
+    }
+
+    pub fn controller(&self, name: &str, port: &PortLease) -> Proc {
+        self.controller_with(name, port, "")
+    }
+
+    pub fn controller_with(&self, name: &str, port: &PortLease, extra: &str) -> Proc {
+        let inventory = self.inventory_with(name, port.port(), extra);
+        self.controller_from(name, &inventory)
+    }
+
+    pub fn controller_from(&self, name: &str, inventory: &Path) -> Proc {
+        let mut command = Command::new(BIN);
+        command
+            .args([
+                "run",
+                "--inventory",
+                inventory.to_str().unwrap(),
+                "--id",
+                name,
+            ])
+            .env("RUST_LOG", "info,metalguard_controller::service=debug");
+        Proc::spawn(name, command, &self.dir.path().join(format!("{name}.log"))).unwrap()
+    }
+}
+
+pub fn run(args: &[&str]) -> String {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(tls.join("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match host {
+        Some(host) => {
+            let chain = CertificateDer::pem_file_iter(tls.join(format!("{host}.pem")))
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(tls.join(format!("{host}-key.pem"))).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+pub fn report(host: &str, sequence: u64) -> AgentReport {
+    AgentReport {
+        host: host.to_owned(),
+        agent_version: "test".to_owned(),
+        sequence,
+        boot_id: "b".to_owned(),
+        sent_at: Timestamp(0),
+        conditions: Vec::new(),
+        etcd: None,
+        bmc_reachability: Vec::new(),
+        unacknowledged_results: Vec::new(),
+    }
+}
+
+pub fn url(port: u16, path: &str) -> String {
+    format!("https://localhost:{port}{path}")
+}
+
+pub async fn post_report(
+    client: &reqwest::Client,
+    port: u16,
+    path_host: &str,
+    body_host: &str,
+) -> Result<u16, String> {
+    client
+        .post(url(port, &report_path(path_host)))
+        .json(&report(body_host, 1))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// Waits until the controller on `port` leads (answers 200 to a report).
+pub async fn wait_leader(client: &reqwest::Client, port: u16, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if post_report(client, port, "w-1", "w-1").await == Ok(200) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "controller on {port} did not lead within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn poll(client: &reqwest::Client, port: u16, host: &str, wait: Duration) -> CommandBatch {
+    let response = client
+        .get(url(port, &commands_path(host, wait)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    response.json().await.unwrap()
+}
+
+/// cp-1's agent reports a healthy single-voter etcd (the quorum guard needs a known voter).
+pub async fn report_etcd_voter(lab: &Lab, port: u16) {
+    let mut cp = report("cp-1", 1);
+    cp.etcd = Some(EtcdView {
+        local_member_id: Some(1),
+        leader_id: Some(1),
+        members: vec![EtcdMemberView {
+            id: 1,
+            name: "cp-1".to_owned(),
+            peer_urls: Vec::new(),
+            client_urls: Vec::new(),
+            learner: false,
+            healthy: true,
+            alarms: Vec::new(),
+            raft_applied_index: Some(10),
+            error: None,
+        }],
+    });
+    let status = client(&lab.tls(), Some("cp-1"))
+        .post(url(port, &report_path("cp-1")))
+        .json(&cp)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status.as_u16(), 200);
+}
+
+pub fn operation_keys(etcd: &EtcdCluster) -> Vec<String> {
+    etcd.etcdctl(&["get", "--prefix", "--keys-only", "/metalguard/operations/"])
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// GET /metrics over plain HTTP/1.0.
+pub fn scrape(port: u16) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}

@@ -1,0 +1,65 @@
+//! The real binary's agent API: a certificate speaks only for its own host, a client without
+//! one is refused, and `check-config` names files and problems without secrets.
+
+// Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use metalguard_api::protocol::*;
+use metalguard_e2e::ports::reserve_port;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_certificate_speaks_only_for_its_own_host_and_no_certificate_is_refused() {
+    let lab = Lab::start();
+    let port = reserve_port().unwrap();
+    let _controller = lab.controller("ctl-a", &port);
+    let w1 = client(&lab.tls(), Some("w-1"));
+    wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
+
+    assert_eq!(post_report(&w1, port.port(), "w-2", "w-2").await, Ok(403));
+    assert_eq!(post_report(&w1, port.port(), "w-1", "w-2").await, Ok(403));
+    let poll_other = w1
+        .get(url(port.port(), &commands_path("w-2", Duration::ZERO)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(poll_other.status().as_u16(), 403);
+
+    let anonymous = client(&lab.tls(), None);
+    let refused = post_report(&anonymous, port.port(), "w-1", "w-1").await;
+    assert!(
+        refused.is_err(),
+        "a client without a certificate got {refused:?}"
+    );
+}
+
+#[test]
+fn check_config_names_the_file_and_problem_and_never_the_secret() {
+    let lab = Lab::start();
+    let inventory = lab.inventory("check", 1);
+    let ok = run(&["check-config", "--inventory", inventory.to_str().unwrap()]);
+    assert!(ok.contains("is valid"), "{ok}");
+    let password = lab.dir.path().join("bmc-creds/password");
+    std::fs::set_permissions(&password, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = Command::new(BIN)
+        .args(["check-config", "--inventory", inventory.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(password.to_str().unwrap()) && stderr.contains("644"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("host w-1") && stderr.contains("host w-2"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"));
+}
