@@ -58,7 +58,7 @@ async fn a_black_hole_times_out_within_the_retry_budget() {
         "{err:?}"
     );
     assert!(
-        took >= budget && took < budget + Duration::from_millis(300),
+        took >= budget && took < budget + Duration::from_secs(1),
         "{took:?}"
     );
     assert!(
@@ -101,7 +101,7 @@ async fn garbage_answers_end_in_a_malformed_error() {
     .unwrap();
     let started = Instant::now();
     let err = IpmiSession::connect(&config(port)).await.unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < Duration::from_secs(2));
     assert!(matches!(err, IpmiError::Malformed { .. }), "{err:?}");
     task.abort();
 }

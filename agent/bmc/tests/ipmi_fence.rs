@@ -165,9 +165,6 @@ async fn pyghmi_that_never_answers_commands_times_out_in_bounded_time() {
     let err = b.power_state().await.unwrap_err();
     let took = started.elapsed();
     assert!(matches!(err, BmcError::Timeout { .. }), "{err:?}");
-    assert!(
-        took < TIMEOUTS.request + Duration::from_millis(500),
-        "{took:?}"
-    );
+    assert!(took < TIMEOUTS.request + Duration::from_secs(1), "{took:?}");
     assert!(err.to_string().contains("get chassis status"), "{err}");
 }

@@ -17,8 +17,10 @@ pub mod commands;
 pub mod control;
 pub mod crypto;
 pub mod error;
+mod handshake;
 pub mod rakp;
 pub mod session;
+mod transport;
 pub mod wire;
 
 pub use client::{Event, IpmiConfig, IpmiSession, RetryPolicy};
