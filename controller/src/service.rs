@@ -53,12 +53,15 @@ impl<B: Backend> Controller<B> {
         self.metrics
             .insecure_bmcs
             .set(i64::try_from(insecure).unwrap_or(i64::MAX));
+        let (wake_tx, mut wake) = mpsc::channel(16);
+        let watch = tokio::spawn(self.backend.watch_inputs(wake_tx));
         loop {
             tokio::select! {
                 () = cancel.cancelled() => break,
                 _ = tick.tick() => {
                     self.campaign().await;
                 }
+                Some(()) = wake.recv() => {}
                 message = inbox.recv() => match message {
                     Some(message) => self.handle(message).await,
                     None => break,
@@ -71,6 +74,7 @@ impl<B: Backend> Controller<B> {
                 self.plan_and_execute().await;
             }
         }
+        watch.abort();
         self.hub.set_leader(false);
         self.backend.resign().await;
     }

@@ -55,7 +55,7 @@ async fn a_controller_killed_after_persisting_intent_re_offers_the_same_fence_an
         b = &mut poll_w1 => ("w-1", b),
     };
     eprintln!(
-        "fence requested -> command at the executor's open long-poll: {:?} (plan interval 200ms)",
+        "fence requested -> command at the executor's open long-poll: {:?} (woken by the etcd watch)",
         requested.elapsed()
     );
     assert_eq!(

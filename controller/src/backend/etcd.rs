@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 use metalguard_api::snapshot::FenceRequest;
 use serde::Serialize;
@@ -27,6 +28,8 @@ const OPERATIONS: &str = "operations/";
 const REMEDIATIONS: &str = "remediations/";
 const FENCE_REQUESTS: &str = "fence-requests/";
 const HOOKS: &str = "hooks/";
+/// Pause before re-establishing a broken watch.
+const WATCH_RETRY: Duration = Duration::from_secs(1);
 
 struct Lease {
     id: i64,
@@ -239,6 +242,37 @@ impl Backend for EtcdBackend {
             }
         }
         Ok(state)
+    }
+
+    fn watch_inputs(
+        &self,
+        wake: tokio::sync::mpsc::Sender<()>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut client = self.client.clone();
+        let key = self.key(FENCE_REQUESTS);
+        async move {
+            loop {
+                match client
+                    .watch(key.clone(), Some(WatchOptions::new().with_prefix()))
+                    .await
+                {
+                    Ok(mut stream) => {
+                        while let Ok(Some(_)) = stream.message().await {
+                            if wake.send(()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "fence request watch could not start");
+                    }
+                }
+                if wake.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(WATCH_RETRY).await;
+            }
+        }
     }
 
     async fn record_report(&mut self, report: &StoredReport) -> Result<(), BackendError> {

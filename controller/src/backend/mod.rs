@@ -96,4 +96,12 @@ pub trait Backend: Send {
         &mut self,
         writes: Vec<Write>,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// A task that sends on `wake` whenever an input other than an agent message changes (an
+    /// administrator's fence request), so the leader re-plans at once instead of on its timer.
+    /// It runs until `wake` is closed and survives store outages.
+    fn watch_inputs(
+        &self,
+        wake: tokio::sync::mpsc::Sender<()>,
+    ) -> impl Future<Output = ()> + Send + 'static;
 }
