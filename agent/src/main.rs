@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod admin;
+mod assets;
 mod bmc_cmd;
 mod config;
 mod daemon;
@@ -43,6 +44,9 @@ enum Command {
     Status(admin::StatusArgs),
     /// Break-glass: fence a host straight through its BMC, bypassing the controller.
     Fence(admin::FenceArgs),
+    /// Write the man page and shell completions (used by the packaging script).
+    #[command(hide = true)]
+    GenerateAssets(assets::AssetArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Etcd(args) => etcd_cmd::run(&args),
         Command::Status(args) => admin::status(&args),
         Command::Fence(args) => admin::fence(&args),
+        Command::GenerateAssets(args) => assets::generate::<Cli>(&args),
     }
 }
 

@@ -86,6 +86,28 @@ pub fn load(main: &Path) -> Result<Loaded, ConfigError> {
     }
 }
 
+/// Whether the files parse and none sets `host` (an untouched, all-comments install). Any
+/// problem answers `false`: the daemon itself must then report it loudly.
+pub fn host_is_unset(main: &Path) -> bool {
+    let Ok(extra) = drop_ins(main) else {
+        return false;
+    };
+    let mut files = vec![main.to_path_buf()];
+    files.extend(extra);
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            return false;
+        };
+        let Ok(table) = toml::from_str::<toml::Table>(&text) else {
+            return false;
+        };
+        if table.contains_key("host") {
+            return false;
+        }
+    }
+    true
+}
+
 /// `agent.d/*.toml` next to `main`, sorted by name; none when the directory does not exist.
 fn drop_ins(main: &Path) -> Result<Vec<PathBuf>, String> {
     let dir = main
@@ -185,6 +207,26 @@ mod tests {
             text.contains("agent.toml") && text.contains("period"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_packaged_all_comments_file_is_not_configured() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("agent.toml");
+        let packaged = concat!(env!("CARGO_MANIFEST_DIR"), "/../systemd/agent.toml");
+        std::fs::copy(packaged, &main).unwrap();
+        assert!(host_is_unset(&main));
+        // The packaged file is valid TOML and, once host is set, a valid configuration.
+        write(
+            &dir.path().join("agent.d/00-host.toml"),
+            "host = \"cp-0\"\n",
+        );
+        assert!(!host_is_unset(&main));
+        assert!(load(&main).is_ok());
+        // Broken files are "configured": the daemon must report them, not be skipped.
+        write(&dir.path().join("agent.d/99-broken.toml"), "[[[");
+        std::fs::remove_file(dir.path().join("agent.d/00-host.toml")).unwrap();
+        assert!(!host_is_unset(&main));
     }
 
     #[test]

@@ -25,11 +25,27 @@ pub struct CheckArgs {
     /// The main configuration file; drop-ins are read from `agent.d/` next to it.
     #[arg(long, short, env = "METALGUARD_AGENT_CONFIG", default_value = DEFAULT_CONFIG)]
     pub config: PathBuf,
+    /// Only answer whether an operator has configured this host (exit 0 when `host` is set,
+    /// or when the files cannot be judged, so that `run` reports the problem; exit 1 when
+    /// `host` is unset). Used by the unit's ExecCondition.
+    #[arg(long)]
+    pub is_configured: bool,
 }
 
 /// Runs `check-config`: prints every problem (one per line) and exits 1, or prints a summary
 /// and exits 0.
 pub fn check(args: &CheckArgs) -> ExitCode {
+    if args.is_configured {
+        return if load::host_is_unset(&args.config) {
+            println!(
+                "{}: host is not set; metalguard-agent is not configured yet",
+                args.config.display()
+            );
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
     match load(&args.config) {
         Ok(loaded) => {
             println!("configuration OK: host {}", loaded.config.host_name());

@@ -1,5 +1,6 @@
 //! Logging: structured events to journald (fields become journal fields) when its socket
-//! exists, else to stderr. `tracing-journald` has no fallback of its own.
+//! exists, else to stderr. `tracing-journald` has no fallback of its own. Event fields become
+//! journal fields prefixed with `MG_` (`journalctl -o json` shows `MG_CONDITION`, ...).
 
 use std::path::Path;
 
@@ -26,7 +27,9 @@ pub fn init(force_stderr: bool) -> LogTarget {
         && Path::new(JOURNAL_SOCKET).exists()
         && let Ok(layer) = tracing_journald::layer()
     {
-        let layer = layer.with_syslog_identifier("metalguard-agent".to_owned());
+        let layer = layer
+            .with_syslog_identifier("metalguard-agent".to_owned())
+            .with_field_prefix(Some("MG".to_owned()));
         let installed = tracing_subscriber::registry()
             .with(filter)
             .with(layer)

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Package tests under a real systemd (DOMAIN.md §4): builds the .deb (twice, as two versions)
+# and the .rpm, boots a cached Debian bookworm root with systemd-nspawn, and checks install,
+# enable-but-not-started, start when configured, READY, structured journal fields, the
+# watchdog killing a frozen agent, clean stop, upgrade keeping an edited agent.toml, and purge.
+# The .rpm is checked for contents and scriptlets (no RPM distribution can be booted here).
+# Every container and temporary copy is removed on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf '[package-test] %s\n' "$*"; }
+fail() { printf '[package-test] FAIL: %s\n' "$*" >&2; exit 1; }
+passed=0; failed=0
+check() { # check NAME CONDITION-COMMAND...
+  local name=$1; shift
+  if "$@"; then say "ok   $name"; passed=$((passed + 1)); else say "FAIL $name"; failed=$((failed + 1)); fi
+}
+
+packaging/build-packages.sh "${PACKAGE_TEST_BUILD_ARGS:---no-musl}"
+DEB1=$(ls target/debian/metalguard-agent_*_amd64.deb | head -1)
+RPM=$(ls target/generate-rpm/metalguard-agent-*.rpm | head -1)
+WORK=$(mktemp -d /tmp/mg-pkgtest-XXXXXX)
+NSPAWN_PID=""
+cleanup() {
+  if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
+    kill -TERM "$NSPAWN_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$NSPAWN_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+mkdir -p "$WORK/pkgs"
+cp "$DEB1" "$WORK/pkgs/v1.deb"
+# A "newer build": same content, higher Debian revision.
+cargo deb -p metalguard-agent --no-build --no-strip --locked --deb-revision 2 -o "$WORK/pkgs/v2.deb" >/dev/null
+
+say "rpm: contents and scriptlets"
+rpm_files=$(rpm -qlp "$RPM" 2>/dev/null)
+rpm_scripts=$(rpm -qp --scripts "$RPM" 2>/dev/null)
+rpm_config=$(rpm -qp --configfiles "$RPM" 2>/dev/null)
+for f in /usr/bin/metalguard-agent /usr/lib/systemd/system/metalguard-agent.service /etc/metalguard/agent.toml \
+         /usr/lib/sysusers.d/metalguard-agent.conf /usr/share/man/man1/metalguard-agent.1; do
+  check "rpm contains $f" grep -qx "$f" <<<"$rpm_files"
+done
+check "rpm marks agent.toml as config" grep -qx /etc/metalguard/agent.toml <<<"$rpm_config"
+check "rpm postinstall runs sysusers and enables" grep -q "systemctl enable metalguard-agent" <<<"$rpm_scripts"
+check "rpm preuninstall stops on removal" grep -q "disable --now metalguard-agent" <<<"$rpm_scripts"
+
+say "deb: unit files verify"
+dpkg-deb -x "$DEB1" "$WORK/unpacked"
+check "deb ships the unit" test -f "$WORK/unpacked/lib/systemd/system/metalguard-agent.service" -o -f "$WORK/unpacked/usr/lib/systemd/system/metalguard-agent.service"
+check "deb marks agent.toml as conffile" grep -qx /etc/metalguard/agent.toml <(dpkg-deb -f "$DEB1" Conffiles 2>/dev/null; dpkg-deb -I "$DEB1" conffiles 2>/dev/null)
+
+ROOT_CACHE=$(packaging/nspawn-root.sh)
+say "copying the cached root ($ROOT_CACHE)"
+cp -a "$ROOT_CACHE" "$WORK/root"
+MACHINE="mg-pkgtest-$$"
+systemd-nspawn --boot --register=no --keep-unit --quiet -D "$WORK/root" -M "$MACHINE" \
+  --bind-ro="$WORK/pkgs:/pkgs" >"$WORK/console.log" 2>&1 &
+NSPAWN_PID=$!
+leader=""
+for _ in $(seq 100); do
+  leader=$(pgrep -P "$NSPAWN_PID" | head -1 || true)
+  [ -n "$leader" ] && break
+  sleep 0.1
+done
+[ -n "$leader" ] || { tail -20 "$WORK/console.log"; fail "container did not start"; }
+in_ct() { nsenter --target "$leader" --mount --uts --ipc --net --pid -- env PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+for _ in $(seq 150); do
+  state=$(in_ct systemctl is-system-running 2>/dev/null || true)
+  case "$state" in running|degraded) break ;; esac
+  sleep 0.2
+done
+say "container systemd: ${state:-unknown}"
+
+say "install v1"
+in_ct dpkg -i /pkgs/v1.deb >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log"; fail "dpkg -i failed"; }
+check "unit is enabled" test "$(in_ct systemctl is-enabled metalguard-agent)" = enabled
+check "unconfigured: not started (condition failed)" test "$(in_ct systemctl show -p ConditionResult --value metalguard-agent)" = no
+check "unconfigured: not failed" test "$(in_ct systemctl is-failed metalguard-agent || true)" != failed
+check "user metalguard exists" in_ct getent passwd metalguard
+check "systemd-analyze verify passes" in_ct systemd-analyze verify --man=no metalguard-agent.service
+
+say "configure and start"
+in_ct sh -c 'cat > /etc/metalguard/agent.d/10-test.toml <<EOT
+host = "pkgtest"
+[[probes.exec]]
+name = "AlwaysHealthy"
+command = ["/bin/true"]
+period = "500ms"
+timeout = "500ms"
+EOT'
+in_ct mkdir -p /etc/systemd/system/metalguard-agent.service.d
+in_ct sh -c 'printf "[Service]\nWatchdogSec=3s\n" > /etc/systemd/system/metalguard-agent.service.d/50-test.conf'
+in_ct systemctl daemon-reload
+in_ct systemctl start metalguard-agent
+check "configured: active (READY reached)" test "$(in_ct systemctl is-active metalguard-agent)" = active
+check "status line from the agent" bash -c "[[ \"\$(nsenter --target $leader --mount --pid -- systemctl show -p StatusText --value metalguard-agent)\" == *'probes healthy'* ]]"
+sleep 1
+journal=$(in_ct journalctl -u metalguard-agent -o json --no-pager)
+check "journal has structured fields" grep -q '"MG_STATUS"' <<<"$journal"
+check "journal has the ready event" grep -q 'first probe round complete' <<<"$journal"
+
+say "freeze the agent: the watchdog must kill and restart it"
+pid1=$(in_ct systemctl show -p MainPID --value metalguard-agent)
+in_ct kill -STOP "$pid1"
+restarted=no
+for _ in $(seq 100); do
+  n=$(in_ct systemctl show -p NRestarts --value metalguard-agent)
+  pid2=$(in_ct systemctl show -p MainPID --value metalguard-agent)
+  if [ "${n:-0}" -ge 1 ] && [ "$pid2" != "$pid1" ] && [ "$(in_ct systemctl is-active metalguard-agent)" = active ]; then restarted=yes; break; fi
+  sleep 0.2
+done
+check "frozen agent restarted by the watchdog" test "$restarted" = yes
+check "journal records the watchdog timeout" bash -c "nsenter --target $leader --mount --pid -- journalctl -u metalguard-agent --no-pager | grep -q 'Watchdog timeout'"
+
+say "stop"
+in_ct systemctl stop metalguard-agent
+check "stopped cleanly" test "$(in_ct systemctl show -p Result --value metalguard-agent)" = success
+check "journal has the clean-stop event" bash -c "nsenter --target $leader --mount --pid -- journalctl -u metalguard-agent --no-pager | grep -q 'metalguard-agent stopped'"
+
+say "upgrade keeps an edited agent.toml and restarts the service"
+in_ct systemctl start metalguard-agent
+in_ct sh -c 'echo "# edited by the operator" >> /etc/metalguard/agent.toml'
+start1=$(in_ct systemctl show -p ExecMainStartTimestampMonotonic --value metalguard-agent)
+in_ct dpkg -i --force-confold /pkgs/v2.deb >"$WORK/upgrade.log" 2>&1 || { cat "$WORK/upgrade.log"; fail "upgrade failed"; }
+check "edited agent.toml kept" in_ct grep -q "edited by the operator" /etc/metalguard/agent.toml
+start2=$(in_ct systemctl show -p ExecMainStartTimestampMonotonic --value metalguard-agent)
+check "service restarted by the upgrade" test "$start1" != "$start2"
+check "service active after upgrade" test "$(in_ct systemctl is-active metalguard-agent)" = active
+
+say "remove and purge"
+in_ct rm -f /etc/metalguard/agent.d/10-test.toml
+in_ct dpkg --purge metalguard-agent >"$WORK/purge.log" 2>&1 || { cat "$WORK/purge.log"; fail "purge failed"; }
+check "service gone after purge" bash -c "! nsenter --target $leader --mount --pid -- systemctl is-active --quiet metalguard-agent"
+check "config removed by purge" bash -c "! nsenter --target $leader --mount -- test -e /etc/metalguard/agent.toml"
+check "state removed by purge" bash -c "! nsenter --target $leader --mount -- test -e /var/lib/metalguard"
+
+say "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
