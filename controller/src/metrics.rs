@@ -31,6 +31,12 @@ pub struct Metrics {
     pub fences: Family<Labels, Counter>,
     /// Fence durations (agent-measured) by protocol.
     pub fence_seconds: Family<Labels, Histogram>,
+    /// Remediations that reached an end (done, failed, cancelled, …) by outcome.
+    pub remediations_finished: Family<Labels, Counter>,
+    /// Learner promotions by outcome.
+    pub promotions: Family<Labels, Counter>,
+    /// Time from a promotion's persisted intent to its persisted success.
+    pub promotion_seconds: Histogram,
     /// Agents with a long-poll open.
     pub agents_connected: Gauge,
     /// BMCs configured to accept any certificate.
@@ -51,6 +57,9 @@ impl Metrics {
             fence_seconds: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.05, 2.0, 10))
             }),
+            remediations_finished: Family::default(),
+            promotions: Family::default(),
+            promotion_seconds: Histogram::new(exponential_buckets(0.1, 2.0, 12)),
             agents_connected: Gauge::default(),
             insecure_bmcs: Gauge::default(),
             registry: Registry::default(),
@@ -89,6 +98,21 @@ impl Metrics {
             "fence_duration_seconds",
             "Fence durations by protocol",
             metrics.fence_seconds.clone(),
+        );
+        registry.register(
+            "remediations_finished",
+            "Remediations that reached an end, by outcome",
+            metrics.remediations_finished.clone(),
+        );
+        registry.register(
+            "promotions",
+            "Learner promotions by outcome",
+            metrics.promotions.clone(),
+        );
+        registry.register(
+            "promotion_duration_seconds",
+            "Time from a promotion's persisted intent to its persisted success",
+            metrics.promotion_seconds.clone(),
         );
         registry.register(
             "agents_connected",

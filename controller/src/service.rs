@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use metalguard_api::protocol::Outcome;
+use metalguard_api::remediation::RemediationPhase;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -174,6 +175,11 @@ impl<B: Backend> Controller<B> {
             });
         let outcome = result.outcome;
         let seconds = result.finished_at.since(result.started_at).as_secs_f64();
+        let promotion_started = state
+            .operations
+            .get(&result.operation_id)
+            .filter(|op| matches!(op.kind, crate::backend::OperationKind::EtcdPromote { .. }))
+            .map(|op| op.created_at);
         let (write, ack) = executor::record_result(&state, host, result)?;
         if let Some(write) = write {
             self.backend
@@ -191,6 +197,18 @@ impl<B: Backend> Controller<B> {
                         .fence_seconds
                         .get_or_create(&label("protocol", protocol))
                         .observe(seconds);
+                }
+            }
+            if let Some(started) = promotion_started {
+                self.metrics
+                    .promotions
+                    .get_or_create(&label("outcome", outcome.name()))
+                    .inc();
+                if outcome == Outcome::Succeeded {
+                    // From persisted intent to persisted result, on the controller's clock.
+                    self.metrics
+                        .promotion_seconds
+                        .observe(now().since(started).as_secs_f64());
                 }
             }
             tracing::info!(operation = %ack.operation_id, %host, outcome = outcome.name(), "command result persisted");
@@ -239,9 +257,27 @@ impl<B: Backend> Controller<B> {
             let creates = writes
                 .iter()
                 .any(|w| matches!(w, Write::CreateOperation(_)));
+            let finished: Vec<&'static str> = writes
+                .iter()
+                .filter_map(|w| match w {
+                    Write::PutRemediation(r)
+                        if r.phase.is_terminal()
+                            || matches!(r.phase, RemediationPhase::Failed { .. }) =>
+                    {
+                        Some(r.phase.name())
+                    }
+                    _ => None,
+                })
+                .collect();
             match self.backend.apply(writes).await {
                 Ok(()) => {
                     changed = true;
+                    for outcome in &finished {
+                        self.metrics
+                            .remediations_finished
+                            .get_or_create(&label("outcome", outcome))
+                            .inc();
+                    }
                     if creates {
                         tracing::info!(operation = %action.id, reason = %action.reason, "intent persisted");
                     }

@@ -82,7 +82,9 @@ async fn a_controller_killed_after_persisting_intent_re_offers_the_same_fence_an
 
     // Crash between "intent written" and "result received"; restart.
     first.kill();
-    let _second = lab.controller("ctl-b", &port);
+    let metrics_port = reserve_port().unwrap();
+    let extra = format!("metrics_listen = \"127.0.0.1:{}\"", metrics_port.port());
+    let _second = lab.controller_with("ctl-b", &port, &extra);
     wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
     report_etcd_voter(&lab, port.port()).await;
     let again = poll(&executor, port.port(), agent, Duration::from_secs(10)).await;
@@ -138,6 +140,17 @@ async fn a_controller_killed_after_persisting_intent_re_offers_the_same_fence_an
             }
         }
     }
+    let metrics = scrape(metrics_port.port());
+    assert!(
+        metrics.contains(
+            r#"metalguard_controller_fences_total{protocol="ipmi",outcome="succeeded"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("metalguard_controller_leader 1"),
+        "{metrics}"
+    );
     let status = run(&["status", "--inventory", inventory.to_str().unwrap()]);
     assert!(status.contains("leader: ctl-b"), "{status}");
     assert!(status.contains("w-1: agent test"), "{status}");
