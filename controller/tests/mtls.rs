@@ -1,5 +1,6 @@
-//! The real binary's agent API: a certificate speaks only for its own host, a client without
-//! one is refused, and `check-config` names files and problems without secrets.
+//! The real binary's agent API and offline subcommands: a certificate speaks only for its own
+//! host, a client without one is refused, `check-config` names files and problems without
+//! secrets, and `plan --snapshot` prints a plan or names what is wrong with the snapshot.
 
 // Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -62,4 +63,36 @@ fn check_config_names_the_file_and_problem_and_never_the_secret() {
         "{stderr}"
     );
     assert!(!stderr.contains("hunter2"));
+}
+
+#[test]
+fn plan_prints_the_plan_with_reasons_and_names_a_bad_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = metalguard_api::snapshot::Snapshot {
+        control_plane: metalguard_api::snapshot::ControlPlaneSpec {
+            desired_replicas: 3,
+            failure_domains: Vec::new(),
+        },
+        ..Default::default()
+    };
+    let path = dir.path().join("snapshot.json");
+    std::fs::write(&path, serde_json::to_string(&snapshot).unwrap()).unwrap();
+    let out = run(&["plan", "--snapshot", path.to_str().unwrap()]);
+    assert!(out.starts_with("plan at"), "{out}");
+    assert!(
+        out.contains("DEGRADED"),
+        "an empty cluster has no voter: {out}"
+    );
+
+    std::fs::write(&path, r#"{"observed_at": 0, "bogus": 1}"#).unwrap();
+    let bad = Command::new(BIN)
+        .args(["plan", "--snapshot", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(
+        stderr.contains("snapshot.json") && stderr.contains("bogus"),
+        "{stderr}"
+    );
 }
