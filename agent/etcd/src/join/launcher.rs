@@ -154,6 +154,14 @@ impl Launcher {
         }
     }
 
+    /// Tells the launcher which data directory its etcd uses, so that an etcd left by an
+    /// earlier agent can be found even when the pid file does not name it.
+    pub fn set_data_dir(&mut self, data_dir: &Path) {
+        if let Self::Exec(l) = self {
+            l.data_dir = Some(data_dir.to_owned());
+        }
+    }
+
     /// Stops etcd (before wiping its data directory).
     pub async fn stop(&mut self) -> Result<(), LaunchError> {
         match self {
@@ -176,6 +184,7 @@ pub struct ExecLauncher {
     binary: PathBuf,
     pid_file: PathBuf,
     log_file: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
     supervisor: Option<Supervisor>,
 }
 
@@ -194,6 +203,7 @@ impl ExecLauncher {
             binary,
             pid_file,
             log_file,
+            data_dir: None,
             supervisor: None,
         }
     }
@@ -211,7 +221,8 @@ impl ExecLauncher {
         {
             return Ok(());
         }
-        stop_orphan(&self.pid_file);
+        stop_orphan(&self.pid_file, Some(&launch.data_dir));
+        self.data_dir = Some(launch.data_dir.clone());
         let mut child = spawn(&self.binary, launch, self.log_file.as_deref())?;
         record_pid(&self.pid_file, child.id())?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -263,7 +274,7 @@ impl ExecLauncher {
             s.wake.notify_one();
             let _ = s.task.await;
         }
-        stop_orphan(&self.pid_file);
+        stop_orphan(&self.pid_file, self.data_dir.as_deref());
     }
 
     /// Forgets the child without stopping it, as an agent killed with SIGKILL would.
@@ -338,34 +349,59 @@ fn read_pid(pid_file: &Path) -> Option<i32> {
 }
 
 /// Stops an etcd left running by an earlier agent, if the pid file names a live etcd.
-fn stop_orphan(pid_file: &Path) {
-    let Some(pid) = read_pid(pid_file) else {
-        return;
-    };
-    let is_etcd = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .ok()
-        .and_then(|c| {
-            c.split(|b| *b == 0)
-                .next()
-                .map(|arg0| arg0.ends_with(b"etcd"))
-        });
-    if is_etcd != Some(true) {
-        let _ = std::fs::remove_file(pid_file);
-        return;
-    }
-    let pid = nix::unistd::Pid::from_raw(pid);
-    tracing::info!(pid = pid.as_raw(), "stopping etcd left by an earlier agent");
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-    // Wait for the kernel to release its ports (the orphan is not our child: poll /proc).
-    for _ in 0..100 {
-        let alive = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw()))
-            .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|state| state != "Z"));
-        if !alive {
-            break;
+fn stop_orphan(pid_file: &Path, data_dir: Option<&Path>) {
+    let mut pids: Vec<i32> = read_pid(pid_file)
+        .filter(|&pid| is_etcd(pid))
+        .into_iter()
+        .collect();
+    // An agent killed between spawning etcd and writing the pid file leaves an etcd the pid
+    // file does not name: find it by its data directory in its environment.
+    if let Some(dir) = data_dir {
+        for pid in etcd_pids_using(dir) {
+            if !pids.contains(&pid) {
+                pids.push(pid);
+            }
         }
-        std::thread::sleep(Duration::from_millis(20));
+    }
+    for pid in pids {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        tracing::info!(pid = pid.as_raw(), "stopping etcd left by an earlier agent");
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        // Wait for the kernel to release its ports (the orphan is not our child: poll /proc).
+        for _ in 0..100 {
+            let alive = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw()))
+                .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|state| state != "Z"));
+            if !alive {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     let _ = std::fs::remove_file(pid_file);
+}
+
+fn is_etcd(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        c.split(|b| *b == 0)
+            .next()
+            .is_some_and(|arg0| arg0.ends_with(b"etcd"))
+    })
+}
+
+/// The etcd processes whose environment names `data_dir` as `ETCD_DATA_DIR`.
+fn etcd_pids_using(data_dir: &Path) -> Vec<i32> {
+    let want = format!("ETCD_DATA_DIR={}", data_dir.display()).into_bytes();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != i32::try_from(std::process::id()).unwrap_or(0) && is_etcd(pid))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == want.as_slice()))
+        })
+        .collect()
 }
 
 /// Runs etcd as a systemd unit whose `EnvironmentFile=` is written here.

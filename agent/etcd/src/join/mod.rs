@@ -143,6 +143,8 @@ pub struct JoinFlow {
 impl JoinFlow {
     /// Loads the persisted state (a missing file is [`JoinState::Discover`]).
     pub fn load(config: JoinConfig, launcher: Launcher) -> Result<Self, JoinError> {
+        let mut launcher = launcher;
+        launcher.set_data_dir(&config.data_dir);
         let state = state::load(&state::state_path(&config.data_dir))?;
         tracing::info!(
             step = state.name(),
