@@ -378,7 +378,7 @@ fn print_view(view: &ClusterView, output: Output) {
     for m in &view.members {
         let status = m.status();
         let note = match (&m.probe, status) {
-            (_, Some(s)) if !s.alarms.is_empty() => format!("alarms {}", s.alarms.join(",")),
+            (_, Some(s)) if !s.alarms.is_empty() => format!("alarms {}", s.alarm_names()),
             (Some(p), None) => p.error.clone().unwrap_or_default(),
             (None, None) => "not probed".to_owned(),
             _ => String::new(),

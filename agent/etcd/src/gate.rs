@@ -91,7 +91,7 @@ fn probe_reason(member: &MemberView) -> String {
         Some(p) if !p.reachable => p.error.clone().unwrap_or_else(|| "no answer".to_owned()),
         Some(p) => match &p.status {
             Some(s) if s.leader == 0 => "sees no leader".to_owned(),
-            Some(s) if !s.alarms.is_empty() => format!("alarms {}", s.alarms.join(",")),
+            Some(s) if !s.alarms.is_empty() => format!("alarms {}", s.alarm_names()),
             _ => "unhealthy".to_owned(),
         },
     }

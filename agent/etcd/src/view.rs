@@ -59,13 +59,31 @@ pub struct MemberStatus {
     pub db_size: i64,
     /// The server version.
     pub version: String,
-    /// Alarms raised on this member, e.g. `NOSPACE`.
-    pub alarms: Vec<String>,
+    /// Alarms this member reports; etcd lists every member's alarms on every member (a
+    /// NOSPACE on one member shows on all of them).
+    pub alarms: Vec<Alarm>,
     /// Errors the member reported, verbatim.
     pub errors: Vec<String>,
 }
 
+/// One alarm from etcd's status `errors[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Alarm {
+    /// The member the alarm is raised for (0 if etcd's text did not say).
+    pub member_id: u64,
+    /// The alarm, e.g. `NOSPACE` or `CORRUPT`.
+    pub name: String,
+}
+
 impl MemberStatus {
+    /// The distinct alarm names, comma-separated (empty without alarms).
+    pub fn alarm_names(&self) -> String {
+        let mut names: Vec<&str> = self.alarms.iter().map(|a| a.name.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names.join(",")
+    }
+
     /// A member that answered is healthy when it sees a leader and raises no alarm.
     pub fn is_healthy(&self) -> bool {
         self.leader != 0 && self.alarms.is_empty()
@@ -220,16 +238,25 @@ fn find_leader(members: &[MemberView]) -> Option<u64> {
         .map(|(id, _, _)| id)
 }
 
-/// Reads alarm names out of etcd's status `errors[]`: entries look like
-/// `memberID:<n> alarm:NOSPACE ` (with a trailing space).
-pub fn parse_alarms(errors: &[String]) -> Vec<String> {
+/// Reads the alarms out of etcd's status `errors[]`: entries look like
+/// `memberID:<decimal id> alarm:NOSPACE ` (with a trailing space).
+pub fn parse_alarms(errors: &[String]) -> Vec<Alarm> {
     errors
         .iter()
         .filter_map(|e| {
-            e.split_whitespace()
-                .find_map(|word| word.strip_prefix("alarm:"))
+            let name = e
+                .split_whitespace()
+                .find_map(|word| word.strip_prefix("alarm:"))?;
+            let member_id = e
+                .split_whitespace()
+                .find_map(|word| word.strip_prefix("memberID:"))
+                .and_then(|id| id.parse().ok())
+                .unwrap_or(0);
+            Some(Alarm {
+                member_id,
+                name: name.to_owned(),
+            })
         })
-        .map(str::to_owned)
         .collect()
 }
 
@@ -354,10 +381,28 @@ mod tests {
     #[test]
     fn alarms_are_parsed_from_status_errors() {
         let errors = vec![
-            "memberID:8211f1d0f64f3269 alarm:NOSPACE ".to_owned(),
+            "memberID:6064730125526598891 alarm:NOSPACE ".to_owned(),
+            "memberID:15682327328059813343 alarm:NOSPACE ".to_owned(),
             "something else".to_owned(),
         ];
-        assert_eq!(parse_alarms(&errors), vec!["NOSPACE".to_owned()]);
+        let alarms = parse_alarms(&errors);
+        assert_eq!(
+            alarms,
+            vec![
+                Alarm {
+                    member_id: 6_064_730_125_526_598_891,
+                    name: "NOSPACE".into()
+                },
+                Alarm {
+                    member_id: 15_682_327_328_059_813_343,
+                    name: "NOSPACE".into()
+                },
+            ]
+        );
+        let mut status = testing::status(1, 1, 1);
+        status.alarms = alarms;
+        assert_eq!(status.alarm_names(), "NOSPACE");
+        assert!(!status.is_healthy());
     }
 
     #[test]

@@ -255,3 +255,49 @@ async fn stall_detection_fires_on_a_frozen_learner() {
     );
     cluster.resume(learner).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nospace_alarm_shows_on_every_member_and_blocks_the_gate() {
+    let cluster =
+        metalguard_e2e::etcd::EtcdCluster::start_with(metalguard_e2e::etcd::EtcdOptions {
+            members: 3,
+            quota_backend_bytes: Some(8 * 1024 * 1024),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut c = client(&cluster.endpoints()).await;
+    let value = vec![b'x'; 512 * 1024];
+    let mut nospace = None;
+    for i in 0..64 {
+        if let Err(err) = c.put(format!("/big/{i}"), value.clone(), None).await {
+            nospace = Some(err);
+            break;
+        }
+    }
+    let Some(etcd_client::Error::GRpcStatus(status)) = nospace else {
+        panic!("the quota was never reached")
+    };
+    assert_eq!(
+        metalguard_etcd::error::classify(i32::from(status.code()), status.message()),
+        EtcdErrorKind::NoSpace,
+        "{status:?}"
+    );
+    let view = observe(&settings(cluster.endpoints())).await.unwrap();
+    for m in &view.members {
+        let status = m.status().unwrap();
+        assert_eq!(status.alarm_names(), "NOSPACE", "{status:?}");
+        assert!(
+            status
+                .alarms
+                .iter()
+                .all(|a| view.member(a.member_id).is_some()),
+            "{status:?}"
+        );
+        assert!(!m.healthy());
+    }
+    let err = ops::add_learner(&settings(cluster.endpoints()), "http://127.0.0.1:1")
+        .await
+        .unwrap_err();
+    let text = refusal(&err).to_string();
+    assert!(text.contains("alarms NOSPACE"), "{text}");
+}
