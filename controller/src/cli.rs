@@ -142,16 +142,15 @@ pub fn main(cli: Cli) -> ExitCode {
     }
 }
 
-async fn connect(inventory: &Inventory, id: String) -> anyhow::Result<EtcdBackend> {
+fn connect(inventory: &Inventory, id: String) -> EtcdBackend {
     let etcd = &inventory.etcd;
-    Ok(EtcdBackend::connect(
+    EtcdBackend::new(
         &etcd.endpoints,
         &etcd.prefix,
         id,
         etcd.lease_ttl,
         etcd.timeout,
     )
-    .await?)
 }
 
 fn random_id() -> String {
@@ -185,7 +184,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         Command::Status { inventory } => {
             let inventory = Inventory::load(&inventory)?;
-            let mut backend = connect(&inventory, "status".to_owned()).await?;
+            let mut backend = connect(&inventory, "status".to_owned());
             let state = backend.load().await?;
             print!("{}", crate::status::render(&state, now()));
             Ok(())
@@ -201,7 +200,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 inventory.host(&host).is_some(),
                 "host {host} is not in the inventory"
             );
-            let mut backend = connect(&inventory, "cli".to_owned()).await?;
+            let mut backend = connect(&inventory, "cli".to_owned());
             let request = FenceRequest {
                 requested_at: now(),
                 requested_by: Some(format!("cli: {reason}")),
@@ -270,7 +269,7 @@ async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()>
         .await
         .with_context(|| format!("agent api address {} could not be bound", settings.listen))?;
     tracing::info!(address = %settings.listen, identity = %id, "agent api listening");
-    let backend = connect(&inventory, id).await?;
+    let backend = connect(&inventory, id);
     let (hub, inbox) = Hub::new();
     let metrics = Metrics::new();
     let cancel = CancellationToken::new();

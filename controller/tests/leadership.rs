@@ -136,3 +136,28 @@ async fn a_leader_stopped_with_sigterm_resigns_and_the_other_takes_over_before_t
         "took {total:?} ({handover:?} after exit)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_dead_etcd_member_does_not_disturb_leadership() {
+    let mut lab = Lab::start_with(3);
+    let port = reserve_port().unwrap();
+    let controller = lab.controller("ctl-a", &port);
+    let w1 = client(&lab.tls(), Some("w-1"));
+    wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
+    // Kill the member listed first, which a naive client tries first.
+    lab.etcd.kill(0);
+    let started = Instant::now();
+    let mut refused = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        if post_report(&w1, port.port(), "w-1", "w-1").await != Ok(200) {
+            refused += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        refused,
+        0,
+        "leadership flapped\n{}",
+        controller.log_tail(40)
+    );
+}

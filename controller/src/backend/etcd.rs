@@ -13,12 +13,12 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+    Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use metalguard_api::snapshot::FenceRequest;
 use serde::Serialize;
 
+use super::failover::{Endpoints, timed_out};
 use super::{Backend, BackendError, Leadership, State, StoredReport, Write};
 
 /// Sub-keys under the prefix.
@@ -38,19 +38,11 @@ struct Lease {
 
 /// State and leadership in etcd.
 pub struct EtcdBackend {
-    client: Client,
+    etcd: Endpoints,
     prefix: String,
     identity: String,
     lease_ttl: Duration,
-    timeout: Duration,
     lease: Option<Lease>,
-}
-
-fn unavailable(what: &str) -> impl FnOnce(etcd_client::Error) -> BackendError + '_ {
-    move |e| BackendError::Unavailable {
-        what: what.to_owned(),
-        source: Box::new(e),
-    }
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<String, BackendError> {
@@ -61,28 +53,22 @@ fn encode<T: Serialize>(value: &T) -> Result<String, BackendError> {
 }
 
 impl EtcdBackend {
-    /// Connects (lazily) to `endpoints`; every request has `timeout`.
-    pub async fn connect(
+    /// A backend over `endpoints` (one client each, connected on first use); every request
+    /// has `timeout`.
+    pub fn new(
         endpoints: &[String],
         prefix: &str,
         identity: String,
         lease_ttl: Duration,
         timeout: Duration,
-    ) -> Result<Self, BackendError> {
-        let options = ConnectOptions::new()
-            .with_timeout(timeout)
-            .with_connect_timeout(timeout);
-        let client = Client::connect(endpoints, Some(options))
-            .await
-            .map_err(unavailable("connect"))?;
-        Ok(Self {
-            client,
+    ) -> Self {
+        Self {
+            etcd: Endpoints::new(endpoints, timeout),
             prefix: prefix.to_owned(),
             identity,
             lease_ttl,
-            timeout,
             lease: None,
-        })
+        }
     }
 
     fn key(&self, sub: &str) -> String {
@@ -97,41 +83,45 @@ impl EtcdBackend {
     ) -> Result<(), BackendError> {
         let key = self.key(&format!("{FENCE_REQUESTS}{host}"));
         let value = encode(request)?;
-        self.client
-            .put(key, value, None)
-            .await
-            .map_err(unavailable("fence request"))?;
+        self.etcd
+            .call("fence request", |mut c| {
+                let (key, value) = (key.clone(), value.clone());
+                async move { c.put(key, value, None).await }
+            })
+            .await?;
         Ok(())
     }
 
     async fn renew(&mut self) -> Result<Option<Leadership>, BackendError> {
-        let timeout = self.timeout;
+        let timeout = self.etcd.timeout();
         let Some((lease_id, token)) = self.lease.as_ref().map(|l| (l.id, l.token)) else {
             return Ok(None);
         };
         // The keep-alive is a stream, which the client's request timeout does not cover;
         // without quorum it would wait forever, so it gets its own deadline. A fresh stream
         // per round: a stream broken by an outage never blocks renewal after it.
-        let mut client = self.client.clone();
-        let renewal = async move {
-            let (mut keeper, mut stream) = client.lease_keep_alive(lease_id).await?;
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
-        let answer = tokio::time::timeout(timeout, renewal)
-            .await
-            .map_err(|_| BackendError::Unavailable {
-                what: "lease keep-alive".to_owned(),
-                source: format!("no answer within {timeout:?}").into(),
-            })?
-            .map_err(unavailable("lease keep-alive"))?;
+        let answer = self
+            .etcd
+            .call("lease keep-alive", |mut client| async move {
+                let renewal = async {
+                    let (mut keeper, mut stream) = client.lease_keep_alive(lease_id).await?;
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                };
+                tokio::time::timeout(timeout, renewal)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out("lease keep-alive", timeout)))
+            })
+            .await?;
         if answer.is_some_and(|a| a.ttl() > 0) {
             let key = self.key(LEADER);
             let current = self
-                .client
-                .get(key, None)
-                .await
-                .map_err(unavailable("leader key"))?;
+                .etcd
+                .call("leader key", |mut c| {
+                    let key = key.clone();
+                    async move { c.get(key, None).await }
+                })
+                .await?;
             if current
                 .kvs()
                 .first()
@@ -153,10 +143,11 @@ impl Backend for EtcdBackend {
         }
         let ttl = i64::try_from(self.lease_ttl.as_secs()).unwrap_or(i64::MAX);
         let grant = self
-            .client
-            .lease_grant(ttl, None)
-            .await
-            .map_err(unavailable("lease grant"))?;
+            .etcd
+            .call("lease grant", |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
+            .await?;
         let key = self.key(LEADER);
         let txn = Txn::new()
             .when(vec![Compare::create_revision(
@@ -171,10 +162,12 @@ impl Backend for EtcdBackend {
             )])
             .or_else(vec![TxnOp::get(key, None)]);
         let response = self
-            .client
-            .txn(txn)
-            .await
-            .map_err(unavailable("leader election"))?;
+            .etcd
+            .call("leader election", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
         if response.succeeded() {
             let token = response
                 .header()
@@ -187,7 +180,14 @@ impl Backend for EtcdBackend {
             return Ok(Leadership::Leader);
         }
         // Not ours: give the unused lease back at once.
-        let _ = self.client.lease_revoke(grant.id()).await;
+        let id = grant.id();
+        let _ = self
+            .etcd
+            .call(
+                "lease revoke",
+                |mut c| async move { c.lease_revoke(id).await },
+            )
+            .await;
         let holder = response.op_responses().into_iter().find_map(|r| match r {
             TxnOpResponse::Get(get) => get
                 .kvs()
@@ -200,7 +200,14 @@ impl Backend for EtcdBackend {
 
     async fn resign(&mut self) {
         if let Some(lease) = self.lease.take() {
-            let _ = self.client.lease_revoke(lease.id).await;
+            let id = lease.id;
+            let _ = self
+                .etcd
+                .call(
+                    "lease revoke",
+                    |mut c| async move { c.lease_revoke(id).await },
+                )
+                .await;
             tracing::info!(identity = %self.identity, "resigned leadership");
         }
     }
@@ -208,10 +215,12 @@ impl Backend for EtcdBackend {
     async fn load(&mut self) -> Result<State, BackendError> {
         let root = format!("{}/", self.prefix);
         let response = self
-            .client
-            .get(root.clone(), Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(unavailable("load state"))?;
+            .etcd
+            .call("load state", |mut c| {
+                let root = root.clone();
+                async move { c.get(root, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
         let mut state = State::default();
         for kv in response.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
@@ -248,14 +257,19 @@ impl Backend for EtcdBackend {
         &self,
         wake: tokio::sync::mpsc::Sender<()>,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut client = self.client.clone();
+        let mut etcd = self.etcd.share();
         let key = self.key(FENCE_REQUESTS);
         async move {
             loop {
-                match client
-                    .watch(key.clone(), Some(WatchOptions::new().with_prefix()))
-                    .await
-                {
+                let started = match etcd.next_client().await {
+                    Some(mut client) => {
+                        client
+                            .watch(key.clone(), Some(WatchOptions::new().with_prefix()))
+                            .await
+                    }
+                    None => Err(timed_out("fence request watch", WATCH_RETRY)),
+                };
+                match started {
                     Ok(mut stream) => {
                         while let Ok(Some(_)) = stream.message().await {
                             if wake.send(()).await.is_err() {
@@ -278,10 +292,12 @@ impl Backend for EtcdBackend {
     async fn record_report(&mut self, report: &StoredReport) -> Result<(), BackendError> {
         let key = self.key(&format!("{REPORTS}{}", report.report.host));
         let value = encode(report)?;
-        self.client
-            .put(key, value, None)
-            .await
-            .map_err(unavailable("record report"))?;
+        self.etcd
+            .call("record report", |mut c| {
+                let (key, value) = (key.clone(), value.clone());
+                async move { c.put(key, value, None).await }
+            })
+            .await?;
         Ok(())
     }
 
@@ -329,11 +345,14 @@ impl Backend for EtcdBackend {
                 }
             }
         }
+        let txn = Txn::new().when(compares).and_then(ops);
         let response = self
-            .client
-            .txn(Txn::new().when(compares).and_then(ops))
-            .await
-            .map_err(unavailable("guarded write"))?;
+            .etcd
+            .call("guarded write", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
         if response.succeeded() {
             Ok(())
         } else {

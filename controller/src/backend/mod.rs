@@ -8,6 +8,7 @@
 //! while it still leads — so two controllers never both act.
 
 pub mod etcd;
+mod failover;
 pub mod state;
 
 use std::future::Future;
