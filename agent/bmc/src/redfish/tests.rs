@@ -640,3 +640,33 @@ async fn truncated_answers_are_transport_errors() {
     );
     assert!(error.is_transient());
 }
+
+#[tokio::test]
+async fn reboot_is_fenced_when_the_bmc_refuses_power_on() {
+    let state = Arc::new(Mutex::new("On".to_owned()));
+    let inner = one_system(state.clone());
+    let server = serve(move |req| {
+        if req.method == "POST" && req.body.contains("\"On\"") {
+            return Some(json(
+                400,
+                r#"{"error":{"@Message.ExtendedInfo":[{"Message":"power on is locked"}]}}"#,
+            ));
+        }
+        inner(req)
+    })
+    .await;
+    let mut bmc = client(&server.url);
+    let outcome = fence(&mut bmc, FenceAction::Reboot, &FenceOptions::default()).await;
+    let FenceStatus::FencedPowerOnFailed(error) = &outcome.status else {
+        panic!("{outcome:?}");
+    };
+    assert!(error.to_string().contains("power on is locked"), "{error}");
+    assert!(outcome.status.is_fenced() && outcome.status.is_success());
+    assert_eq!(*state.lock().unwrap(), "Off");
+    assert!(
+        outcome
+            .timeline
+            .to_string()
+            .contains("fenced: power off verified, but powering the host on again failed")
+    );
+}
