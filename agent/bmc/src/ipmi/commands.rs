@@ -24,7 +24,7 @@ pub const THIS_CHANNEL: u8 = 0x0E;
 /// Completion code: insufficient privilege level.
 pub const CC_INSUFFICIENT_PRIVILEGE: u8 = 0xD4;
 
-/// Chassis Control actions (IPMI v2.0 table 28-4).
+/// Chassis Control actions (the request's data byte).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[repr(u8)]
 pub enum ChassisControl {
@@ -59,7 +59,7 @@ impl ChassisControl {
     }
 }
 
-/// A human reading of a completion code (IPMI v2.0 table 5-2).
+/// A human reading of a completion code (IPMI v2.0 completion-code table).
 pub fn completion_meaning(code: u8) -> &'static str {
     match code {
         0x00 => "success",

@@ -248,7 +248,8 @@ impl PowerControl for IpmiClient {
     }
 
     async fn capabilities(&mut self) -> Result<Capabilities, BmcError> {
-        // Every chassis control action is mandatory in IPMI v2.0 (§28.3).
+        // IPMI has no way to ask: Chassis Control is mandatory, and a BMC that lacks an
+        // action (cycle, soft shutdown) refuses it with a completion code when it is sent.
         Ok(Capabilities {
             power_on: true,
             force_off: true,

@@ -18,7 +18,7 @@ use super::wire::{DecodeError, PayloadType, encode_rmcp_plus};
 const NAME_ONLY_LOOKUP: u8 = 0x10;
 
 /// A session the BMC opened but that is not activated yet. Unless disarmed, dropping it sends
-/// RAKP message 3 with an error status, which makes the BMC free the slot (IPMI v2.0 §13.22);
+/// RAKP message 3 with an error status, which makes the BMC free the slot (checked on ipmi_sim);
 /// this covers a wrong password, a lost RAKP answer and a cancelled handshake alike.
 struct HalfOpen {
     socket: Arc<UdpSocket>,

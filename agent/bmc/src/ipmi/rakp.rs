@@ -1,4 +1,4 @@
-//! RMCP+ Open Session and RAKP messages 1-4 (IPMI v2.0 §13.17-13.23), without I/O.
+//! RMCP+ Open Session and RAKP messages 1-4 (IPMI v2.0 section 13), without I/O.
 
 use super::crypto::CipherSuite;
 use super::wire::{DecodeError, byte, le32, take};
@@ -31,7 +31,7 @@ impl Privilege {
     }
 }
 
-/// A human reading of an RMCP+ status code (IPMI v2.0 table 13-15).
+/// A human reading of an RMCP+ status code.
 pub fn rmcp_status_meaning(code: u8) -> &'static str {
     match code {
         0x00 => "no errors",

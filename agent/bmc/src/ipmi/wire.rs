@@ -1,6 +1,6 @@
 //! RMCP and IPMI LAN framing, without I/O and without cryptography.
 //!
-//! Layout of a datagram (IPMI v2.0 §13.6 and §13.8):
+//! Layout of a datagram (IPMI v2.0 section 13):
 //!
 //! ```text
 //! RMCP header   06 00 FF 07
@@ -243,7 +243,7 @@ pub fn encode_v15(msg: &[u8]) -> Vec<u8> {
     out
 }
 
-/// RMCP+ payload types (IPMI v2.0 table 13-16).
+/// RMCP+ payload types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum PayloadType {
