@@ -9,6 +9,7 @@
 
 mod http;
 pub mod models;
+mod reset;
 #[cfg(test)]
 mod tests;
 
@@ -18,6 +19,7 @@ use reqwest::{Method, StatusCode};
 
 use self::http::{Answer, Auth, Http};
 use self::models::{ActionInfo, Collection, ComputerSystem, ServiceRoot};
+use self::reset::{ResetKind, choose_reset_type};
 use crate::address::Transport;
 use crate::tls::{self, TlsTrust};
 use crate::{BmcAddress, BmcError, Capabilities, Credentials, PowerControl, PowerState, Timeline};
@@ -63,69 +65,6 @@ impl Default for RedfishOptions {
             retry_backoff: DEFAULT_RETRY_BACKOFF,
             use_sessions: true,
         }
-    }
-}
-
-/// What a power command asks for, before a `ResetType` is chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ResetKind {
-    On,
-    ForceOff,
-    GracefulOff,
-    HardReset,
-    PowerCycle,
-}
-
-impl ResetKind {
-    /// `ResetType` values that do this, best first.
-    fn candidates(self) -> &'static [&'static str] {
-        match self {
-            Self::On => &["On", "ForceOn"],
-            Self::ForceOff => &["ForceOff"],
-            Self::GracefulOff => &["GracefulShutdown"],
-            Self::HardReset => &["ForceRestart"],
-            Self::PowerCycle => &["PowerCycle"],
-        }
-    }
-
-    fn operation(self) -> &'static str {
-        match self {
-            Self::On => "power on",
-            Self::ForceOff => "power off",
-            Self::GracefulOff => "graceful shutdown",
-            Self::HardReset => "hard reset",
-            Self::PowerCycle => "power cycle",
-        }
-    }
-
-    /// Whether `state` shows the command already took effect (only for verifiable commands).
-    fn done_in(self, state: &PowerState) -> bool {
-        match self {
-            Self::On => state.is_on(),
-            Self::ForceOff => state.is_off(),
-            Self::GracefulOff | Self::HardReset | Self::PowerCycle => false,
-        }
-    }
-
-    fn verifiable(self) -> bool {
-        matches!(self, Self::On | Self::ForceOff)
-    }
-}
-
-/// Picks the `ResetType` for `kind` from what the BMC allows (`None`: not advertised, assume
-/// the standard value).
-fn choose_reset_type(
-    kind: ResetKind,
-    allowed: Option<&[String]>,
-) -> Result<&'static str, Vec<String>> {
-    let candidates = kind.candidates();
-    match allowed {
-        None => Ok(candidates[0]),
-        Some(allowed) => candidates
-            .iter()
-            .find(|c| allowed.iter().any(|a| a == *c))
-            .copied()
-            .ok_or_else(|| allowed.to_vec()),
     }
 }
 
