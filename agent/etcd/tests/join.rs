@@ -186,3 +186,18 @@ async fn removed_member_wipes_its_data_dir_and_rejoins_but_a_foreign_data_dir_is
     assert!(err.to_string().contains("refusing to wipe it"), "{err}");
     assert!(slot.data_dir.join("member").exists());
 }
+
+/// A host whose peer URL is a voter but whose data dir is empty (a replaced disk) must not
+/// start that voter empty: it lost its raft term and vote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_with_an_empty_data_dir_is_refused() {
+    let mut cluster = EtcdCluster::start(3).unwrap();
+    let slot = cluster.reserve_host().unwrap();
+    let mut config = join_config(&cluster, &slot, Some(5));
+    config.peer_url = cluster.member(2).peer_url().to_owned();
+    let mut flow = JoinFlow::load(config, exec_launcher(&slot)).unwrap();
+    let err = flow.run().await.unwrap_err();
+    assert!(err.to_string().contains("remove the member first"), "{err}");
+    assert_eq!(*flow.state(), JoinState::Discover);
+    assert_eq!(cluster.member_list().unwrap().len(), 3);
+}

@@ -108,6 +108,16 @@ pub enum JoinError {
         /// The data dir.
         path: PathBuf,
     },
+    /// This host's peer URL is a voter but its data dir is empty.
+    #[error(
+        "this host is voter {member_id:x} but etcd data dir {path} is empty: remove the member first, then join again"
+    )]
+    VoterWithoutData {
+        /// The voter.
+        member_id: u64,
+        /// The empty data dir.
+        path: PathBuf,
+    },
     /// Wiping the data dir of a removed member failed.
     #[error("wiping etcd data dir {path} of the removed member failed")]
     Wipe {
@@ -335,6 +345,16 @@ impl JoinFlow {
         let discovery = state::discover(&view, &self.config.peer_url);
         if discovery == Discovery::Add && dir_has_data(&self.config.data_dir) {
             return Err(JoinError::ForeignDataDir {
+                path: self.config.data_dir.clone(),
+            });
+        }
+        // A voter that lost its data dir lost its raft term and vote too: starting it empty
+        // could let it vote twice in one term. It must be removed and join again as a learner.
+        if let Discovery::AlreadyVoter { member_id } = discovery
+            && !dir_has_data(&self.config.data_dir)
+        {
+            return Err(JoinError::VoterWithoutData {
+                member_id,
                 path: self.config.data_dir.clone(),
             });
         }
