@@ -47,9 +47,9 @@ check "rpm postinstall runs sysusers and enables" grep -q "systemctl enable meta
 check "rpm preuninstall stops on removal" grep -q "disable --now metalguard-agent" <<<"$rpm_scripts"
 
 say "deb: unit files verify"
-dpkg-deb -x "$DEB1" "$WORK/unpacked"
+dpkg-deb -x "$WORK/pkgs/v1.deb" "$WORK/unpacked"
 check "deb ships the unit" test -f "$WORK/unpacked/lib/systemd/system/metalguard-agent.service" -o -f "$WORK/unpacked/usr/lib/systemd/system/metalguard-agent.service"
-check "deb marks agent.toml as conffile" grep -qx /etc/metalguard/agent.toml <(dpkg-deb -f "$DEB1" Conffiles 2>/dev/null; dpkg-deb -I "$DEB1" conffiles 2>/dev/null)
+check "deb marks agent.toml as conffile" grep -qx /etc/metalguard/agent.toml <(dpkg-deb -I "$WORK/pkgs/v1.deb" conffiles 2>/dev/null)
 
 ROOT_CACHE=$(packaging/nspawn-root.sh)
 say "copying the cached root ($ROOT_CACHE)"
@@ -66,7 +66,7 @@ for _ in $(seq 100); do
 done
 [ -n "$leader" ] || { tail -20 "$WORK/console.log"; fail "container did not start"; }
 in_ct() { nsenter --target "$leader" --mount --uts --ipc --net --pid -- env PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
-for _ in $(seq 150); do
+for _ in $(seq 300); do
   state=$(in_ct systemctl is-system-running 2>/dev/null || true)
   case "$state" in running|degraded) break ;; esac
   sleep 0.2

@@ -14,6 +14,9 @@ APT_PACKAGES=(
   python3-venv                 # venv for sushy-tools and pyghmi
   openssl iproute2 procps      # certificates, network namespaces, process checks
   libxml2-utils                # xmllint for the fence-agent metadata test
+  debootstrap systemd-container # a bookworm root booted with systemd-nspawn for the package tests
+  rpm                          # rpm -qlp / --scripts checks of the .rpm
+  musl-tools                   # the static (musl) agent build
 )
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -44,6 +47,13 @@ if [ ! -x "$VENV/bin/python3" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ];
 else
   say "python: $VENV up to date"
 fi
+
+for tool in cargo-deb cargo-generate-rpm; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    say "cargo: installing $tool"
+    cargo install --locked "$tool"
+  fi
+done
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   say "cargo: installing cargo-nextest"

@@ -12,6 +12,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+echo "== packages under a real systemd (systemd-nspawn)"
+packaging/test-packages.sh
+
 echo "== cargo nextest run"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci
