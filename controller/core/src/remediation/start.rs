@@ -112,17 +112,17 @@ impl<'a> Planner<'a> {
                         continue;
                     }
                     P::Failed { .. } => (
-                        l.seq + 1,
-                        l.attempt + 1,
+                        l.seq.saturating_add(1),
+                        l.attempt.saturating_add(1),
                         Some(l.phase_since.after(settings.retry_period)),
                     ),
-                    P::Cancelled { .. } => (l.seq + 1, l.attempt, None),
+                    P::Cancelled { .. } => (l.seq.saturating_add(1), l.attempt, None),
                     _ if now < l.phase_since.after(settings.min_healthy_period) => (
-                        l.seq + 1,
-                        l.attempt + 1,
+                        l.seq.saturating_add(1),
+                        l.attempt.saturating_add(1),
                         Some(l.phase_since.after(settings.retry_period)),
                     ),
-                    _ => (l.seq + 1, 1, None),
+                    _ => (l.seq.saturating_add(1), 1, None),
                 },
             };
             let forced = c.forced.is_some();
@@ -130,7 +130,7 @@ impl<'a> Planner<'a> {
                 let l_failed = latest.filter(|l| matches!(l.phase, P::Failed { .. }));
                 let why = format!(
                     "{} attempts failed or did not last {} (maxRetry {})",
-                    attempt - 1,
+                    attempt.saturating_sub(1),
                     format_duration(settings.min_healthy_period),
                     settings.max_retry
                 );
