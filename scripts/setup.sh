@@ -14,6 +14,7 @@ APT_PACKAGES=(
   python3-venv                 # venv for sushy-tools and pyghmi
   openssl iproute2 procps      # certificates, network namespaces, process checks
   libxml2-utils                # xmllint for the fence-agent metadata test
+  fence-agents                 # its metadata.rng schema (test) and fence_ipmilan/fence_redfish (benchmarks)
   debootstrap systemd-container # a bookworm root booted with systemd-nspawn for the package tests
   rpm                          # rpm -qlp / --scripts checks of the .rpm
   musl-tools                   # the static (musl) agent build

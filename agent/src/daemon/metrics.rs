@@ -30,6 +30,7 @@ pub struct AgentMetrics {
     probe_healthy: Family<ProbeLabels, Gauge>,
     probe_runs: Family<ProbeRunLabels, Counter>,
     probe_seconds: Family<ProbeLabels, Histogram>,
+    insecure_tls: Counter,
 }
 
 impl AgentMetrics {
@@ -52,11 +53,18 @@ impl AgentMetrics {
             "Duration of probe runs",
             probe_seconds.clone(),
         );
+        let insecure_tls = Counter::default();
+        registry.register(
+            "bmc_insecure_tls_handshakes",
+            "TLS handshakes with BMCs accepted without certificate verification (explicit opt-in)",
+            insecure_tls.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             probe_healthy,
             probe_runs,
             probe_seconds,
+            insecure_tls,
         }
     }
 
@@ -86,6 +94,9 @@ impl AgentMetrics {
 
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
+        let seen = metalguard_bmc::tls::insecure_handshakes();
+        self.insecure_tls
+            .inc_by(seen.saturating_sub(self.insecure_tls.get()));
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -113,5 +124,9 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("metalguard_agent_probe_runs_total{condition=\"EtcdMemberHealthy\",result=\"fail\"} 1"), "{text}");
+        assert!(
+            text.contains("metalguard_agent_bmc_insecure_tls_handshakes_total 0"),
+            "{text}"
+        );
     }
 }
