@@ -247,3 +247,72 @@ async fn half_open_handshakes_do_not_leak_session_slots() {
         .unwrap();
     s.close().await.unwrap();
 }
+
+/// A relay in front of `port` that drops the `n`-th authenticated session answer (1-based).
+async fn relay_dropping_answer(
+    port: u16,
+    n: usize,
+) -> std::io::Result<(u16, tokio::task::JoinHandle<()>)> {
+    let front = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
+    let back = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
+    back.connect(("127.0.0.1", port)).await?;
+    let front_port = front.local_addr()?.port();
+    let task = tokio::spawn(async move {
+        let (mut a, mut b) = ([0u8; 1024], [0u8; 1024]);
+        let (mut client, mut seen) = (None, 0);
+        loop {
+            tokio::select! {
+                Ok((len, from)) = front.recv_from(&mut a) => {
+                    client = Some(from);
+                    let _ = back.send(&a[..len]).await;
+                }
+                Ok(len) = back.recv(&mut b) => {
+                    let session_answer = len > 5 && b[4] == 0x06 && b[5] == 0xC0;
+                    if session_answer {
+                        seen += 1;
+                    }
+                    if let (false, Some(to)) = (session_answer && seen == n, client) {
+                        let _ = front.send_to(&b[..len], to).await;
+                    }
+                }
+            }
+        }
+    });
+    Ok((front_port, task))
+}
+
+/// A hard reset whose answer is lost is never repeated (ipmi_sim runs even a byte-identical
+/// retransmission again — found by this test): the host is reset once, and the error says the
+/// reset may have run.
+#[tokio::test]
+async fn a_lost_hard_reset_answer_never_resets_twice() {
+    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+    // Answers: 1 = set session privilege, 2 = chassis control.
+    let (relay, task) = relay_dropping_answer(sim.port(), 2).await.unwrap();
+    let mut c = config(&sim, Account::Admin);
+    c.port = relay;
+    c.retry.first_timeout = Duration::from_millis(100);
+    c.retry.attempts = 3;
+    let mut s = IpmiSession::connect(&c).await.unwrap();
+    let started = Instant::now();
+    let err = s
+        .chassis_control(ChassisControl::HardReset)
+        .await
+        .unwrap_err();
+    // The single send waits the whole budget of the three attempts (100 + 200 + 400 ms).
+    assert!(
+        started.elapsed() >= Duration::from_millis(700),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(err, IpmiError::Timeout { attempts: 1, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("it may have run"), "{err}");
+    drop(s);
+    task.abort();
+    let log = sim.power_log().unwrap();
+    let resets = log.iter().filter(|e| e.kind == "reset").count();
+    assert_eq!(resets, 1, "{log:?}");
+}

@@ -330,17 +330,20 @@ impl IpmiSession {
 
     /// Chassis Control. A completion code 0xD4 becomes [`IpmiError::PrivilegeRefused`].
     pub async fn chassis_control(&mut self, action: ChassisControl) -> Result<(), IpmiError> {
-        let retransmit = if action.is_idempotent() {
-            Retransmit::Fresh
+        let (retransmit, step) = if action.is_idempotent() {
+            (Retransmit::Fresh, "chassis control")
         } else {
-            Retransmit::Identical
+            (
+                Retransmit::Never,
+                "chassis control (sent once, never repeated: it may have run)",
+            )
         };
         match self
             .command(
                 NETFN_CHASSIS,
                 CMD_CHASSIS_CONTROL,
                 vec![action as u8],
-                "chassis control",
+                step,
                 retransmit,
             )
             .await
@@ -391,19 +394,12 @@ impl IpmiSession {
     ) -> Result<Vec<u8>, IpmiError> {
         let req = self.active.request(netfn, cmd, data);
         let bmc = self.transport.bmc.clone();
-        let mut sealed: Option<Vec<u8>> = None;
         self.transport
             .exchange(
                 &mut self.active,
                 step,
-                |active| {
-                    if let (Retransmit::Identical, Some(s)) = (retransmit, &sealed) {
-                        return Ok(s.clone());
-                    }
-                    let s = active.seal(&req, random(&bmc)?);
-                    sealed = Some(s.clone());
-                    Ok(s)
-                },
+                retransmit,
+                |active| Ok(active.seal(&req, random(&bmc)?)),
                 |active, dg| {
                     let resp = active.open(dg)?;
                     if !resp.answers(&req) {

@@ -23,9 +23,10 @@ const MAX_DATAGRAM: usize = 1024;
 pub(super) enum Retransmit {
     /// Resend with a new session sequence number (safe for idempotent requests).
     Fresh,
-    /// Resend the identical datagram: a BMC that saw it rejects the replay, so the command
-    /// runs at most once (for power cycle and hard reset).
-    Identical,
+    /// Never resend; wait the whole retry budget for the answer. For power cycle and hard
+    /// reset: a BMC may run a repeated request again even when it is byte-identical (ipmi_sim
+    /// resets twice), and a lost answer must not reset the host twice.
+    Never,
 }
 
 /// The socket and the bookkeeping shared by the handshake and the session.
@@ -61,19 +62,29 @@ impl Transport {
     }
 
     /// Sends what `make` builds and waits for a datagram `accept` takes, retransmitting per
-    /// the policy. `accept` returns `None` for datagrams that are not the answer (ignored),
+    /// the policy (or, with [`Retransmit::Never`], sending once and waiting the policy's whole
+    /// budget). `accept` returns `None` for datagrams that are not the answer (ignored),
     /// `Some(Err)` for an answer that ends the exchange with an error.
     pub(super) async fn exchange<S, T>(
         &mut self,
         state: &mut S,
         step: &'static str,
+        retransmit: Retransmit,
         mut make: impl FnMut(&mut S) -> Result<Vec<u8>, IpmiError>,
         mut accept: impl FnMut(&mut S, &[u8]) -> Result<Option<T>, AcceptError>,
     ) -> Result<T, IpmiError> {
         let begun = Instant::now();
         let mut buf = [0u8; MAX_DATAGRAM];
         let mut last_malformed: Option<DecodeError> = None;
-        let attempts = self.retry.attempts.max(1);
+        let retry = match retransmit {
+            Retransmit::Fresh => self.retry,
+            Retransmit::Never => RetryPolicy {
+                first_timeout: self.retry.worst_case(),
+                max_timeout: self.retry.worst_case(),
+                attempts: 1,
+            },
+        };
+        let attempts = retry.attempts.max(1);
         for attempt in 0..attempts {
             let datagram = make(state)?;
             self.record(
@@ -85,7 +96,7 @@ impl Transport {
                 .send(&datagram)
                 .await
                 .map_err(|e| self.io_error(e))?;
-            let deadline = Instant::now() + self.retry.attempt_timeout(attempt);
+            let deadline = Instant::now() + retry.attempt_timeout(attempt);
             loop {
                 let received = tokio::time::timeout_at(deadline, self.socket.recv(&mut buf)).await;
                 let Ok(received) = received else { break };
@@ -143,6 +154,7 @@ impl Transport {
         self.exchange(
             &mut (),
             step,
+            Retransmit::Fresh,
             |()| Ok(datagram.clone()),
             |(), dg| {
                 // Some BMCs (pyghmi) answer session-less requests in RMCP+ format.
@@ -188,6 +200,7 @@ impl Transport {
         self.exchange(
             &mut (),
             step,
+            Retransmit::Fresh,
             |()| Ok(datagram.clone()),
             |(), dg| match decode_envelope(dg, 0)? {
                 Envelope::V20(p) if p.payload_type == expect as u8 => Ok(Some(p.payload.to_vec())),
