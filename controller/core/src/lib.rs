@@ -23,6 +23,8 @@ pub mod remediation;
 pub mod validate;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod props;
 #[cfg(test)]
 mod remediation_tests;

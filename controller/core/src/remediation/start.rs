@@ -138,7 +138,14 @@ impl<'a> Planner<'a> {
                     && host.role == Role::Worker
                     && !host.externally_provisioned;
                 if let Some(l) = l_failed {
-                    let executor = l.executor.clone();
+                    let Some(executor) = self.choose_executor(host, Some(&l.executor)) else {
+                        refuse(
+                            &mut self.out,
+                            format!("{why}; no healthy agent other than the target can record it"),
+                        );
+                        continue;
+                    };
+                    let executor = executor.name.clone();
                     if may_reprovision {
                         self.emit(
                             l,
@@ -147,14 +154,14 @@ impl<'a> Planner<'a> {
                             format!("{name}: {why}: reprovision it"),
                         );
                     } else {
-                        let who = if host.role == Role::ControlPlane {
-                            "a control-plane host"
+                        let rule = if host.role == Role::ControlPlane {
+                            "a control-plane host is never reprovisioned automatically"
                         } else if host.externally_provisioned {
-                            "an externally provisioned host"
+                            "an externally provisioned host is never reprovisioned automatically"
                         } else {
-                            "reprovisioning is not allowed"
+                            "reprovisioning is not allowed by policy"
                         };
-                        let reason = format!("{why}; {who} is never reprovisioned automatically");
+                        let reason = format!("{why}; {rule}");
                         self.emit(
                             l,
                             &executor,
