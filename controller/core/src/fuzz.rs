@@ -44,7 +44,7 @@ fn phase(i: u8) -> P {
 
 fn snapshot(desired: u32, hosts: &[HostBits], rems: &[(usize, u8, u8)]) -> Snapshot {
     let mut out = Vec::new();
-    for (i, &(cp, a, b, c, d, e, progress)) in hosts.iter().enumerate() {
+    for (i, &(cp, a, b, c, d, _, progress)) in hosts.iter().enumerate() {
         let role = if cp { Role::ControlPlane } else { Role::Worker };
         let name = format!("h-{i}");
         let mut h = host(
@@ -87,7 +87,6 @@ fn snapshot(desired: u32, hosts: &[HostBits], rems: &[(usize, u8, u8)]) -> Snaps
             m.progress_permille = progress % 1001;
             h.etcd = Some(m);
         }
-        let _ = e;
         out.push(h);
     }
     let mut orphan = Vec::new();
