@@ -288,13 +288,7 @@ async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()>
             }
         });
     }
-    let controller = Controller {
-        backend,
-        inventory,
-        hub,
-        metrics,
-        leader_since: None,
-    };
+    let controller = Controller::new(backend, inventory, hub, metrics);
     tasks.spawn(controller.run(inbox, cancel.clone()));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("sigterm handler could not be installed")?;

@@ -6,12 +6,12 @@
 //! a result is acknowledged only after the loop has persisted it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use metalguard_api::protocol::{AgentReport, Command, CommandResult, ResultAck};
 use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::time::Instant;
 
 /// Something an agent sent, for the controller loop.
 #[derive(Debug)]
@@ -25,8 +25,17 @@ pub enum Inbound {
         /// The result.
         result: CommandResult,
         /// Where the acknowledgement goes.
-        reply: oneshot::Sender<Result<ResultAck, String>>,
+        reply: oneshot::Sender<Result<ResultAck, ResultError>>,
     },
+}
+
+/// Why a result was not recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResultError {
+    /// The result can never be recorded (unknown operation, another host's operation): 409.
+    Rejected(String),
+    /// The store is unavailable; the agent should retry: 503.
+    Unavailable(String),
 }
 
 #[derive(Debug, Default)]
@@ -39,7 +48,8 @@ struct Queue {
 /// Shared state between the server and the loop.
 #[derive(Debug)]
 pub struct Hub {
-    leader: AtomicBool,
+    /// Leadership is valid until this instant (the lease certainly holds until then).
+    leader_until: Mutex<Option<Instant>>,
     queues: Mutex<HashMap<String, Queue>>,
     inbox: mpsc::Sender<Inbound>,
 }
@@ -49,7 +59,7 @@ impl Hub {
     pub fn new() -> (Arc<Self>, mpsc::Receiver<Inbound>) {
         let (tx, rx) = mpsc::channel(1024);
         let hub = Self {
-            leader: AtomicBool::new(false),
+            leader_until: Mutex::new(None),
             queues: Mutex::new(HashMap::new()),
             inbox: tx,
         };
@@ -63,15 +73,24 @@ impl Hub {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// True while this controller holds leadership.
-    pub fn is_leader(&self) -> bool {
-        self.leader.load(Ordering::SeqCst)
+    fn leader_until(&self) -> MutexGuard<'_, Option<Instant>> {
+        self.leader_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Records leadership; losing it withdraws every published command.
-    pub fn set_leader(&self, leader: bool) {
-        let was = self.leader.swap(leader, Ordering::SeqCst);
-        if was && !leader {
+    /// True while this controller holds leadership and its lease certainly holds: it expires
+    /// by itself even while the controller loop is blocked on the store.
+    pub fn is_leader(&self) -> bool {
+        self.leader_until()
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Records leadership valid until `until` (`None`: not leading); losing it withdraws
+    /// every published command.
+    pub fn set_leader_until(&self, until: Option<Instant>) {
+        let was = std::mem::replace(&mut *self.leader_until(), until).is_some();
+        if was && until.is_none() {
             self.publish(&BTreeMap::new());
         }
     }
@@ -166,6 +185,15 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn leadership_expires_by_itself() {
+        let (hub, _rx) = Hub::new();
+        hub.set_leader_until(Some(Instant::now() + Duration::from_millis(30)));
+        assert!(hub.is_leader());
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(!hub.is_leader());
+    }
+
+    #[tokio::test]
     async fn a_waiting_poll_returns_as_soon_as_a_command_is_published() {
         let (hub, _rx) = Hub::new();
         let waiter = {
@@ -192,8 +220,10 @@ mod tests {
         )]));
         assert!(hub.poll("cp-2", Duration::from_millis(50)).await.is_empty());
         assert_eq!(hub.poll("cp-1", Duration::from_millis(50)).await.len(), 1);
-        hub.set_leader(true);
-        hub.set_leader(false);
+        hub.set_leader_until(Some(Instant::now() + Duration::from_secs(60)));
+        assert!(hub.is_leader());
+        hub.set_leader_until(None);
+        assert!(!hub.is_leader());
         assert!(hub.poll("cp-1", Duration::from_millis(50)).await.is_empty());
     }
 }

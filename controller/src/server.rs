@@ -24,7 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now;
-use crate::hub::{Hub, Inbound};
+use crate::hub::{Hub, Inbound, ResultError};
 use crate::tls::peer_host;
 
 /// How long a client may take to complete the TLS handshake.
@@ -147,7 +147,8 @@ async fn results(
     }
     match rx.await {
         Ok(Ok(ack)) => Json(ack).into_response(),
-        Ok(Err(error)) => refuse(StatusCode::CONFLICT, error),
+        Ok(Err(ResultError::Rejected(error))) => refuse(StatusCode::CONFLICT, error),
+        Ok(Err(ResultError::Unavailable(error))) => refuse(StatusCode::SERVICE_UNAVAILABLE, error),
         Err(_) => refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "controller stopped before persisting the result".to_owned(),

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::{Backend, BackendError, Leadership, StoredReport, Write};
 use crate::clock::now;
 use crate::executor;
-use crate::hub::{Hub, Inbound};
+use crate::hub::{Hub, Inbound, ResultError};
 use crate::inventory::Inventory;
 use crate::metrics::{Metrics, label};
 
@@ -27,19 +27,29 @@ const MAX_ROUNDS: usize = 8;
 
 /// The controller loop's context.
 pub struct Controller<B> {
-    /// The store.
-    pub backend: B,
-    /// The inventory.
-    pub inventory: Inventory,
-    /// Shared with the server.
-    pub hub: Arc<Hub>,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
+    backend: B,
+    inventory: Inventory,
+    hub: Arc<Hub>,
+    metrics: Arc<Metrics>,
     /// When this controller last became leader (hosts are "known" from then on).
-    pub leader_since: Option<metalguard_api::duration::Timestamp>,
+    leader_since: Option<metalguard_api::duration::Timestamp>,
+    /// When the last successful leadership round started (the lease runs from then at least).
+    renewed_at: Option<tokio::time::Instant>,
 }
 
 impl<B: Backend> Controller<B> {
+    /// A controller that does not lead yet.
+    pub fn new(backend: B, inventory: Inventory, hub: Arc<Hub>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            backend,
+            inventory,
+            hub,
+            metrics,
+            leader_since: None,
+            renewed_at: None,
+        }
+    }
+
     /// Runs until `cancel`, then resigns leadership.
     pub async fn run(mut self, mut inbox: mpsc::Receiver<Inbound>, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(self.inventory.controller.plan_interval);
@@ -58,6 +68,8 @@ impl<B: Backend> Controller<B> {
         let watch = tokio::spawn(self.backend.watch_inputs(wake_tx));
         loop {
             tokio::select! {
+                // Leadership rounds first: a busy inbox must not starve lease renewal.
+                biased;
                 () = cancel.cancelled() => break,
                 _ = tick.tick() => {
                     self.campaign().await;
@@ -68,6 +80,12 @@ impl<B: Backend> Controller<B> {
                     None => break,
                 },
             }
+            if self.leader_since.is_some() && !self.hub.is_leader() {
+                tracing::error!(
+                    "cannot act: leadership expired without a renewal (backend store unreachable?)"
+                );
+                self.set_leader(false);
+            }
             self.metrics
                 .agents_connected
                 .set(i64::try_from(self.hub.agents_polling()).unwrap_or(i64::MAX));
@@ -76,13 +94,14 @@ impl<B: Backend> Controller<B> {
             }
         }
         watch.abort();
-        self.hub.set_leader(false);
+        self.set_leader(false);
         self.backend.resign().await;
     }
 
     async fn campaign(&mut self) {
         // Every backend call has its own timeout; this is the overall deadline of a round.
         let deadline = self.inventory.etcd.timeout * 3;
+        let round_started = tokio::time::Instant::now();
         let outcome = tokio::time::timeout(deadline, self.backend.campaign())
             .await
             .unwrap_or_else(|_| {
@@ -94,10 +113,12 @@ impl<B: Backend> Controller<B> {
         match outcome {
             Ok(Leadership::Leader) => {
                 self.metrics.store_unavailable.set(0);
+                self.renewed_at = Some(round_started);
                 self.set_leader(true);
             }
             Ok(Leadership::Follower { holder }) => {
                 self.metrics.store_unavailable.set(0);
+                self.renewed_at = None;
                 if self.hub.is_leader() {
                     tracing::warn!(
                         holder = holder.as_deref().unwrap_or("unknown"),
@@ -111,18 +132,35 @@ impl<B: Backend> Controller<B> {
                     tracing::error!(error = %crate::cli::chain(&error), "cannot act: the backend store is unavailable (etcd without quorum?)");
                 }
                 self.metrics.store_unavailable.set(1);
-                self.set_leader(false);
+                // Keep leading only while the lease certainly still holds (granted or renewed
+                // no earlier than the last good round started, less one request timeout of
+                // margin): an etcd leader election (~1 s) must not depose us. Nothing is
+                // persisted meanwhile — writes fail without quorum and are fenced by the
+                // leader key — and only commands already persisted stay offered.
+                // The hub's leadership deadline (set at the last good round) expires by
+                // itself; here only the bookkeeping follows.
+                if !self.hub.is_leader() {
+                    self.set_leader(false);
+                }
             }
         }
     }
 
+    /// Records leadership. While leading, the hub's deadline is the last good round's start
+    /// plus the lease time to live less one request timeout of margin.
     fn set_leader(&mut self, leader: bool) {
         match (leader, self.leader_since) {
             (true, None) => self.leader_since = Some(now()),
             (false, Some(_)) => self.leader_since = None,
             _ => {}
         }
-        self.hub.set_leader(leader);
+        if !leader {
+            self.renewed_at = None;
+        }
+        let etcd = &self.inventory.etcd;
+        let grace = etcd.lease_ttl.saturating_sub(etcd.timeout);
+        self.hub
+            .set_leader_until(self.renewed_at.filter(|_| leader).map(|t| t + grace));
         self.metrics.leader.set(i64::from(leader));
     }
 
@@ -152,12 +190,12 @@ impl<B: Backend> Controller<B> {
         &mut self,
         host: &str,
         result: metalguard_api::protocol::CommandResult,
-    ) -> Result<metalguard_api::protocol::ResultAck, String> {
+    ) -> Result<metalguard_api::protocol::ResultAck, ResultError> {
         let state = self
             .backend
             .load()
             .await
-            .map_err(|e| crate::cli::chain(&e))?;
+            .map_err(|e| ResultError::Unavailable(crate::cli::chain(&e)))?;
         let protocol = state
             .operations
             .get(&result.operation_id)
@@ -180,12 +218,13 @@ impl<B: Backend> Controller<B> {
             .get(&result.operation_id)
             .filter(|op| matches!(op.kind, crate::backend::OperationKind::EtcdPromote { .. }))
             .map(|op| op.created_at);
-        let (write, ack) = executor::record_result(&state, host, result)?;
+        let (write, ack) =
+            executor::record_result(&state, host, result).map_err(ResultError::Rejected)?;
         if let Some(write) = write {
             self.backend
                 .apply(vec![write])
                 .await
-                .map_err(|e| crate::cli::chain(&e))?;
+                .map_err(|e| ResultError::Unavailable(crate::cli::chain(&e)))?;
             if protocol != "none" {
                 let labels = vec![
                     ("protocol".to_owned(), protocol.to_owned()),

@@ -172,8 +172,8 @@ async fn an_unhealthy_report_reaches_the_executor_as_a_fence_within_200ms_median
         let port = reserve_port().unwrap();
         let base = std::fs::read_to_string(lab.inventory("base", port.port())).unwrap();
         let text = base.replace(
-            "timeout = \"1s\"",
-            &format!("timeout = \"1s\"\nprefix = \"/latency-{i}\""),
+            "timeout = \"500ms\"",
+            &format!("timeout = \"500ms\"\nprefix = \"/latency-{i}\""),
         ) + r#"
 [[policy.health_checks]]
 name = "workers"

@@ -4,7 +4,8 @@
 //! of three down ~40-50% of calls failed with `tcp connect error` (DOMAIN §1), which would
 //! make a healthy cluster look quorum-less and the leader step down. Each call here starts at
 //! the endpoint that answered last and moves on only for transport-level failures
-//! (unreachable, timed out); an answer from etcd (including a refused compare) is final.
+//! (unreachable, timed out); an answer from etcd (including a refused compare) is final. A
+//! hung member costs one request timeout, after which calls stay on the endpoint that answered.
 
 use std::future::Future;
 use std::time::Duration;
@@ -13,8 +14,9 @@ use etcd_client::{Client, ConnectOptions};
 
 use super::BackendError;
 
-/// gRPC codes that say "this endpoint could not answer": Unavailable, DeadlineExceeded.
-const TRANSPORT_CODES: [i32; 2] = [14, 4];
+/// gRPC codes that say "this endpoint could not answer": Unavailable, DeadlineExceeded, and
+/// Cancelled (what the client's own request timeout produces: "Timeout expired").
+const TRANSPORT_CODES: [i32; 3] = [14, 4, 1];
 
 /// Clients for every endpoint, connected on first use.
 pub struct Endpoints {

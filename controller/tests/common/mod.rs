@@ -80,7 +80,7 @@ plan_interval = "200ms"
 [etcd]
 endpoints = [{endpoints}]
 lease_ttl = "2s"
-timeout = "1s"
+timeout = "500ms"
 
 [control_plane]
 desired_replicas = 1
