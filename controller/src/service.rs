@@ -132,13 +132,11 @@ impl<B: Backend> Controller<B> {
                     tracing::error!(error = %crate::cli::chain(&error), "cannot act: the backend store is unavailable (etcd without quorum?)");
                 }
                 self.metrics.store_unavailable.set(1);
-                // Keep leading only while the lease certainly still holds (granted or renewed
-                // no earlier than the last good round started, less one request timeout of
-                // margin): an etcd leader election (~1 s) must not depose us. Nothing is
-                // persisted meanwhile — writes fail without quorum and are fenced by the
-                // leader key — and only commands already persisted stay offered.
-                // The hub's leadership deadline (set at the last good round) expires by
-                // itself; here only the bookkeeping follows.
+                // Keep leading only while the lease certainly still holds: the hub's deadline
+                // (set at the last good round) expires by itself, and a hiccup shorter than it
+                // (an etcd leader election, ~1 s) must not depose us. Nothing is persisted
+                // meanwhile (writes need quorum and carry the fencing token) and only commands
+                // already persisted stay offered. Here only the bookkeeping follows.
                 if !self.hub.is_leader() {
                     self.set_leader(false);
                 }
