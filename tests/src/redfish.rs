@@ -16,6 +16,9 @@ use crate::{HarnessError, Result, tools};
 
 /// How long to wait for the emulator to answer after start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// A seed whose first stock power delay falls between 1 and 2 seconds (Python's `random.seed(14)`
+/// draws `randint(1, 11) == 2` first).
+pub const SEED_FIRST_DELAY_1_TO_2_S: u64 = 14;
 /// bcrypt cost of the htpasswd entries (low on purpose, see DOMAIN.md §2).
 const BCRYPT_COST: u32 = 4;
 
@@ -35,8 +38,12 @@ pub enum Tls {
 pub struct RedfishOptions {
     /// HTTP or HTTPS flavour.
     pub tls: Tls,
-    /// Apply power changes at once (true) or after the emulator's random 1-11 s (false).
+    /// Apply power changes at once (true) or after the emulator's stock random delay (false):
+    /// `int(now) + randint(1, 11)`, so anywhere from a few milliseconds to 11 s.
     pub instant_power: bool,
+    /// Seed of the emulator's random delays (with `instant_power: false`), for tests that must
+    /// know the delay is long enough to observe; [`SEED_FIRST_DELAY_1_TO_2_S`] is one.
+    pub random_seed: Option<u64>,
     /// Number of systems the BMC lists.
     pub systems: usize,
     /// Power state of every system at start.
@@ -52,6 +59,7 @@ impl Default for RedfishOptions {
         Self {
             tls: Tls::Http,
             instant_power: true,
+            random_seed: None,
             systems: 1,
             initially_on: true,
             username: "admin".to_owned(),
@@ -127,6 +135,13 @@ impl RedfishBmc {
             .env(
                 "MG_SUSHY_INSTANT",
                 if options.instant_power { "1" } else { "0" },
+            )
+            .env(
+                "MG_SUSHY_SEED",
+                options
+                    .random_seed
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
             )
             .env("PYTHONDONTWRITEBYTECODE", "1");
         let proc = Proc::spawn("sushy-emulator", command, &dir.path().join("emulator.log"))?;

@@ -122,6 +122,9 @@ async fn https_with_a_pinned_self_signed_ca_true_certificate() {
 async fn stock_random_power_delay_is_waited_for() {
     let bmc = RedfishBmc::start(EmuOptions {
         instant_power: false,
+        // The stock delay is int(now) + randint(1, 11): unseeded it can be a few milliseconds,
+        // which would make "the loop saw it still on" a coin toss. This seed draws 1-2 s.
+        random_seed: Some(metalguard_e2e::redfish::SEED_FIRST_DELAY_1_TO_2_S),
         ..EmuOptions::default()
     })
     .unwrap();
