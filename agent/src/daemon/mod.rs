@@ -5,7 +5,7 @@
 //! READY once every probe has run once, pings the watchdog only while every loop beats, and
 //! keeps a STATUS line; SIGTERM (or SIGINT) cancels everything and sends STOPPING.
 
-mod execute;
+pub(crate) mod execute;
 mod journal;
 mod link;
 mod local_http;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use metalguard_bmc::TlsTrust;
 
+use crate::daemon::execute::error_chain;
+
 /// Why a check failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeFailure {
@@ -97,16 +99,6 @@ impl HttpCheck {
         }
         Ok(format!("{} answered {status}", self.url))
     }
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut parts = vec![err.to_string()];
-    let mut source = err.source();
-    while let Some(cause) = source {
-        parts.push(cause.to_string());
-        source = cause.source();
-    }
-    parts.join(": ")
 }
 
 fn truncate(text: &str, max: usize) -> &str {
