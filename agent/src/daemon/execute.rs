@@ -47,6 +47,11 @@ impl Executor {
         }
     }
 
+    /// How this agent reaches etcd, if configured.
+    pub fn etcd_settings(&self) -> Option<&ClientSettings> {
+        self.etcd.as_ref()
+    }
+
     /// The journal (for pending results).
     pub fn journal(&self) -> &Journal {
         &self.journal

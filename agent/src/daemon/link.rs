@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use metalguard_api::duration::Timestamp;
 use metalguard_api::protocol::{
-    self, AgentReport, CommandBatch, CommandResult, Condition, ErrorBody, ReportAck, ResultAck,
+    self, AgentReport, CommandBatch, CommandResult, Condition, ErrorBody, EtcdMemberView, EtcdView,
+    ReportAck, ResultAck,
 };
 use metalguard_api::snapshot::ConditionStatus;
 use rustls::pki_types::pem::PemObject;
@@ -188,6 +189,46 @@ fn conditions(board: &Board) -> Vec<Condition> {
         .collect()
 }
 
+/// This host's view of etcd for the report: every member as our own probe saw it.
+async fn etcd_view(settings: Option<&metalguard_etcd::ClientSettings>) -> Option<EtcdView> {
+    let settings = settings?;
+    let local = settings.endpoints.first()?.clone();
+    let view = match Box::pin(metalguard_etcd::observe::observe(settings)).await {
+        Ok(view) => view,
+        Err(err) => {
+            tracing::warn!(error = %error_chain(&err), "etcd not observable for the report");
+            return Some(EtcdView::default());
+        }
+    };
+    let local_member_id = view
+        .members
+        .iter()
+        .find(|m| m.probe.as_ref().is_some_and(|p| p.endpoint == local))
+        .map(|m| m.id);
+    Some(EtcdView {
+        local_member_id,
+        leader_id: view.summary.leader,
+        members: view
+            .members
+            .iter()
+            .map(|m| EtcdMemberView {
+                id: m.id,
+                name: m.name.clone(),
+                peer_urls: m.peer_urls.clone(),
+                client_urls: m.client_urls.clone(),
+                learner: m.is_learner,
+                healthy: m.healthy(),
+                alarms: m
+                    .status()
+                    .map(|s| s.alarms.iter().map(|a| a.name.clone()).collect())
+                    .unwrap_or_default(),
+                raft_applied_index: m.status().map(|s| s.raft_applied_index),
+                error: m.probe.as_ref().and_then(|p| p.error.clone()),
+            })
+            .collect(),
+    })
+}
+
 fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_owned())
@@ -218,7 +259,7 @@ pub async fn report_loop(
             boot_id: boot.clone(),
             sent_at: Timestamp(now_ms()),
             conditions: conditions(&board),
-            etcd: None,
+            etcd: etcd_view(executor.etcd_settings()).await,
             bmc_reachability: Vec::new(),
             unacknowledged_results: executor
                 .journal()
