@@ -14,9 +14,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use metalguard_e2e::etcd::EtcdCluster;
-use metalguard_e2e::ipmi::{IpmiOptions, IpmiSim, Privilege};
+use metalguard_e2e::ipmi::{IpmiOptions, IpmiSim, PowerEvent, Privilege};
 use metalguard_e2e::ports::reserve_port;
-use metalguard_e2e::process::Proc;
+use metalguard_e2e::process::{Proc, tail_of};
 
 /// A workspace binary next to this test's own directory (`target/<profile>/NAME`).
 fn workspace_bin(name: &str) -> PathBuf {
@@ -87,178 +87,307 @@ fn start_agent(dir: &Path, host: &str, controller_port: u16, etcd: Option<&[Stri
     }
 }
 
-#[test]
-fn an_unhealthy_worker_is_fenced_exactly_once_by_another_agent_and_powered_on_again() {
-    let etcd = EtcdCluster::start(1).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let tls = d.join("tls");
-    let tls_s = tls.to_str().unwrap();
-    controller(&["certs", "init", tls_s]);
-    controller(&["certs", "issue", "controller", tls_s, "--server"]);
-    for host in ["cp-1", "w-1", "w-2"] {
-        controller(&["certs", "issue", host, tls_s]);
+const HOSTS: [&str; 3] = ["cp-1", "w-1", "w-2"];
+
+/// etcd, certificates, the BMC simulator (w-2's BMC) and the inventory; controllers and agents
+/// are started on top.
+struct Stack {
+    etcd: EtcdCluster,
+    dir: tempfile::TempDir,
+    sim: IpmiSim,
+    port: metalguard_e2e::ports::PortLease,
+    inventory: PathBuf,
+}
+
+impl Stack {
+    fn new() -> Self {
+        let etcd = EtcdCluster::start(1).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let tls = d.join("tls");
+        let tls_s = tls.to_str().unwrap();
+        controller(&["certs", "init", tls_s]);
+        controller(&["certs", "issue", "controller", tls_s, "--server"]);
+        for host in HOSTS {
+            controller(&["certs", "issue", host, tls_s]);
+        }
+        let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+        let creds = sim.credentials_dir(Privilege::Admin);
+        let port = reserve_port().unwrap();
+        let endpoints: Vec<String> = etcd.endpoints();
+        let inventory = d.join("inventory.toml");
+        std::fs::write(
+            &inventory,
+            format!(
+                r#"
+    [controller]
+    listen = "127.0.0.1:{port}"
+    tls_dir = "{tls}"
+    plan_interval = "200ms"
+
+    [etcd]
+    endpoints = [{endpoints}]
+    lease_ttl = "2s"
+    timeout = "500ms"
+
+    [control_plane]
+    desired_replicas = 1
+
+    [[hosts]]
+    name = "cp-1"
+    role = "control-plane"
+
+    [[hosts]]
+    name = "w-1"
+    role = "worker"
+
+    [[hosts]]
+    name = "w-2"
+    role = "worker"
+    bmc = {{ address = "{bmc}", credentials_dir = "{creds}" }}
+
+    [[policy.health_checks]]
+    name = "workers"
+    selector = {{ role = "worker" }}
+    unhealthy_conditions = [{{ type = "KubeletHealthy", status = "False", timeout = "1s" }}]
+    "#,
+                port = port.port(),
+                tls = tls.display(),
+                endpoints = endpoints
+                    .iter()
+                    .map(|e| format!("{e:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                bmc = sim.url(),
+                creds = creds.display(),
+            ),
+        )
+        .unwrap();
+        Self {
+            etcd,
+            dir,
+            sim,
+            port,
+            inventory,
+        }
     }
-    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
-    let creds = sim.credentials_dir(Privilege::Admin);
-    let port = reserve_port().unwrap();
-    let endpoints: Vec<String> = etcd.endpoints();
-    let inventory = d.join("inventory.toml");
-    std::fs::write(
-        &inventory,
-        format!(
-            r#"
-[controller]
-listen = "127.0.0.1:{port}"
-tls_dir = "{tls}"
-plan_interval = "200ms"
 
-[etcd]
-endpoints = [{endpoints}]
-lease_ttl = "2s"
-timeout = "500ms"
+    fn controller(&self, name: &str) -> (Proc, PathBuf) {
+        let mut command = Command::new(workspace_bin("metalguard-controller"));
+        command
+            .args(["run", "--inventory"])
+            .arg(&self.inventory)
+            .args(["--id", name])
+            .env("RUST_LOG", "info");
+        let log = self.dir.path().join(format!("{name}.log"));
+        (Proc::spawn(name, command, &log).unwrap(), log)
+    }
 
-[control_plane]
-desired_replicas = 1
+    fn agents(&self) -> Vec<Agent> {
+        let endpoints = self.etcd.endpoints();
+        HOSTS
+            .into_iter()
+            .map(|host| {
+                let etcd = (host == "cp-1").then_some(endpoints.as_slice());
+                start_agent(self.dir.path(), host, self.port.port(), etcd)
+            })
+            .collect()
+    }
 
-[[hosts]]
-name = "cp-1"
-role = "control-plane"
-
-[[hosts]]
-name = "w-1"
-role = "worker"
-
-[[hosts]]
-name = "w-2"
-role = "worker"
-bmc = {{ address = "{bmc}", credentials_dir = "{creds}" }}
-
-[[policy.health_checks]]
-name = "workers"
-selector = {{ role = "worker" }}
-unhealthy_conditions = [{{ type = "KubeletHealthy", status = "False", timeout = "1s" }}]
-"#,
-            port = port.port(),
-            tls = tls.display(),
-            endpoints = endpoints
-                .iter()
-                .map(|e| format!("{e:?}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-            bmc = sim.url(),
-            creds = creds.display(),
-        ),
-    )
-    .unwrap();
-    let mut command = Command::new(workspace_bin("metalguard-controller"));
-    command
-        .args(["run", "--inventory"])
-        .arg(&inventory)
-        .args(["--id", "ctl"])
-        .env("RUST_LOG", "info");
-    let controller_log = d.join("controller.log");
-    let mut ctl = Proc::spawn("controller", command, &controller_log).unwrap();
-
-    let agents: Vec<Agent> = [
-        ("cp-1", Some(endpoints.as_slice())),
-        ("w-1", None),
-        ("w-2", None),
-    ]
-    .into_iter()
-    .map(|(host, etcd)| start_agent(d, host, port.port(), etcd))
-    .collect();
-    let logs = || {
-        let mut all = format!(
-            "--- controller\n{}\n",
-            metalguard_e2e::process::tail_of(&controller_log, 60)
-        );
-        for (agent, host) in agents.iter().zip(["cp-1", "w-1", "w-2"]) {
-            let _ = write!(
-                all,
-                "--- {host}\n{}\n",
-                metalguard_e2e::process::tail_of(&agent.log, 30)
-            );
+    fn logs(agents: &[Agent], controller_logs: &[&Path]) -> String {
+        let mut all = String::new();
+        for log in controller_logs {
+            let _ = write!(all, "--- {}\n{}\n", log.display(), tail_of(log, 60));
+        }
+        for (agent, host) in agents.iter().zip(HOSTS) {
+            let _ = write!(all, "--- {host}\n{}\n", tail_of(&agent.log, 30));
         }
         all
-    };
-    // Let the agents report healthy for a while (the controller knows every host).
-    std::thread::sleep(Duration::from_secs(4));
-    ctl.ensure_running().unwrap();
-    assert!(
-        sim.power_log().unwrap().is_empty(),
-        "fenced a healthy host:\n{}",
-        logs()
-    );
-
-    // w-2's kubelet fails: after the 1 s timeout the controller fences it.
-    let failed = Instant::now();
-    std::fs::remove_file(&agents[2].flag).unwrap();
-    while !sim
-        .power_log()
-        .unwrap()
-        .iter()
-        .any(metalguard_e2e::ipmi::PowerEvent::is_off)
-    {
-        assert!(
-            failed.elapsed() < Duration::from_secs(30),
-            "no fence within 30 s:\n{}",
-            logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
-    let fenced_after = failed.elapsed();
-    eprintln!("kubelet failure -> verified power-off: {fenced_after:?}");
-    assert!(!sim.power_on().unwrap());
-    // The host "reboots" healthy.
-    std::fs::write(&agents[2].flag, "").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while !sim.power_on().unwrap() {
-        assert!(
-            Instant::now() < deadline,
-            "never powered on again:\n{}",
-            logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // Nothing more happens to it.
-    std::thread::sleep(Duration::from_secs(3));
-    let events = sim.power_log().unwrap();
-    assert_eq!(
-        events.iter().filter(|e| e.is_off()).count(),
-        1,
-        "{events:?}\n{}",
-        logs()
-    );
 
-    // The fence was executed by another host's agent, never by the target's own.
-    let executed: Vec<&str> = agents
+    /// Waits until the simulator records a power-off, then returns how long it took.
+    fn wait_for_off(&self, within: Duration, context: impl Fn() -> String) -> Duration {
+        let started = Instant::now();
+        while !self.sim.power_log().unwrap().iter().any(PowerEvent::is_off) {
+            assert!(
+                started.elapsed() < within,
+                "no fence within {within:?}:\n{}",
+                context()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        started.elapsed()
+    }
+
+    fn wait_for_power_on(&self, within: Duration, context: impl Fn() -> String) {
+        let deadline = Instant::now() + within;
+        while !self.sim.power_on().unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "never powered on again:\n{}",
+                context()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn assert_exactly_one_off(&self, context: impl Fn() -> String) {
+        let events = self.sim.power_log().unwrap();
+        assert_eq!(
+            events.iter().filter(|e| e.is_off()).count(),
+            1,
+            "{events:?}\n{}",
+            context()
+        );
+    }
+
+    fn assert_no_password_in(&self, logs: &[&Path]) {
+        for log in logs {
+            let text = std::fs::read_to_string(log).unwrap();
+            assert!(
+                !text.contains(self.sim.password()),
+                "password in {}",
+                log.display()
+            );
+        }
+    }
+}
+
+fn executors(agents: &[Agent]) -> Vec<&'static str> {
+    agents
         .iter()
-        .zip(["cp-1", "w-1", "w-2"])
+        .zip(HOSTS)
         .filter(|(a, _)| {
             std::fs::read_to_string(&a.log)
                 .unwrap()
                 .contains("executing command")
         })
         .map(|(_, h)| h)
-        .collect();
+        .collect()
+}
+
+#[test]
+fn an_unhealthy_worker_is_fenced_exactly_once_by_another_agent_and_powered_on_again() {
+    let stack = Stack::new();
+    let (mut ctl, ctl_log) = stack.controller("ctl");
+    let agents = stack.agents();
+    let logs = || Stack::logs(&agents, &[&ctl_log]);
+    // Let the agents report healthy for a while (the controller knows every host).
+    std::thread::sleep(Duration::from_secs(4));
+    ctl.ensure_running().unwrap();
+    assert!(
+        stack.sim.power_log().unwrap().is_empty(),
+        "fenced a healthy host:\n{}",
+        logs()
+    );
+
+    // w-2's kubelet fails: after the 1 s timeout the controller fences it.
+    std::fs::remove_file(&agents[2].flag).unwrap();
+    let took = stack.wait_for_off(Duration::from_secs(30), logs);
+    eprintln!("kubelet failure -> verified power-off: {took:?}");
+    assert!(!stack.sim.power_on().unwrap());
+    // The host "reboots" healthy and is powered on again; nothing more happens to it.
+    std::fs::write(&agents[2].flag, "").unwrap();
+    stack.wait_for_power_on(Duration::from_secs(40), logs);
+    std::thread::sleep(Duration::from_secs(3));
+    stack.assert_exactly_one_off(logs);
+
+    let executed = executors(&agents);
     assert!(
         !executed.is_empty() && !executed.contains(&"w-2"),
         "executors {executed:?}:\n{}",
         logs()
     );
-    // The BMC password appears in no log.
-    for log in agents.iter().map(|a| &a.log).chain([&controller_log]) {
-        assert!(
-            !std::fs::read_to_string(log)
-                .unwrap()
-                .contains(sim.password()),
-            "{}",
-            log.display()
-        );
-    }
+    let all: Vec<&Path> = agents
+        .iter()
+        .map(|a| a.log.as_path())
+        .chain([ctl_log.as_path()])
+        .collect();
+    stack.assert_no_password_in(&all);
     for mut agent in agents {
         agent.proc.terminate(Duration::from_secs(5));
     }
     ctl.terminate(Duration::from_secs(5));
+}
+
+/// The controller dies right after handing out the fence and stays away for a minute: the
+/// agent keeps running, keeps its result, and delivers it to the restarted controller, which
+/// finishes the remediation without a second power-off.
+#[test]
+fn a_controller_down_for_a_minute_mid_fence_gets_the_result_and_never_fences_twice() {
+    let stack = Stack::new();
+    let (mut first, first_log) = stack.controller("ctl-a");
+    let agents = stack.agents();
+    std::thread::sleep(Duration::from_secs(4));
+    first.ensure_running().unwrap();
+
+    std::fs::remove_file(&agents[2].flag).unwrap();
+    // Kill the controller the moment an agent starts executing the fence, before its result
+    // (which needs the power-off plus a verifying read) can reach it.
+    let started = Instant::now();
+    while executors(&agents).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no command:\n{}",
+            Stack::logs(&agents, &[&first_log])
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    first.kill();
+    stack.wait_for_off(Duration::from_secs(15), || {
+        Stack::logs(&agents, &[&first_log])
+    });
+    std::fs::write(&agents[2].flag, "").unwrap();
+
+    std::thread::sleep(Duration::from_secs(60));
+    let executor = executors(&agents)[0];
+    let executor_agent = &agents[HOSTS.iter().position(|h| *h == executor).unwrap()];
+    let pending = std::fs::read_dir(
+        stack
+            .dir
+            .path()
+            .join(format!("{executor}-state/operations")),
+    )
+    .unwrap()
+    .filter(|e| {
+        e.as_ref()
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".result.json")
+    })
+    .count();
+    assert_eq!(
+        pending, 1,
+        "the executor keeps its undelivered result while the controller is away"
+    );
+    for agent in &agents {
+        let mut proc_alive = std::process::Command::new("kill");
+        assert!(
+            proc_alive
+                .args(["-0", &agent.proc.pid().unwrap().to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+
+    let (mut second, second_log) = stack.controller("ctl-b");
+    let logs = || Stack::logs(&agents, &[&first_log, &second_log]);
+    stack.wait_for_power_on(Duration::from_secs(60), logs);
+    std::thread::sleep(Duration::from_secs(3));
+    stack.assert_exactly_one_off(logs);
+    let text = std::fs::read_to_string(&executor_agent.log).unwrap();
+    assert!(text.contains("result not delivered yet"), "{}", logs());
+    assert!(text.contains("result delivered"), "{}", logs());
+    let all: Vec<&Path> = agents
+        .iter()
+        .map(|a| a.log.as_path())
+        .chain([first_log.as_path(), second_log.as_path()])
+        .collect();
+    stack.assert_no_password_in(&all);
+    for mut agent in agents {
+        agent.proc.terminate(Duration::from_secs(5));
+    }
+    second.terminate(Duration::from_secs(5));
 }
