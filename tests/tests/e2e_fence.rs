@@ -280,6 +280,22 @@ fn an_unhealthy_worker_is_fenced_exactly_once_by_another_agent_and_powered_on_ag
         "fenced a healthy host:\n{}",
         logs()
     );
+    // `status` shows every real agent's report with its conditions.
+    let out = Command::new(workspace_bin("metalguard-controller"))
+        .args(["status", "--inventory"])
+        .arg(&stack.inventory)
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && status.contains("leader: ctl"),
+        "{status}"
+    );
+    for host in HOSTS {
+        let version = format!("  {host}: agent {}", env!("CARGO_PKG_VERSION"));
+        assert!(status.contains(&version), "{host} missing:\n{status}");
+    }
+    assert!(status.contains("KubeletHealthy = True"), "{status}");
 
     // w-2's kubelet fails: after the 1 s timeout the controller fences it.
     std::fs::remove_file(&agents[2].flag).unwrap();
