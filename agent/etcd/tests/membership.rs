@@ -282,7 +282,20 @@ async fn nospace_alarm_shows_on_every_member_and_blocks_the_gate() {
         EtcdErrorKind::NoSpace,
         "{status:?}"
     );
-    let view = observe(&settings(cluster.endpoints())).await.unwrap();
+    // The alarm is raised through raft: a follower shows it once it has applied that entry, which
+    // can be a moment after the put that failed. Wait (bounded) until every member has applied it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let view = loop {
+        let view = observe(&settings(cluster.endpoints())).await.unwrap();
+        let all = view
+            .members
+            .iter()
+            .all(|m| m.status().is_some_and(|s| s.alarm_names() == "NOSPACE"));
+        if all || Instant::now() > deadline {
+            break view;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     for m in &view.members {
         let status = m.status().unwrap();
         assert_eq!(status.alarm_names(), "NOSPACE", "{status:?}");
