@@ -396,10 +396,8 @@ mod tests {
                 }))
             })
             .collect();
-        commands.push(command(CommandKind::EtcdJoinGoAhead {
-            member_id: 1,
-            initial_cluster: "a=http://a".into(),
-        }));
+        commands.push(command(CommandKind::EtcdJoinGoAhead {}));
+        commands.push(command(CommandKind::EtcdMoveLeader { to_member: 2 }));
         commands.push(command(CommandKind::EtcdPromote { member_id: 1 }));
         commands.push(command(CommandKind::EtcdRemove { member_id: 1 }));
         check("CommandBatch", &CommandBatch { commands });

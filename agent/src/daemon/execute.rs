@@ -102,6 +102,9 @@ impl Executor {
             CommandKind::EtcdJoinGoAhead { .. } => rejected(
                 "this agent runs the learner join with `metalguard-agent etcd join`, not from the daemon",
             ),
+            CommandKind::EtcdMoveLeader { .. } => {
+                rejected("this agent does not move etcd leadership yet")
+            }
         }
     }
 

@@ -232,13 +232,11 @@ pub struct Command {
 pub enum CommandKind {
     /// Drive another host's BMC.
     Fence(FenceCommand),
-    /// The local host may now start its etcd as the learner that was added for it.
-    EtcdJoinGoAhead {
-        /// The learner's member id.
-        member_id: u64,
-        /// The `--initial-cluster` value the member must start with.
-        initial_cluster: String,
-    },
+    /// Join the local etcd member to the cluster as a learner, with the agent's own join
+    /// configuration (`[etcd.join]`): add the learner unless it is already there, start the
+    /// local etcd, and wait until the learner has caught up. Succeeds once it is promotable
+    /// (the controller promotes it); the result's timeline names the member id.
+    EtcdJoinGoAhead {},
     /// Promote a caught-up learner (bounded retries; a failed promote changes nothing).
     EtcdPromote {
         /// The learner's member id.
@@ -248,6 +246,11 @@ pub enum CommandKind {
     EtcdRemove {
         /// The member id.
         member_id: u64,
+    },
+    /// Move raft leadership to another voter (before the current leader is removed).
+    EtcdMoveLeader {
+        /// The voter that should lead.
+        to_member: u64,
     },
 }
 
@@ -259,6 +262,7 @@ impl CommandKind {
             CommandKind::EtcdJoinGoAhead { .. } => "etcd-join-go-ahead",
             CommandKind::EtcdPromote { .. } => "etcd-promote",
             CommandKind::EtcdRemove { .. } => "etcd-remove",
+            CommandKind::EtcdMoveLeader { .. } => "etcd-move-leader",
         }
     }
 }
