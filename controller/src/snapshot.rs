@@ -46,6 +46,7 @@ pub fn build(
                 deletion_requested_at: None,
                 pre_drain_hooks: state.hooks.get(&h.name).cloned().unwrap_or_default(),
                 fence_request: state.fence_requests.get(&h.name).cloned(),
+                retirement: None,
                 phase_failed: false,
                 node: stored.map(|s| node_of(&s.report, known_since)),
                 node_seen: stored.is_some(),

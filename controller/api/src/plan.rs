@@ -156,6 +156,15 @@ pub enum ActionKind {
         /// The chosen failure domain (`None`: the single implicit domain).
         failure_domain: Option<String>,
     },
+    /// Power off a retired control-plane host whose etcd member is gone and whose preDrain
+    /// hooks are released, through another host's agent (the standalone stand-in for the
+    /// Machine API deprovisioning a deleted Machine).
+    DecommissionHost {
+        /// The retired host.
+        host: String,
+        /// The agent host that drives its BMC (never the host itself).
+        executor: String,
+    },
     /// Request deletion of a control-plane host (scale-down).
     RequestHostDeletion {
         /// The host.

@@ -92,6 +92,11 @@ pub struct Host {
     /// An administrator asked for this host to be fenced.
     #[serde(default)]
     pub fence_request: Option<FenceRequest>,
+    /// An administrator retired this host (standalone backend: no Machine API removes it).
+    /// A retiring host counts as being deleted; once its etcd member is gone and no preDrain
+    /// hook is left, metalguard powers it off.
+    #[serde(default)]
+    pub retirement: Option<Retirement>,
     /// The host's machine phase is Failed (remediated at once, MHC semantics).
     #[serde(default)]
     pub phase_failed: bool,
@@ -115,9 +120,14 @@ fn default_true() -> bool {
 }
 
 impl Host {
-    /// True when deletion of the host has been requested.
+    /// True when deletion (or retirement) of the host has been requested.
     pub fn is_deleting(&self) -> bool {
-        self.deletion_requested_at.is_some()
+        self.deletion_requested_at.is_some() || self.retirement.is_some()
+    }
+
+    /// True when an administrator retired the host.
+    pub fn is_retiring(&self) -> bool {
+        self.retirement.is_some()
     }
 
     /// True when the host carries metalguard's quorum hook.
@@ -148,6 +158,21 @@ pub struct FenceRequest {
     /// this reason is recorded. Safety rules (quorum, one per target) are never skipped.
     #[serde(default)]
     pub force_reason: Option<String>,
+}
+
+/// An administrator's request to retire a host: replace its etcd member, then power it off.
+/// It stands in for deleting a Machine where no Machine API exists (the standalone backend).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retirement {
+    /// When the request was made; it also identifies the request (operation ids use it).
+    pub requested_at: Timestamp,
+    /// Who asked.
+    #[serde(default)]
+    pub requested_by: Option<String>,
+    /// Why (recorded and shown by `status`).
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// The Node object of a host.

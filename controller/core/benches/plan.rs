@@ -40,6 +40,7 @@ fn host(name: String, role: Role, domain: &str, ready: bool) -> Host {
         deletion_requested_at: None,
         pre_drain_hooks: BTreeSet::new(),
         fence_request: None,
+        retirement: None,
         phase_failed: false,
         node: Some(NodeStatus {
             created_at: Timestamp(0),

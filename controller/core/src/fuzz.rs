@@ -79,6 +79,13 @@ fn snapshot(desired: u32, hosts: &[HostBits], rems: &[(usize, u8, u8)]) -> Snaps
                 force_reason: (c & 16 != 0).then(|| "forced".to_owned()),
             });
         }
+        if c & 128 != 0 {
+            h.retirement = Some(metalguard_api::snapshot::Retirement {
+                requested_at: ago(d),
+                requested_by: None,
+                reason: String::new(),
+            });
+        }
         h.externally_provisioned = c & 32 != 0;
         h.phase_failed = c & 64 != 0;
         if d & 1 != 0 {
@@ -165,6 +172,19 @@ fn check(s: &Snapshot) -> Result<(), String> {
                 if s.hosts.iter().any(|h| &h.name == host && h.is_deleting()) =>
             {
                 return Err(format!("hook re-added to deleting {host}"));
+            }
+            ActionKind::DecommissionHost { host, executor } => {
+                let h = s
+                    .hosts
+                    .iter()
+                    .find(|h| &h.name == host)
+                    .ok_or("power-off of an unknown host")?;
+                if !h.is_retiring() || h.etcd.is_some() || !h.pre_drain_hooks.is_empty() {
+                    return Err(format!("{host} powered off while not released:\n{p}"));
+                }
+                if executor == host || view.quorum_lost().is_some() {
+                    return Err(format!("{host} powered off by itself or blind:\n{p}"));
+                }
             }
             ActionKind::StartRemediation { remediation: r } => {
                 if r.executor == r.target {

@@ -7,7 +7,8 @@
 //!
 //! Data flow: [`health`] judges hosts per check → [`quorum`] builds the etcd view and its
 //! safety rules → [`guard`] plans hooks, one membership change and scaling (placing hosts with
-//! [`domains`]) → [`remediation`] drives remediations through their gates → [`plan::plan`]
+//! [`domains`]) → [`retire`] powers off retired hosts once etcd is off them → [`remediation`]
+//! drives remediations through their gates → [`plan::plan`]
 //! assembles the [`metalguard_api::plan::Plan`], whose `Display` explains it.
 //!
 //! May depend on: `metalguard-api`, `serde`, `thiserror`. No I/O, no clock, no async runtime:
@@ -20,6 +21,7 @@ pub mod health;
 pub mod plan;
 pub mod quorum;
 pub mod remediation;
+pub mod retire;
 pub mod validate;
 
 #[cfg(test)]
@@ -32,6 +34,8 @@ mod remediation_tests;
 mod scenarios;
 #[cfg(test)]
 mod scenarios_quorum;
+#[cfg(test)]
+mod scenarios_retire;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]

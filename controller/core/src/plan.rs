@@ -1,7 +1,8 @@
 //! The top-level decision: `plan(snapshot, policy, now) -> Plan`.
 //!
 //! Order of the plan: quorum hooks, at most one etcd membership change, control-plane scaling,
-//! then the next step of every running remediation, then new remediations. Each part sees
+//! the power-off of retired hosts with nothing of etcd left, then the next step of every
+//! running remediation, then new remediations. Each part sees
 //! what the earlier parts planned (a planned membership change holds control-plane fences).
 
 use std::collections::BTreeSet;
@@ -15,6 +16,7 @@ use crate::guard::{ControlPlaneActivity, plan_guard};
 use crate::health::{CheckVerdict, evaluate_check};
 use crate::quorum::EtcdView;
 use crate::remediation::{Inputs, plan_remediations};
+use crate::retire::{RetireInputs, plan_decommissions};
 use crate::validate::validate_snapshot;
 
 fn summarize(v: &CheckVerdict<'_>) -> CheckSummary {
@@ -59,6 +61,13 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
             .any(|u| u.host.role == Role::ControlPlane),
     };
     let guard = plan_guard(snapshot, &view, activity);
+    let retire = plan_decommissions(RetireInputs {
+        snapshot,
+        view: &view,
+        verdicts: &verdicts,
+        executor_heartbeat: policy.remediation.executor_heartbeat_timeout,
+        now,
+    });
     let rem = plan_remediations(Inputs {
         snapshot,
         policy,
@@ -74,8 +83,10 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
         .chain(rem.next)
         .min();
     let mut actions = guard.actions;
+    actions.extend(retire.actions);
     actions.extend(rem.actions);
     let mut refusals = guard.refusals;
+    refusals.extend(retire.refusals);
     refusals.extend(rem.refusals);
     Plan {
         now,

@@ -27,6 +27,8 @@ pub(crate) struct World {
     pub kubelet_down: BTreeSet<String>,
     pub next_member: u64,
     pub next_host: u32,
+    /// Retired hosts powered off by a `DecommissionHost` (each at most once).
+    pub decommissioned: BTreeSet<String>,
     /// Actions applied so far (for failure messages).
     pub log: Vec<String>,
 }
@@ -57,6 +59,7 @@ impl World {
             kubelet_down: BTreeSet::new(),
             next_member,
             next_host,
+            decommissioned: BTreeSet::new(),
             log: Vec::new(),
         };
         w.refresh();
@@ -126,10 +129,11 @@ impl World {
             }
         }
         // Machine API: a deleting host without preDrain hooks is drained and removed; its etcd
-        // member (if any) dies with it and becomes an orphan.
+        // member (if any) dies with it and becomes an orphan. A retired host has no Machine:
+        // it stays until metalguard powers it off (`DecommissionHost`).
         let (gone, kept): (Vec<Host>, Vec<Host>) = std::mem::take(&mut self.snap.hosts)
             .into_iter()
-            .partition(|h| h.is_deleting() && h.pre_drain_hooks.is_empty());
+            .partition(|h| h.is_deleting() && !h.is_retiring() && h.pre_drain_hooks.is_empty());
         self.snap.hosts = kept;
         for h in gone {
             if let Some(mut m) = h.etcd {
@@ -350,6 +354,9 @@ impl World {
                     .deletion_requested_at = Some(now);
             }
             ActionKind::Rebalance { .. } => {}
+            ActionKind::DecommissionHost { host, executor } => {
+                self.decommission(host, executor)?;
+            }
             ActionKind::StartRemediation { remediation: r } => {
                 if r.executor == r.target {
                     return Err(format!("{} would be executed by its own target", r.id));
@@ -383,6 +390,42 @@ impl World {
         // unhooked deleting hosts) so the invariants see the action's real effect.
         self.refresh();
         self.check_invariants(quorum_before)
+    }
+
+    /// Powers a retired host off the way the standalone executor does (a verified fence by
+    /// another agent), after checking it is retiring and nothing of etcd is left on it; the
+    /// adapter then drops the host from the snapshot.
+    fn decommission(&mut self, host: &str, executor: &str) -> Result<(), String> {
+        if executor == host {
+            return Err(format!("{host} would power itself off"));
+        }
+        if !self.up(executor) {
+            return Err(format!(
+                "{host} powered off through {executor}, which is down"
+            ));
+        }
+        if !self.decommissioned.insert(host.to_owned()) {
+            return Err(format!("{host} powered off for retirement twice"));
+        }
+        let h = self.host_mut(host).ok_or("power-off of an unknown host")?;
+        if !h.is_retiring() {
+            return Err(format!("{host} powered off although it is not retiring"));
+        }
+        if let Some(m) = &h.etcd {
+            return Err(format!(
+                "{host} powered off for retirement while it has etcd member {:x}",
+                m.id
+            ));
+        }
+        if !h.pre_drain_hooks.is_empty() {
+            return Err(format!(
+                "{host} powered off for retirement with hooks {:?}",
+                h.pre_drain_hooks
+            ));
+        }
+        self.power_off.insert(host.to_owned());
+        self.snap.hosts.retain(|h| h.name != host);
+        Ok(())
     }
 
     fn remediate(&mut self, id: &str, target: &str, step: &RemediationStep) -> Result<(), String> {

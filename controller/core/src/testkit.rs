@@ -41,6 +41,7 @@ pub(crate) fn host(name: &str, role: Role, domain: Option<&str>, created: u64) -
         deletion_requested_at: None,
         pre_drain_hooks: BTreeSet::new(),
         fence_request: None,
+        retirement: None,
         phase_failed: false,
         node: Some(ready_node(Timestamp(created))),
         node_seen: true,
