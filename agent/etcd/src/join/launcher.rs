@@ -1,8 +1,15 @@
-//! Starting the local etcd: as a supervised child process (`exec`) or as a systemd unit fed
-//! by an EnvironmentFile (`systemd`). Both pass the configuration as etcd's own `ETCD_*`
-//! environment variables, rendered once by [`EtcdLaunch::env`].
+//! Starting the local etcd: as a supervised child process (`exec`), as a systemd unit fed
+//! by an EnvironmentFile (`systemd`), or by whoever runs the host from an environment file the
+//! agent writes (`env-file`, see [`EnvFileLauncher`] for that contract). All pass the
+//! configuration as etcd's own `ETCD_*` environment variables, rendered once by
+//! [`EtcdLaunch::env`].
 
-use crate::join::state::write_atomically;
+mod env_file;
+
+pub use env_file::{DEFAULT_START_TIMEOUT, EnvFileLauncher};
+
+use crate::client::ClientSettings;
+use crate::join::state::{write_atomically, write_atomically_with_mode};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -125,6 +132,38 @@ pub enum LaunchError {
         /// Exit status or timeout.
         detail: String,
     },
+    /// The env-file launcher's start command failed or did not finish.
+    #[error("etcd start command {program} failed: {detail}")]
+    StartCommand {
+        /// The program.
+        program: String,
+        /// Exit status and the tail of its stderr, or why it did not run.
+        detail: String,
+    },
+    /// The local member did not answer after its environment file was written.
+    #[error(
+        "local etcd did not answer on {client_url} within {timeout:?} after {env_file} was written: is the host's supervisor starting etcd from that file?"
+    )]
+    NotAnswering {
+        /// The member's advertised client URL.
+        client_url: String,
+        /// The environment file.
+        env_file: PathBuf,
+        /// How long we waited.
+        timeout: Duration,
+    },
+    /// The local member kept answering after its environment file was removed.
+    #[error(
+        "local etcd still answers on {client_url} {timeout:?} after {env_file} was removed: the host's supervisor must stop etcd when that file disappears"
+    )]
+    StillRunning {
+        /// The member's advertised client URL.
+        client_url: String,
+        /// The environment file.
+        env_file: PathBuf,
+        /// How long we waited.
+        timeout: Duration,
+    },
     /// The pid file could not be written.
     #[error("writing etcd pid file {path} failed")]
     PidFile {
@@ -143,6 +182,8 @@ pub enum Launcher {
     Exec(ExecLauncher),
     /// As a systemd unit reading an EnvironmentFile.
     Systemd(SystemdLauncher),
+    /// By the host's supervisor, from an environment file the agent writes.
+    EnvFile(EnvFileLauncher),
 }
 
 impl Launcher {
@@ -151,6 +192,24 @@ impl Launcher {
         match self {
             Self::Exec(l) => l.start(launch),
             Self::Systemd(l) => l.start(launch).await,
+            Self::EnvFile(l) => l.start(launch).await,
+        }
+    }
+
+    /// Tells the launcher how to reach the local member, for launchers that wait for it to
+    /// answer (or to go away) instead of starting it themselves.
+    pub fn set_local_member(&mut self, client_url: &str, settings: &ClientSettings) {
+        if let Self::EnvFile(l) = self {
+            l.set_local_member(client_url, settings);
+        }
+    }
+
+    /// A short name of the launcher, for logs and timelines.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Exec(_) => "exec",
+            Self::Systemd(_) => "systemd",
+            Self::EnvFile(_) => "env-file",
         }
     }
 
@@ -170,6 +229,7 @@ impl Launcher {
                 Ok(())
             }
             Self::Systemd(l) => l.stop().await,
+            Self::EnvFile(l) => l.stop().await,
         }
     }
 }
@@ -418,18 +478,15 @@ pub struct SystemdLauncher {
 impl SystemdLauncher {
     /// Writes the EnvironmentFile (mode 0600: it may name key files).
     pub fn write_env_file(&self, launch: &EtcdLaunch) -> Result<(), LaunchError> {
-        use std::os::unix::fs::PermissionsExt;
-        let err = |source| LaunchError::EnvFile {
-            path: self.env_file.clone(),
-            source,
-        };
-        write_atomically(
+        write_atomically_with_mode(
             &self.env_file,
             render_environment_file(&launch.env()).as_bytes(),
+            0o600,
         )
-        .map_err(err)?;
-        std::fs::set_permissions(&self.env_file, std::fs::Permissions::from_mode(0o600))
-            .map_err(err)
+        .map_err(|source| LaunchError::EnvFile {
+            path: self.env_file.clone(),
+            source,
+        })
     }
 
     async fn start(&self, launch: &EtcdLaunch) -> Result<(), LaunchError> {

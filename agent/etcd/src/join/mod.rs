@@ -155,6 +155,7 @@ impl JoinFlow {
     pub fn load(config: JoinConfig, launcher: Launcher) -> Result<Self, JoinError> {
         let mut launcher = launcher;
         launcher.set_data_dir(&config.data_dir);
+        launcher.set_local_member(&config.client_url, &config.client);
         let state = state::load(&state::state_path(&config.data_dir))?;
         tracing::info!(
             step = state.name(),

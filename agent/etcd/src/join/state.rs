@@ -239,6 +239,16 @@ pub fn load(path: &Path) -> Result<JoinState, StateFileError> {
 /// Writes `content` to `path` atomically: a temporary file in the same directory, fsync,
 /// rename, fsync of the directory. A crash leaves either the old or the new content.
 pub fn write_atomically(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    write_atomically_inner(path, content, None)
+}
+
+/// [`write_atomically`] with the file's permission bits set to `mode` before it is renamed
+/// into place, so that no reader ever sees it with other permissions.
+pub fn write_atomically_with_mode(path: &Path, content: &[u8], mode: u32) -> std::io::Result<()> {
+    write_atomically_inner(path, content, Some(mode))
+}
+
+fn write_atomically_inner(path: &Path, content: &[u8], mode: Option<u32>) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -252,6 +262,10 @@ pub fn write_atomically(path: &Path, content: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_file_name(tmp_name);
     {
         let mut file = std::fs::File::create(&tmp)?;
+        if let Some(mode) = mode {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        }
         file.write_all(content)?;
         file.sync_all()?;
     }
