@@ -176,6 +176,14 @@ pub enum EtcdError {
         /// How long we waited.
         timeout: Duration,
     },
+    /// Leadership moved, but not to the requested voter (an election picked another one).
+    #[error("leadership moved to member {leader:x} instead of member {to:x}")]
+    LeaderMovedElsewhere {
+        /// The voter that should lead.
+        to: u64,
+        /// The voter that leads now.
+        leader: u64,
+    },
     /// No live leader appeared.
     #[error("etcd cluster had no leader answering our probe within {timeout:?}")]
     NoLeader {

@@ -83,6 +83,20 @@ pub enum Refusal {
         /// The voter.
         member: String,
     },
+    /// Leadership cannot move to a learner.
+    #[error("member {member} is a learner and cannot lead: promote it first")]
+    LearnerCannotLead {
+        /// The learner.
+        member: String,
+    },
+    /// Leadership should move to a voter that did not answer our probe healthy.
+    #[error("voter {member} is not healthy ({reason}): leadership cannot move to it")]
+    UnhealthyTarget {
+        /// The voter.
+        member: String,
+        /// What the probe saw.
+        reason: String,
+    },
 }
 
 fn probe_reason(member: &MemberView) -> String {
@@ -176,6 +190,27 @@ pub fn may_remove(view: &ClusterView, id: u64) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// May leadership move to `to`? It is a voter of the cluster that answered our probe healthy,
+/// and a leader that answers exists to hand over (MoveLeader is served by the leader only).
+pub fn may_move_leader(view: &ClusterView, to: u64) -> Result<(), Refusal> {
+    let member = view.member(to).ok_or(Refusal::UnknownMember { id: to })?;
+    if member.is_learner {
+        return Err(Refusal::LearnerCannotLead {
+            member: member.label(),
+        });
+    }
+    if !member.healthy() {
+        return Err(Refusal::UnhealthyTarget {
+            member: member.label(),
+            reason: probe_reason(member),
+        });
+    }
+    if !view.leader().is_some_and(MemberView::healthy) {
+        return Err(Refusal::NoLiveLeader);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +292,29 @@ mod tests {
         assert!(matches!(
             may_promote(&v, 3),
             Err(Refusal::LearnerUnreachable { .. })
+        ));
+    }
+
+    #[test]
+    fn leadership_moves_only_to_a_healthy_voter_of_the_cluster() {
+        let v = view(vec![voter(1, 1, 5), voter(2, 1, 5), learner(3, 1, 5)]);
+        assert_eq!(may_move_leader(&v, 2), Ok(()));
+        assert_eq!(
+            may_move_leader(&v, 9),
+            Err(Refusal::UnknownMember { id: 9 })
+        );
+        let err = may_move_leader(&v, 3).unwrap_err();
+        assert!(matches!(err, Refusal::LearnerCannotLead { .. }), "{err}");
+        assert!(err.to_string().contains("promote it first"), "{err}");
+        let v = view(vec![voter(1, 1, 5), dead(2, false)]);
+        assert!(matches!(
+            may_move_leader(&v, 2),
+            Err(Refusal::UnhealthyTarget { .. })
+        ));
+        let v = view(vec![voter(1, 0, 5), voter(2, 0, 5)]);
+        assert!(matches!(
+            may_move_leader(&v, 2),
+            Err(Refusal::UnhealthyTarget { .. } | Refusal::NoLiveLeader)
         ));
     }
 }

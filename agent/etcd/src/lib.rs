@@ -10,7 +10,7 @@
 //!
 //! Data flow: [`observe::observe`] probes every endpoint with its own client and builds a
 //! [`view::ClusterView`]; [`gate`] decides from the view whether a change is safe; [`ops`]
-//! carries out idempotent changes; [`catchup::CatchUp`] turns views over time into a
+//! carries out idempotent changes ([`leader`] moves raft leadership); [`catchup::CatchUp`] turns views over time into a
 //! promotable/stalled verdict; [`join`] is the host's learner-join state machine with its
 //! persisted state and the etcd launchers.
 
@@ -19,6 +19,7 @@ pub mod client;
 pub mod error;
 pub mod gate;
 pub mod join;
+pub mod leader;
 pub mod observe;
 pub mod ops;
 pub mod view;

@@ -1,9 +1,11 @@
-//! Membership operations: add a learner, promote it, remove a member. Each is idempotent,
-//! observes the cluster first, passes the [`crate::gate`] and sends the change to the leader.
+//! Membership operations: add a learner, promote it, remove a member, move leadership
+//! (re-exported from [`crate::leader`]). Each is idempotent, observes the cluster first, passes
+//! the [`crate::gate`] and sends the change to the leader.
 
 use crate::client::{ClientSettings, bounded};
 use crate::error::{EtcdError, EtcdErrorKind};
 use crate::gate;
+pub use crate::leader::{LeaderMoved, move_leader, move_leader_off, wait_for_live_leader};
 use crate::observe::observe;
 use crate::view::{ClusterView, MemberView};
 use etcd_client::MemberAddOptions;
@@ -75,9 +77,6 @@ pub const DEFAULT_PROMOTE_RETRY: PromoteRetry = PromoteRetry {
     interval: Duration::from_millis(25),
 };
 
-/// Polling interval while waiting for leadership to move.
-const LEADER_MOVE_POLL: Duration = Duration::from_millis(50);
-
 fn peer_members(view: &ClusterView) -> Vec<PeerMember> {
     view.members
         .iter()
@@ -101,7 +100,7 @@ fn change_endpoint(view: &ClusterView) -> Option<String> {
         .or_else(|| view.voters().find_map(healthy_endpoint))
 }
 
-fn no_endpoint(settings: &ClientSettings) -> EtcdError {
+pub(crate) fn no_endpoint(settings: &ClientSettings) -> EtcdError {
     EtcdError::NoEndpointAnswered {
         endpoints: settings.endpoints.clone(),
     }
@@ -347,78 +346,5 @@ async fn remove_unboxed(settings: &ClientSettings, id: u64) -> Result<Removed, E
             }
             Err(err) => return Err(err),
         }
-    }
-}
-
-/// Observes until the cluster has a leader that answers our probe healthy, for up to the
-/// change timeout.
-pub async fn wait_for_live_leader(settings: &ClientSettings) -> Result<ClusterView, EtcdError> {
-    let started = Instant::now();
-    loop {
-        let view = observe(settings).await?;
-        if view.leader().is_some_and(MemberView::healthy) {
-            return Ok(view);
-        }
-        if started.elapsed() >= settings.change_timeout {
-            return Err(EtcdError::NoLeader {
-                timeout: settings.change_timeout,
-            });
-        }
-        tokio::time::sleep(LEADER_MOVE_POLL).await;
-    }
-}
-
-/// Moves leadership off `leader_id` to the most advanced healthy voter and waits until the
-/// cluster reports the new leader. Returns the view that shows it.
-pub async fn move_leader_off(
-    settings: &ClientSettings,
-    view: &ClusterView,
-    leader_id: u64,
-) -> Result<ClusterView, EtcdError> {
-    let target = view
-        .voters()
-        .filter(|m| m.id != leader_id && m.healthy())
-        .max_by_key(|m| m.status().map_or(0, |s| s.raft_applied_index))
-        .ok_or_else(|| gate::Refusal::LastVoter {
-            member: format!("{leader_id:x}"),
-        })?;
-    let leader_endpoint = view
-        .member(leader_id)
-        .and_then(|m| m.probe.as_ref())
-        .map(|p| p.endpoint.clone())
-        .ok_or_else(|| no_endpoint(settings))?;
-    let started = Instant::now();
-    let mut client = settings
-        .connect_one(&leader_endpoint, settings.change_timeout)
-        .await?;
-    bounded(
-        "move leader",
-        &leader_endpoint,
-        settings.change_timeout,
-        client.move_leader(target.id),
-    )
-    .await?;
-    tracing::info!(
-        from = leader_id,
-        to = target.id,
-        "etcd leadership move requested"
-    );
-    loop {
-        let now = observe(settings).await?;
-        if now.summary.leader.is_some_and(|l| l != leader_id) {
-            tracing::info!(
-                leader = now.summary.leader,
-                took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                "etcd leadership moved"
-            );
-            return Ok(now);
-        }
-        if started.elapsed() >= settings.change_timeout {
-            return Err(EtcdError::LeaderDidNotMove {
-                member_id: leader_id,
-                timeout: settings.change_timeout,
-            });
-        }
-        tokio::time::sleep(LEADER_MOVE_POLL).await;
     }
 }
