@@ -36,6 +36,8 @@ pub struct EtcdOptions {
     pub election_timeout: Duration,
     /// Extra arguments for every member.
     pub extra_args: Vec<String>,
+    /// Member names in start order (then `m<N>`); the local lab names members after hosts.
+    pub names: Vec<String>,
 }
 
 impl Default for EtcdOptions {
@@ -46,6 +48,7 @@ impl Default for EtcdOptions {
             heartbeat_interval: Duration::from_millis(100),
             election_timeout: Duration::from_secs(1),
             extra_args: Vec::new(),
+            names: Vec::new(),
         }
     }
 }
@@ -224,7 +227,12 @@ impl EtcdCluster {
 
     /// Reserves ports and a data directory for a further host (`m<N>`) without starting it.
     pub fn reserve_host(&mut self) -> Result<HostSlot> {
-        let name = format!("m{}", self.next_index);
+        let name = self
+            .options
+            .names
+            .get(self.next_index)
+            .cloned()
+            .unwrap_or_else(|| format!("m{}", self.next_index));
         self.next_index += 1;
         let client = reserve_port()?;
         let peer = reserve_port()?;

@@ -10,6 +10,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::ports::{PortLease, reserve_port};
+use crate::power;
+pub use crate::power::PowerEvent;
 use crate::process::{Proc, wait_until};
 use crate::redfish::write_credentials;
 use crate::tls::write_file;
@@ -46,25 +48,6 @@ impl Privilege {
             Self::Operator => "operator",
             Self::User => "user",
         }
-    }
-}
-
-/// One recorded power transition.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PowerEvent {
-    /// When it happened, Unix milliseconds.
-    pub at_ms: u64,
-    /// What was asked: `power`, `reset`, `shutdown`, `cycle`.
-    pub kind: String,
-    /// The value (`0`/`1`).
-    pub value: String,
-}
-
-impl PowerEvent {
-    /// Whether this event switched the power off.
-    pub fn is_off(&self) -> bool {
-        matches!(self.kind.as_str(), "power" | "cycle") && self.value == "0"
-            || self.kind == "shutdown"
     }
 }
 
@@ -107,12 +90,7 @@ impl IpmiState {
             password: options.password,
             dir,
         };
-        write_file(
-            &state.power_file(),
-            if options.initially_on { b"1" } else { b"0" },
-            0o644,
-        )?;
-        write_file(&state.dir.path().join("power.log"), b"", 0o644)?;
+        power::init(state.dir.path(), options.initially_on)?;
         for privilege in Privilege::ALL {
             write_credentials(
                 &state.creds_dir(privilege),
@@ -123,10 +101,6 @@ impl IpmiState {
         Ok(state)
     }
 
-    fn power_file(&self) -> PathBuf {
-        self.dir.path().join("power")
-    }
-
     fn creds_dir(&self, privilege: Privilege) -> PathBuf {
         self.dir
             .path()
@@ -134,25 +108,11 @@ impl IpmiState {
     }
 
     fn power_on(&self) -> Result<bool> {
-        let text = std::fs::read_to_string(self.power_file())
-            .map_err(HarnessError::io("reading the simulated power state"))?;
-        Ok(text.trim() == "1")
+        power::is_on(self.dir.path())
     }
 
     fn power_log(&self) -> Result<Vec<PowerEvent>> {
-        let text = std::fs::read_to_string(self.dir.path().join("power.log"))
-            .map_err(HarnessError::io("reading the simulated power log"))?;
-        Ok(text
-            .lines()
-            .filter_map(|line| {
-                let mut parts = line.split_whitespace();
-                Some(PowerEvent {
-                    at_ms: parts.next()?.parse().ok()?,
-                    kind: parts.next()?.to_owned(),
-                    value: parts.next().unwrap_or("").to_owned(),
-                })
-            })
-            .collect())
+        power::log(self.dir.path())
     }
 
     fn wait_answering(&self, proc: &mut Proc) -> Result<()> {

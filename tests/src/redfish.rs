@@ -99,6 +99,7 @@ impl RedfishBmc {
             0o600,
         )?;
 
+        crate::power::init(dir.path(), options.initially_on)?;
         let creds_dir = dir.path().join("credentials");
         write_credentials(&creds_dir, &options.username, &options.password)?;
 
@@ -142,6 +143,11 @@ impl RedfishBmc {
                     .random_seed
                     .map(|s| s.to_string())
                     .unwrap_or_default(),
+            )
+            .env("MG_POWER_DIR", dir.path())
+            .env(
+                "MG_POWER_INITIAL",
+                if options.initially_on { "On" } else { "Off" },
             )
             .env("PYTHONDONTWRITEBYTECODE", "1");
         let proc = Proc::spawn("sushy-emulator", command, &dir.path().join("emulator.log"))?;
@@ -216,6 +222,11 @@ impl RedfishBmc {
             .map(|(cert, _)| cert.fingerprint_sha256())
     }
 
+    /// The emulator's directory (state, logs, power record).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// The emulator's log file.
     pub fn log_path(&self) -> PathBuf {
         self.dir.path().join("emulator.log")
@@ -246,6 +257,18 @@ impl RedfishBmc {
             .and_then(serde_json::Value::as_str)
             .map(str::to_owned)
             .ok_or_else(|| HarnessError::Other(format!("system {i} has no PowerState")))
+    }
+
+    /// Whether the emulator last applied "on" (its power record; see [`crate::power`]). The
+    /// fake driver applies a change when the state is next read, which a fencing client's
+    /// verification does.
+    pub fn recorded_power_on(&self) -> Result<bool> {
+        crate::power::is_on(self.dir.path())
+    }
+
+    /// Every power transition the emulator applied so far.
+    pub fn power_log(&self) -> Result<Vec<crate::power::PowerEvent>> {
+        crate::power::log(self.dir.path())
     }
 
     /// Sends `ComputerSystem.Reset` with `reset_type` to system `i` and returns the HTTP status.

@@ -52,6 +52,15 @@ impl<'a> Planner<'a> {
                     .filter(|_| covers)
                     .map(|sc| format!("check {} short-circuited: {sc}", v.check.name))
             });
+            // Not unhealthy by any check (unhealthy hosts are candidates already): fencing a
+            // healthy host is a person's call, made explicit with --force and a reason.
+            let unhealthy = by_host.contains_key(h.name.as_str());
+            let blocked_by = blocked_by.or_else(|| {
+                (!unhealthy).then(|| format!(
+                    "{} is healthy by every health check: fencing a healthy host needs --force with a reason",
+                    h.name
+                ))
+            });
             let who = req.requested_by.as_deref().unwrap_or("an administrator");
             by_host.insert(
                 h.name.as_str(),

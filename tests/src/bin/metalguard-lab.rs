@@ -1,0 +1,255 @@
+//! `metalguard-lab`: the local lab (README's main job).
+//!
+//! ```text
+//! metalguard-lab demo [--hosts N]          every scenario in sequence, then a summary table
+//! metalguard-lab run SCENARIO... [--hosts N]
+//! metalguard-lab up [--hosts N]            leave the lab running with a cheat-sheet; Ctrl-C stops it
+//! ```
+//! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
+//! of this executable (`target/<profile>/`) unless `--bin-dir` says otherwise.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use metalguard_e2e::lab::scenarios::{self, Report};
+use metalguard_e2e::lab::{Lab, LabOptions};
+
+struct Args {
+    command: String,
+    scenarios: Vec<String>,
+    hosts: usize,
+    bin_dir: PathBuf,
+}
+
+fn usage() -> String {
+    format!(
+        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--bin-dir DIR]\n\
+         scenarios: {}",
+        scenarios::ALL.join(", ")
+    )
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = std::env::args().skip(1);
+    let command = args.next().ok_or_else(usage)?;
+    let mut parsed = Args {
+        command,
+        scenarios: Vec::new(),
+        hosts: 3,
+        bin_dir: std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(PathBuf::from))
+            .unwrap_or_default(),
+    };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--hosts" => {
+                parsed.hosts = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n: &usize| *n % 2 == 1 && *n <= 7)
+                    .ok_or("--hosts needs an odd number up to 7")?;
+            }
+            "--bin-dir" => {
+                parsed.bin_dir = args
+                    .next()
+                    .map(PathBuf::from)
+                    .ok_or("--bin-dir needs a path")?;
+            }
+            "-h" | "--help" => return Err(usage()),
+            other if !other.starts_with('-') => parsed.scenarios.push(other.to_owned()),
+            other => return Err(format!("unknown option {other}\n{}", usage())),
+        }
+    }
+    for tool in ["metalguard-agent", "metalguard-controller"] {
+        if !parsed.bin_dir.join(tool).exists() {
+            return Err(format!(
+                "{tool} not found in {} (build it: cargo build -p metalguard-agent -p metalguard-controller)",
+                parsed.bin_dir.display()
+            ));
+        }
+    }
+    Ok(parsed)
+}
+
+fn stop_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Registration only fails for forbidden signals; these two are allowed.
+        let _ = signal_hook::flag::register(signal, Arc::clone(&flag));
+    }
+    flag
+}
+
+fn start(args: &Args) -> Result<Lab, String> {
+    println!(
+        "metalguard lab: {} control-plane hosts (real etcd, real agents, Redfish and IPMI BMC emulators), one controller",
+        args.hosts
+    );
+    let mut options = LabOptions::new(args.hosts, args.bin_dir.clone());
+    options.live = true;
+    Lab::start(options).map_err(|e| format!("the lab did not start: {e}"))
+}
+
+fn summary(reports: &[(String, Result<Report, String>)], total: Duration) -> bool {
+    println!(
+        "\n{:<15} {:<6} {:>7}  expected / seen",
+        "scenario", "result", "time"
+    );
+    let mut all_ok = true;
+    for (name, r) in reports {
+        match r {
+            Ok(r) => {
+                all_ok &= r.ok;
+                println!(
+                    "{:<15} {:<6} {:>6.1}s  expected: {}",
+                    name,
+                    if r.ok { "ok" } else { "FAILED" },
+                    r.took.as_secs_f64(),
+                    r.expected
+                );
+                println!("{:<31}seen:     {}", "", r.seen);
+            }
+            Err(e) => {
+                all_ok = false;
+                println!("{name:<15} {:<6} {:>7}  {e}", "ERROR", "-");
+            }
+        }
+    }
+    println!(
+        "\n{} in {:.0}s",
+        if all_ok {
+            "every scenario matched its expected outcome"
+        } else {
+            "SOME SCENARIOS DID NOT MATCH"
+        },
+        total.as_secs_f64()
+    );
+    all_ok
+}
+
+fn run_scenarios(args: &Args, names: &[String]) -> ExitCode {
+    let started = Instant::now();
+    let stop = stop_flag();
+    let mut lab = match start(args) {
+        Ok(lab) => lab,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut reports = Vec::new();
+    for name in names {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        println!("\n=== scenario {name}");
+        let result = scenarios::run(&mut lab, name).map_err(|e| e.to_string());
+        if let Ok(r) = &result {
+            println!(
+                "--- {name}: {} — {}",
+                if r.ok { "ok" } else { "FAILED" },
+                r.seen
+            );
+        } else if let Err(e) = &result {
+            println!("--- {name}: ERROR — {e}\n{}", lab.logs());
+        }
+        let failed = result.as_ref().map_or(true, |r| !r.ok);
+        reports.push((name.clone(), result));
+        if failed {
+            lab.keep_dir();
+            // Let the next scenario start from a healthy lab if it can.
+            if let Err(e) = lab.wait_all_healthy(Duration::from_secs(90)) {
+                println!("the lab did not recover ({e}); stopping");
+                break;
+            }
+        }
+    }
+    let ok = summary(&reports, started.elapsed());
+    if !ok {
+        println!("logs kept in {}", lab.dir().display());
+    }
+    drop(lab);
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn up(args: &Args) -> ExitCode {
+    let stop = stop_flag();
+    let mut lab = match start(args) {
+        Ok(lab) => lab,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    lab.keep_dir();
+    let inv = lab.inventory().display().to_string();
+    let ctl = args
+        .bin_dir
+        .join("metalguard-controller")
+        .display()
+        .to_string();
+    let agent = args.bin_dir.join("metalguard-agent").display().to_string();
+    println!("\nThe lab is up (Ctrl-C stops it and every process it started). Try:\n");
+    println!("  {ctl} status --inventory {inv}");
+    println!("  {ctl} fence cp-2 --reason 'testing' --inventory {inv}");
+    println!("  {ctl} fence cp-2 --force --reason 'testing' --inventory {inv}");
+    if let Some(h) = lab.hosts().first() {
+        println!(
+            "  {agent} status --config {}",
+            h.agent_config_path().display()
+        );
+        if let Some(pid) = h.agent_pid() {
+            println!("  kill -STOP {pid}   # freeze cp-1's agent (kill -CONT {pid} to thaw)");
+        }
+    }
+    println!(
+        "  ETCDCTL_API=3 etcdctl --endpoints={} endpoint status -w table",
+        lab.etcd().endpoints().join(",")
+    );
+    println!(
+        "\n  logs: {}/controller.log, {}/hosts/<host>/agent.log",
+        lab.dir().display(),
+        lab.dir().display()
+    );
+    println!("  timeline:");
+    while !stop.load(Ordering::Relaxed) {
+        if let Err(e) = lab.tick() {
+            eprintln!("the lab failed: {e}");
+            return ExitCode::FAILURE;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("\nstopping the lab (logs stay in {})", lab.dir().display());
+    drop(lab);
+    ExitCode::SUCCESS
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match args.command.as_str() {
+        "demo" => {
+            let all: Vec<String> = scenarios::ALL.iter().map(|s| (*s).to_owned()).collect();
+            run_scenarios(&args, &all)
+        }
+        "run" if !args.scenarios.is_empty() => run_scenarios(&args, &args.scenarios),
+        "up" => up(&args),
+        _ => {
+            eprintln!("{}", usage());
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! One simulated host of the lab: its BMC emulator, its agent process and its directory.
+//! Its etcd member lives in the lab's [`crate::etcd::EtcdCluster`] at the same index.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::ipmi::{IpmiOptions, IpmiSim, Privilege};
+use crate::ports::{PortLease, reserve_port};
+use crate::power::{self, PowerEvent};
+use crate::process::Proc;
+use crate::redfish::{RedfishBmc, RedfishOptions, Tls, write_credentials};
+use crate::{HarnessError, Result};
+
+/// Which protocol a host's BMC speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BmcKind {
+    /// sushy-tools over HTTPS with a CA-signed certificate.
+    Redfish,
+    /// OpenIPMI's `ipmi_sim`, RMCP+.
+    Ipmi,
+}
+
+impl BmcKind {
+    /// A short label.
+    pub fn label(self) -> &'static str {
+        match self {
+            BmcKind::Redfish => "redfish",
+            BmcKind::Ipmi => "ipmi",
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Bmc {
+    Redfish(RedfishBmc),
+    Ipmi(IpmiSim),
+}
+
+/// A lab host.
+#[derive(Debug)]
+pub struct LabHost {
+    /// Host name (also its etcd member name and certificate name).
+    pub name: String,
+    /// Index in the lab.
+    pub index: usize,
+    agent: Option<Proc>,
+    agent_frozen: bool,
+    powered: bool,
+    power_events_seen: usize,
+    metrics: PortLease,
+    bmc: Bmc,
+    username: String,
+    password: String,
+    dir: PathBuf,
+}
+
+impl LabHost {
+    pub(super) fn new(name: &str, index: usize, kind: BmcKind, lab_dir: &Path) -> Result<Self> {
+        let dir = lab_dir.join("hosts").join(name);
+        std::fs::create_dir_all(&dir).map_err(HarnessError::io("creating a host directory"))?;
+        let (bmc, username, password) = match kind {
+            BmcKind::Redfish => {
+                let bmc = RedfishBmc::start(RedfishOptions {
+                    tls: Tls::CaSigned,
+                    ..RedfishOptions::default()
+                })?;
+                let (u, p) = (bmc.username().to_owned(), bmc.password().to_owned());
+                (Bmc::Redfish(bmc), u, p)
+            }
+            BmcKind::Ipmi => {
+                let sim = IpmiSim::start(IpmiOptions::default())?;
+                let (u, p) = (
+                    sim.username(Privilege::Admin).to_owned(),
+                    sim.password().to_owned(),
+                );
+                (Bmc::Ipmi(sim), u, p)
+            }
+        };
+        let host = Self {
+            name: name.to_owned(),
+            index,
+            agent: None,
+            agent_frozen: false,
+            powered: true,
+            power_events_seen: 0,
+            metrics: reserve_port()?,
+            bmc,
+            username,
+            password,
+            dir,
+        };
+        host.set_known_password(None)?;
+        Ok(host)
+    }
+
+    /// The host's directory (agent config, state, logs, BMC credentials).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The BMC's protocol.
+    pub fn bmc_kind(&self) -> BmcKind {
+        match self.bmc {
+            Bmc::Redfish(_) => BmcKind::Redfish,
+            Bmc::Ipmi(_) => BmcKind::Ipmi,
+        }
+    }
+
+    /// The BMC's address as the inventory names it.
+    pub fn bmc_address(&self) -> String {
+        match &self.bmc {
+            Bmc::Redfish(b) => {
+                format!("redfish+https://127.0.0.1:{}{}", b.port(), b.system_path(0))
+            }
+            Bmc::Ipmi(s) => s.url(),
+        }
+    }
+
+    /// The real BMC password (tests check it never leaks).
+    pub fn bmc_password(&self) -> &str {
+        &self.password
+    }
+
+    /// The credentials directory the inventory names (the lab's copy, so a scenario can
+    /// make it wrong).
+    pub fn credentials_dir(&self) -> PathBuf {
+        self.dir.join("bmc-credentials")
+    }
+
+    /// Writes the credentials the controller will use: the right ones (`None`) or a wrong
+    /// password.
+    pub fn set_known_password(&self, wrong: Option<&str>) -> Result<()> {
+        write_credentials(
+            &self.credentials_dir(),
+            &self.username,
+            wrong.unwrap_or(&self.password),
+        )
+    }
+
+    pub(super) fn inventory_entry(&self) -> String {
+        let tls = match &self.bmc {
+            Bmc::Redfish(b) => b
+                .ca_pem_path()
+                .map(|ca| format!(", tls = {{ ca-file = \"{}\" }}", ca.display()))
+                .unwrap_or_default(),
+            Bmc::Ipmi(_) => String::new(),
+        };
+        format!(
+            "[[hosts]]\nname = \"{}\"\nrole = \"control-plane\"\n\
+             bmc = {{ address = \"{}\", credentials_dir = \"{}\"{tls} }}\n\n",
+            self.name,
+            self.bmc_address(),
+            self.credentials_dir().display(),
+        )
+    }
+
+    /// The agent's metrics port.
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics.port()
+    }
+
+    /// The agent's configuration file.
+    pub fn agent_config_path(&self) -> PathBuf {
+        self.dir.join("agent.toml")
+    }
+
+    /// The agent's log file.
+    pub fn agent_log(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+
+    pub(super) fn write_agent_config(&self, text: &str) -> Result<()> {
+        crate::tls::write_file(&self.agent_config_path(), text.as_bytes(), 0o644)
+    }
+
+    pub(super) fn start_agent(&mut self, bin_dir: &Path) -> Result<()> {
+        let mut command = Command::new(bin_dir.join("metalguard-agent"));
+        command
+            .args(["run", "--log-stderr", "--config"])
+            .arg(self.agent_config_path())
+            .env("RUST_LOG", "info");
+        self.agent = Some(Proc::spawn(
+            format!("metalguard-agent {}", self.name),
+            command,
+            &self.agent_log(),
+        )?);
+        self.agent_frozen = false;
+        Ok(())
+    }
+
+    /// Whether the lab considers the host powered (it follows the BMC on every tick).
+    pub fn powered(&self) -> bool {
+        self.powered
+    }
+
+    /// Whether the agent is frozen (SIGSTOP).
+    pub fn agent_frozen(&self) -> bool {
+        self.agent_frozen
+    }
+
+    /// The agent's process id.
+    pub fn agent_pid(&self) -> Option<u32> {
+        self.agent.as_ref().and_then(Proc::pid)
+    }
+
+    pub(super) fn freeze_agent(&mut self) -> Result<()> {
+        if let Some(a) = &self.agent {
+            a.freeze()?;
+            self.agent_frozen = true;
+        }
+        Ok(())
+    }
+
+    pub(super) fn thaw_agent(&mut self) -> Result<()> {
+        if let Some(a) = &self.agent {
+            a.thaw()?;
+        }
+        self.agent_frozen = false;
+        Ok(())
+    }
+
+    pub(super) fn power_lost(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
+        }
+        self.agent_frozen = false;
+        self.powered = false;
+    }
+
+    pub(super) fn power_restored(&mut self, bin_dir: &Path) -> Result<()> {
+        self.powered = true;
+        self.start_agent(bin_dir)
+    }
+
+    /// Whether the BMC says the host is on (its power record).
+    pub fn bmc_power_on(&self) -> Result<bool> {
+        power::is_on(self.bmc_dir())
+    }
+
+    /// Every power transition of the BMC.
+    pub fn power_log(&self) -> Result<Vec<PowerEvent>> {
+        power::log(self.bmc_dir())
+    }
+
+    /// Power transitions recorded since the last call.
+    pub(super) fn new_power_events(&mut self) -> Result<Vec<PowerEvent>> {
+        let log = self.power_log()?;
+        let new = log.get(self.power_events_seen..).unwrap_or_default().to_vec();
+        self.power_events_seen = log.len();
+        Ok(new)
+    }
+
+    fn bmc_dir(&self) -> &Path {
+        match &self.bmc {
+            Bmc::Redfish(b) => b.dir(),
+            Bmc::Ipmi(s) => s.dir(),
+        }
+    }
+}

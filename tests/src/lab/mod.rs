@@ -1,0 +1,885 @@
+//! The local lab: simulated control-plane hosts on loopback, each a real etcd member, a real
+//! `metalguard-agent` and a BMC emulator (Redfish for even hosts, IPMI for odd ones) whose
+//! power state is coupled to the host: power off kills the host's processes, power on starts
+//! them again. Plus the standalone `metalguard-controller` with generated mTLS certificates.
+//!
+//! The lab is single-threaded: every wait goes through [`Lab::tick`], which applies power
+//! changes to the hosts and narrates what the controller, the agents and the BMCs did.
+//! Used by the `metalguard-lab` binary (`demo`, `up`) and by the end-to-end tests.
+
+mod host;
+pub mod scenarios;
+pub mod timeline;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub use host::{BmcKind, LabHost};
+use timeline::Timeline;
+
+use crate::etcd::{EtcdCluster, EtcdOptions};
+use crate::ports::{PortLease, reserve_port};
+use crate::process::{Proc, run_capture};
+use crate::{HarnessError, Result, tools};
+
+/// How often the lab reads the controller's status for narration.
+const STATUS_PERIOD: Duration = Duration::from_millis(400);
+/// Pause between two ticks of a wait.
+const TICK: Duration = Duration::from_millis(50);
+
+/// Timings of the lab's agents and controller (small, so scenarios take seconds).
+#[derive(Debug, Clone)]
+pub struct Timings {
+    /// Agent report interval.
+    pub report_interval: Duration,
+    /// A host whose agent is silent this long is unhealthy.
+    pub heartbeat_timeout: Duration,
+    /// How long `Ready=False` must hold before a host is unhealthy.
+    pub unhealthy_timeout: Duration,
+    /// Controller re-plan period.
+    pub plan_interval: Duration,
+    /// Leader lease.
+    pub lease_ttl: Duration,
+    /// Retries of a failed remediation before a person is asked.
+    pub max_retry: u32,
+    /// Wait between a failed attempt and the next.
+    pub retry_period: Duration,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            report_interval: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(5),
+            unhealthy_timeout: Duration::from_secs(5),
+            plan_interval: Duration::from_millis(250),
+            lease_ttl: Duration::from_secs(3),
+            max_retry: 1,
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// Control-plane hosts (odd: 3 or 5).
+    pub hosts: usize,
+    /// Where `metalguard-agent` and `metalguard-controller` are.
+    pub bin_dir: PathBuf,
+    /// Print the timeline as it grows.
+    pub live: bool,
+    /// Timings.
+    pub timings: Timings,
+}
+
+impl LabOptions {
+    /// `hosts` hosts with binaries from `bin_dir`.
+    pub fn new(hosts: usize, bin_dir: PathBuf) -> Self {
+        Self {
+            hosts,
+            bin_dir,
+            live: false,
+            timings: Timings::default(),
+        }
+    }
+}
+
+/// Narration state: what the lab has already told about the controller's store.
+#[derive(Debug, Default)]
+struct Seen {
+    phases: BTreeMap<String, String>,
+    operations: BTreeSet<String>,
+    results: BTreeSet<String>,
+    decisions: BTreeSet<String>,
+    unhealthy: BTreeSet<String>,
+    status_error: Option<String>,
+    controller_log_offset: u64,
+    last_status: Option<Instant>,
+}
+
+/// A running lab. Dropping it stops every process it started.
+#[derive(Debug)]
+pub struct Lab {
+    /// The narration of the current scenario.
+    pub timeline: Timeline,
+    options: LabOptions,
+    // Field order matters: processes drop before the directories they use.
+    controller: Option<Proc>,
+    controller_starts: usize,
+    hosts: Vec<LabHost>,
+    etcd: EtcdCluster,
+    controller_port: PortLease,
+    inventory: PathBuf,
+    seen: Seen,
+    last_status: Option<Value>,
+    dir: tempfile::TempDir,
+}
+
+impl Lab {
+    /// Starts etcd, the BMCs, certificates, the agents and the controller, and waits until
+    /// every agent reports to the leader.
+    pub fn start(options: LabOptions) -> Result<Self> {
+        if options.hosts < 1 || options.hosts.is_multiple_of(2) {
+            return Err(HarnessError::Other(format!(
+                "the lab needs an odd number of hosts, not {}",
+                options.hosts
+            )));
+        }
+        let mut timeline = Timeline::new(options.live);
+        let dir = tools::temp_dir("lab")?;
+        let names: Vec<String> = (1..=options.hosts).map(|i| format!("cp-{i}")).collect();
+        timeline.add(
+            "lab",
+            format!("starting {} etcd members", options.hosts),
+            names.join(", "),
+        );
+        let etcd = EtcdCluster::start_with(EtcdOptions {
+            members: options.hosts,
+            names: names.clone(),
+            ..EtcdOptions::default()
+        })?;
+        let tls = dir.path().join("tls");
+        let controller_bin = options.bin_dir.join("metalguard-controller");
+        let tls_s = tls.display().to_string();
+        let certs = |args: &[&str]| -> Result<()> {
+            let mut command = Command::new(&controller_bin);
+            command.args(args);
+            run_capture(
+                command,
+                None,
+                &format!("metalguard-controller {}", args.join(" ")),
+            )
+            .map(drop)
+        };
+        certs(&["certs", "init", &tls_s])?;
+        certs(&["certs", "issue", "controller", &tls_s, "--server"])?;
+        for name in &names {
+            certs(&["certs", "issue", name, &tls_s])?;
+        }
+        timeline.add(
+            "lab",
+            "issued a CA, the controller's server certificate and one client certificate per host",
+            "mutual TLS between agents and controller",
+        );
+        let controller_port = reserve_port()?;
+        let mut hosts = Vec::new();
+        for (index, name) in names.iter().enumerate() {
+            let kind = if index % 2 == 0 {
+                BmcKind::Redfish
+            } else {
+                BmcKind::Ipmi
+            };
+            hosts.push(LabHost::new(name, index, kind, dir.path())?);
+        }
+        timeline.add(
+            "lab",
+            "started one BMC emulator per host",
+            hosts
+                .iter()
+                .map(|h| format!("{} {}", h.name, h.bmc_kind().label()))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        let inventory = dir.path().join("inventory.toml");
+        let mut lab = Self {
+            timeline,
+            options,
+            controller: None,
+            controller_starts: 0,
+            hosts,
+            etcd,
+            controller_port,
+            inventory,
+            seen: Seen::default(),
+            last_status: None,
+            dir,
+        };
+        lab.write_inventory()?;
+        let endpoints = lab.etcd.endpoints();
+        for i in 0..lab.hosts.len() {
+            let config = lab.agent_config(i, &endpoints);
+            lab.hosts[i].write_agent_config(&config)?;
+            lab.hosts[i].start_agent(&lab.options.bin_dir)?;
+        }
+        lab.timeline
+            .add("lab", "started one metalguard-agent per host", "");
+        lab.start_controller()?;
+        lab.wait_all_healthy(Duration::from_secs(60))?;
+        Ok(lab)
+    }
+
+    /// The lab's directory (certificates, inventory, host directories and logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Keeps the lab's directory after the lab stops (for `up`, and when a scenario failed).
+    pub fn keep_dir(&mut self) {
+        self.dir.disable_cleanup(true);
+    }
+
+    /// The inventory file.
+    pub fn inventory(&self) -> &Path {
+        &self.inventory
+    }
+
+    /// The hosts.
+    pub fn hosts(&self) -> &[LabHost] {
+        &self.hosts
+    }
+
+    /// The etcd cluster.
+    pub fn etcd(&self) -> &EtcdCluster {
+        &self.etcd
+    }
+
+    /// The options the lab was started with.
+    pub fn options(&self) -> &LabOptions {
+        &self.options
+    }
+
+    /// The controller's log file.
+    pub fn controller_log(&self) -> PathBuf {
+        self.dir.path().join("controller.log")
+    }
+
+    fn write_inventory(&self) -> Result<()> {
+        let t = &self.options.timings;
+        let endpoints: Vec<String> = self
+            .etcd
+            .endpoints()
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
+        let mut text = format!(
+            "# The local lab's inventory (written by metalguard-lab).\n\
+             [controller]\nlisten = \"127.0.0.1:{port}\"\ntls_dir = \"{tls}\"\nplan_interval = \"{plan}\"\n\n\
+             [etcd]\nendpoints = [{endpoints}]\nlease_ttl = \"{lease}\"\ntimeout = \"1s\"\n\n\
+             [control_plane]\ndesired_replicas = {replicas}\n\n",
+            port = self.controller_port.port(),
+            tls = self.dir.path().join("tls").display(),
+            plan = ms(t.plan_interval),
+            endpoints = endpoints.join(", "),
+            lease = ms(t.lease_ttl),
+            replicas = self.options.hosts,
+        );
+        for h in &self.hosts {
+            text.push_str(&h.inventory_entry());
+        }
+        let _ = write!(
+            text,
+            "\n[[policy.health_checks]]\nname = \"control-plane\"\n\
+             selector = {{ role = \"control-plane\" }}\n\
+             unhealthy_conditions = [{{ type = \"Ready\", status = \"False\", timeout = \"{unhealthy}\" }}]\n\
+             agent_heartbeat_timeout = \"{heartbeat}\"\n\n\
+             [policy.remediation]\nmax_retry = {retry}\nretry_period = \"{retry_period}\"\n\
+             min_healthy_period = \"20s\"\nexecutor_heartbeat_timeout = \"{heartbeat}\"\n",
+            unhealthy = ms(t.unhealthy_timeout),
+            heartbeat = ms(t.heartbeat_timeout),
+            retry = t.max_retry,
+            retry_period = ms(t.retry_period),
+        );
+        crate::tls::write_file(&self.inventory, text.as_bytes(), 0o644)
+    }
+
+    fn agent_config(&self, i: usize, endpoints: &[String]) -> String {
+        let h = &self.hosts[i];
+        let tls = self.dir.path().join("tls");
+        // The local member first: the agent's etcd probe and view start there.
+        let local = endpoints[i].clone();
+        let mut ordered = vec![local];
+        ordered.extend(endpoints.iter().filter(|e| **e != endpoints[i]).cloned());
+        let list: Vec<String> = ordered.iter().map(|e| format!("{e:?}")).collect();
+        format!(
+            "host = \"{name}\"\n\
+             [controller]\nurl = \"https://127.0.0.1:{port}\"\n\
+             ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{name}.pem\"\nkey = \"{tls}/{name}-key.pem\"\n\
+             report_interval = \"{report}\"\ncommand_wait = \"5s\"\n\
+             [state]\ndir = \"{state}\"\n\
+             [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
+             [etcd]\nendpoints = [{list}]\n\
+             [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n",
+            name = h.name,
+            port = self.controller_port.port(),
+            tls = tls.display(),
+            report = ms(self.options.timings.report_interval),
+            state = h.dir().join("agent-state").display(),
+            metrics = h.metrics_port(),
+            list = list.join(", "),
+        )
+    }
+
+    /// Starts (or restarts) the controller.
+    pub fn start_controller(&mut self) -> Result<()> {
+        if let Some(mut old) = self.controller.take() {
+            old.terminate(Duration::from_secs(5));
+        }
+        self.controller_starts += 1;
+        let mut command = Command::new(self.options.bin_dir.join("metalguard-controller"));
+        command
+            .args(["run", "--inventory"])
+            .arg(&self.inventory)
+            .args([
+                "--id",
+                &format!("lab-controller-{}", self.controller_starts),
+            ])
+            .env("RUST_LOG", "info");
+        self.controller = Some(Proc::spawn(
+            "metalguard-controller",
+            command,
+            &self.controller_log(),
+        )?);
+        self.timeline.add(
+            "lab",
+            format!(
+                "started metalguard-controller (run {})",
+                self.controller_starts
+            ),
+            "standalone backend: state and leader election in the guarded etcd",
+        );
+        Ok(())
+    }
+
+    /// Kills the controller (SIGKILL, as a crash would).
+    pub fn kill_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.kill();
+            self.timeline.add(
+                "lab",
+                "killed metalguard-controller (SIGKILL)",
+                "simulated crash",
+            );
+        }
+    }
+
+    /// Runs `metalguard-controller ARGS --inventory <lab inventory>` and returns its output
+    /// (stdout, or the error with stderr).
+    pub fn controller_cli(&self, args: &[&str]) -> Result<String> {
+        let mut command = Command::new(self.options.bin_dir.join("metalguard-controller"));
+        command.args(args).arg("--inventory").arg(&self.inventory);
+        run_capture(
+            command,
+            None,
+            &format!("metalguard-controller {}", args.join(" ")),
+        )
+    }
+
+    /// The controller's status as JSON (`status --json`), or why it could not be read.
+    pub fn status(&self) -> Result<Value> {
+        let out = self.controller_cli(&["status", "--json"])?;
+        serde_json::from_str(&out)
+            .map_err(|e| HarnessError::Other(format!("status --json unparsable ({e}): {out}")))
+    }
+
+    /// The last status read by [`Lab::tick`].
+    pub fn last_status(&self) -> Option<&Value> {
+        self.last_status.as_ref()
+    }
+
+    /// Index of the host named `name`.
+    pub fn index_of(&self, name: &str) -> Result<usize> {
+        self.hosts
+            .iter()
+            .position(|h| h.name == name)
+            .ok_or_else(|| HarnessError::Other(format!("no lab host {name}")))
+    }
+
+    /// Freezes a host: SIGSTOP its etcd member and its agent (a kernel hang, as far as the
+    /// rest of the cluster can tell).
+    pub fn freeze(&mut self, i: usize) -> Result<()> {
+        self.etcd.hang(i)?;
+        self.hosts[i].freeze_agent()?;
+        let name = self.hosts[i].name.clone();
+        self.timeline.add(
+            "lab",
+            format!("{name} hangs: SIGSTOP its etcd and its agent"),
+            "simulated kernel hang",
+        );
+        Ok(())
+    }
+
+    /// Thaws a frozen host (only if it was not powered off meanwhile).
+    pub fn thaw(&mut self, i: usize) -> Result<()> {
+        if self.hosts[i].powered() && self.hosts[i].agent_frozen() {
+            self.etcd.resume(i)?;
+            self.hosts[i].thaw_agent()?;
+            let name = self.hosts[i].name.clone();
+            self.timeline
+                .add("lab", format!("{name} resumes: SIGCONT"), "");
+        }
+        Ok(())
+    }
+
+    /// Replaces the BMC password the controller knows for host `i` (the BMC keeps its own).
+    pub fn set_known_password(&mut self, i: usize, password: Option<&str>) -> Result<()> {
+        self.hosts[i].set_known_password(password)?;
+        let name = self.hosts[i].name.clone();
+        match password {
+            Some(_) => self.timeline.add(
+                "lab",
+                format!("the credentials file of {name}'s BMC now holds a wrong password"),
+                "simulated credential rotation gone wrong",
+            ),
+            None => self.timeline.add(
+                "lab",
+                format!("restored the right password for {name}'s BMC"),
+                "",
+            ),
+        }
+        Ok(())
+    }
+
+    /// Applies power changes to hosts and narrates; call it in every wait.
+    pub fn tick(&mut self) -> Result<()> {
+        for i in 0..self.hosts.len() {
+            // The log, not the current state: an off followed at once by an on (a power
+            // cycle) must still kill the host's processes.
+            let events = self.hosts[i].new_power_events()?;
+            let on = self.hosts[i].bmc_power_on()?;
+            let name = self.hosts[i].name.clone();
+            let went_off = events.iter().any(crate::power::PowerEvent::is_off);
+            if self.hosts[i].powered() && (went_off || !on) {
+                self.etcd.kill(i);
+                self.hosts[i].power_lost();
+                self.timeline.add(
+                    &format!("bmc {name}"),
+                    "power is off",
+                    "the host's etcd and agent died with it",
+                );
+            }
+            if !self.hosts[i].powered() && on {
+                self.etcd.restart(i)?;
+                self.hosts[i].power_restored(&self.options.bin_dir)?;
+                self.timeline.add(
+                    &format!("bmc {name}"),
+                    "power is on",
+                    "the host boots: etcd restarts from its data dir, the agent starts",
+                );
+            }
+        }
+        if let Some(c) = self.controller.as_mut() {
+            c.ensure_running()?;
+        }
+        self.narrate_controller_log();
+        if self
+            .seen
+            .last_status
+            .is_none_or(|t| t.elapsed() >= STATUS_PERIOD)
+        {
+            self.seen.last_status = Some(Instant::now());
+            self.narrate_status();
+        }
+        Ok(())
+    }
+
+    /// Ticks until `done` holds or `timeout` passes; returns how long it took.
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut done: impl FnMut(&mut Self) -> Result<bool>,
+    ) -> Result<Duration> {
+        let started = Instant::now();
+        loop {
+            self.tick()?;
+            if done(self)? {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() >= timeout {
+                return Err(HarnessError::Timeout {
+                    what: what.to_owned(),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(TICK);
+        }
+    }
+
+    /// Ticks for `period`.
+    pub fn idle(&mut self, period: Duration) -> Result<()> {
+        let started = Instant::now();
+        while started.elapsed() < period {
+            self.tick()?;
+            std::thread::sleep(TICK);
+        }
+        Ok(())
+    }
+
+    /// Whether host `i` is up: powered, not frozen, its etcd member healthy, its agent's
+    /// last report fresh and every reported condition true.
+    pub fn host_healthy(&mut self, i: usize) -> bool {
+        if !self.hosts[i].powered() || self.hosts[i].agent_frozen() || !self.etcd.is_healthy(i) {
+            return false;
+        }
+        let Some(status) = self.last_status.as_ref() else {
+            return false;
+        };
+        let name = &self.hosts[i].name;
+        let Some(report) = status["agents"].get(name.as_str()) else {
+            return false;
+        };
+        let (Some(received), Some(now)) = (report["received_at"].as_u64(), status["now"].as_u64())
+        else {
+            return false;
+        };
+        let fresh = now.saturating_sub(received)
+            < u64::try_from(self.options.timings.report_interval.as_millis() * 3)
+                .unwrap_or(u64::MAX);
+        let conditions_true = report["report"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| !cs.is_empty() && cs.iter().all(|c| c["status"] == "True"));
+        fresh && conditions_true
+    }
+
+    /// Waits until every host is healthy and no remediation is active.
+    pub fn wait_all_healthy(&mut self, timeout: Duration) -> Result<Duration> {
+        self.wait_for(
+            "every host healthy, no remediation active",
+            timeout,
+            |lab| {
+                lab.seen.last_status = None;
+                lab.tick()?;
+                let all = (0..lab.hosts.len()).all(|i| lab.host_healthy(i));
+                Ok(all && lab.active_remediations().is_empty())
+            },
+        )
+    }
+
+    /// Remediations that are not finished, as `(id, target, phase)`.
+    pub fn active_remediations(&self) -> Vec<(String, String, String)> {
+        self.remediations()
+            .into_iter()
+            .filter(|(_, _, phase)| {
+                !matches!(
+                    phase.as_str(),
+                    "done" | "needs-a-person" | "cancelled" | "reprovisioning" | "failed"
+                )
+            })
+            .collect()
+    }
+
+    /// Every remediation in the last status, as `(id, target, phase)`.
+    pub fn remediations(&self) -> Vec<(String, String, String)> {
+        self.last_status
+            .as_ref()
+            .and_then(|s| s["remediations"].as_array())
+            .map(|list| {
+                list.iter()
+                    .map(|r| {
+                        (
+                            r["id"].as_str().unwrap_or_default().to_owned(),
+                            r["target"].as_str().unwrap_or_default().to_owned(),
+                            r["phase"]["phase"].as_str().unwrap_or_default().to_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Power-offs of host `i`'s BMC since `since_ms` (Unix milliseconds).
+    pub fn power_offs_since(&self, i: usize, since_ms: u64) -> Result<usize> {
+        Ok(self.hosts[i]
+            .power_log()?
+            .iter()
+            .filter(|e| e.at_ms >= since_ms && e.is_off())
+            .count())
+    }
+
+    /// Every power event of every host since `since_ms`, as `(host, event)`.
+    pub fn power_events_since(&self, since_ms: u64) -> Result<Vec<(String, String)>> {
+        let mut all = Vec::new();
+        for h in &self.hosts {
+            for e in h.power_log()? {
+                if e.at_ms >= since_ms {
+                    all.push((h.name.clone(), format!("{} {}", e.kind, e.value)));
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Writes `count` keys under `prefix` through the running members; returns them.
+    pub fn write_data(&self, prefix: &str, count: usize) -> Result<Vec<(String, String)>> {
+        let mut written = Vec::new();
+        for k in 0..count {
+            let key = format!("{prefix}/{k:03}");
+            let value = format!("value-{k}-{}", tools::random_token(8));
+            self.etcd.put(&key, &value)?;
+            written.push((key, value));
+        }
+        Ok(written)
+    }
+
+    /// Checks that every key is present with its value; returns the missing or wrong ones.
+    pub fn check_data(&self, written: &[(String, String)]) -> Result<Vec<String>> {
+        let mut bad = Vec::new();
+        for (key, value) in written {
+            if self.etcd.get(key)?.as_deref() != Some(value.as_str()) {
+                bad.push(key.clone());
+            }
+        }
+        Ok(bad)
+    }
+
+    fn narrate_controller_log(&mut self) {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(self.controller_log()) else {
+            return;
+        };
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < self.seen.controller_log_offset {
+            self.seen.controller_log_offset = 0;
+        }
+        if file
+            .seek(SeekFrom::Start(self.seen.controller_log_offset))
+            .is_err()
+        {
+            return;
+        }
+        let mut text = String::new();
+        if file.read_to_string(&mut text).is_err() {
+            return;
+        }
+        // Only whole lines; the rest is read next time.
+        let Some(end) = text.rfind('\n') else {
+            return;
+        };
+        self.seen.controller_log_offset += (end + 1) as u64;
+        for line in text[..end].lines() {
+            for (needle, what) in [
+                ("cannot act", "cannot act"),
+                ("leadership lost", "lost leadership"),
+            ] {
+                if let Some(at) = line.find(needle) {
+                    let detail = strip_ansi(&line[at..]);
+                    self.timeline.add("controller", what, detail);
+                }
+            }
+        }
+    }
+
+    fn narrate_status(&mut self) {
+        let status = match self.status() {
+            Ok(s) => s,
+            Err(e) => {
+                let text = first_line_of_error(&e.to_string());
+                if self.seen.status_error.as_deref() != Some(text.as_str()) {
+                    self.timeline.add(
+                        "status",
+                        "the controller's store cannot be read",
+                        text.clone(),
+                    );
+                    self.seen.status_error = Some(text);
+                }
+                return;
+            }
+        };
+        self.seen.status_error = None;
+        let mut events: Vec<(String, String, String)> = Vec::new();
+        if let Some(checks) = status["plan"]["health"].as_array() {
+            for c in checks {
+                let unhealthy: BTreeSet<String> = c["unhealthy"]
+                    .as_array()
+                    .map(|l| {
+                        l.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for host in unhealthy.difference(&self.seen.unhealthy) {
+                    events.push((
+                        "controller".into(),
+                        format!("{host} is unhealthy"),
+                        format!("check {}", c["name"].as_str().unwrap_or("?")),
+                    ));
+                }
+                for host in self.seen.unhealthy.difference(&unhealthy) {
+                    events.push((
+                        "controller".into(),
+                        format!("{host} is healthy again"),
+                        String::new(),
+                    ));
+                }
+                self.seen.unhealthy = unhealthy;
+                if let Some(sc) = c["short_circuit"].as_str() {
+                    events.push((
+                        "controller".into(),
+                        format!(
+                            "short-circuit on check {}",
+                            c["name"].as_str().unwrap_or("?")
+                        ),
+                        sc.to_owned(),
+                    ));
+                }
+            }
+        }
+        if let Some(d) = status["plan"]["degraded"].as_str() {
+            events.push((
+                "controller".into(),
+                "degraded: takes no action".into(),
+                d.to_owned(),
+            ));
+        }
+        if let Some(refusals) = status["plan"]["refusals"].as_array() {
+            for r in refusals {
+                events.push((
+                    "controller".into(),
+                    format!(
+                        "refuses {} {}",
+                        r["refused"].as_str().unwrap_or("acting on"),
+                        r["subject"].as_str().unwrap_or("?")
+                    ),
+                    r["reason"].as_str().unwrap_or_default().to_owned(),
+                ));
+            }
+        }
+        if let Some(list) = status["remediations"].as_array() {
+            for r in list {
+                let id = r["id"].as_str().unwrap_or_default().to_owned();
+                let phase = r["phase"]["phase"].as_str().unwrap_or_default().to_owned();
+                if self.seen.phases.get(&id) == Some(&phase) {
+                    continue;
+                }
+                let why = match phase.as_str() {
+                    "gated" => format!(
+                        "{}; executor {}{}",
+                        r["cause"].as_str().unwrap_or_default(),
+                        r["executor"].as_str().unwrap_or_default(),
+                        r["forced"]
+                            .as_str()
+                            .map(|f| format!("; FORCED: {f}"))
+                            .unwrap_or_default()
+                    ),
+                    _ => r["phase"]["reason"].as_str().unwrap_or_default().to_owned(),
+                };
+                events.push((
+                    "controller".into(),
+                    format!(
+                        "remediation {id} of {}: {phase}",
+                        r["target"].as_str().unwrap_or_default()
+                    ),
+                    why,
+                ));
+                self.seen.phases.insert(id, phase);
+            }
+        }
+        if let Some(list) = status["operations"].as_array() {
+            for op in list {
+                let id = op["id"].as_str().unwrap_or_default().to_owned();
+                let agent = op["agent"].as_str().unwrap_or_default();
+                if self.seen.operations.insert(id.clone()) {
+                    events.push((
+                        "controller".into(),
+                        format!("sends {} to agent {agent}", describe_kind(&op["kind"])),
+                        format!("operation {id}, intent persisted first"),
+                    ));
+                }
+                if let Some(result) = op["result"].as_object()
+                    && self.seen.results.insert(id.clone())
+                {
+                    events.push((
+                        format!("agent {agent}"),
+                        format!(
+                            "{}: {}",
+                            describe_kind(&op["kind"]),
+                            result.get("outcome").and_then(Value::as_str).unwrap_or("?")
+                        ),
+                        result
+                            .get("error")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned(),
+                    ));
+                }
+            }
+        }
+        for (actor, what, why) in events {
+            // Decisions repeat every plan round: tell each one once.
+            if actor == "controller"
+                && (what.starts_with("refuses")
+                    || what.starts_with("short-circuit")
+                    || what.starts_with("degraded"))
+                && !self.seen.decisions.insert(format!("{what}|{why}"))
+            {
+                continue;
+            }
+            self.timeline.add(&actor, what, why);
+        }
+        self.last_status = Some(status);
+    }
+
+    /// Forgets which decisions were told (a new scenario tells them again).
+    pub fn new_scenario(&mut self) {
+        self.timeline.restart();
+        self.seen.decisions.clear();
+    }
+
+    /// Log tails of the controller and every agent, for failure reports.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "--- controller\n{}",
+            crate::process::tail_of(&self.controller_log(), 40)
+        );
+        for h in &self.hosts {
+            let _ = writeln!(
+                out,
+                "--- agent {}\n{}",
+                h.name,
+                crate::process::tail_of(&h.agent_log(), 20)
+            );
+        }
+        out
+    }
+}
+
+fn describe_kind(kind: &Value) -> String {
+    match kind["type"].as_str() {
+        Some("fence") => format!(
+            "power {} of {}",
+            kind["action"].as_str().unwrap_or("?"),
+            kind["target"].as_str().unwrap_or("?")
+        ),
+        Some(other) => other.replace('-', " "),
+        None => "a command".to_owned(),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+fn first_line_of_error(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .unwrap_or(text)
+        .chars()
+        .take(240)
+        .collect()
+}
+
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -1,0 +1,315 @@
+//! The lab's scenarios. Each starts from a healthy lab, narrates into the lab's timeline,
+//! checks its expected outcome, and leaves the lab healthy again where it can.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::Lab;
+use crate::{HarnessError, Result};
+
+/// Slack on top of the configured timeouts: report and plan periods, a fence with its
+/// verifying reads, and the time a host needs to boot (etcd rejoins, the agent reports).
+/// The measured figures are in docs/benchmarks.md.
+pub const OVERHEAD: Duration = Duration::from_secs(15);
+
+/// What a scenario saw.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Scenario name.
+    pub name: &'static str,
+    /// The outcome it expects.
+    pub expected: String,
+    /// What happened.
+    pub seen: String,
+    /// Whether the outcome matched.
+    pub ok: bool,
+    /// How long it ran.
+    pub took: Duration,
+    /// Phase timings worth recording (name, time since the failure).
+    pub timings: Vec<(String, Duration)>,
+}
+
+/// Every scenario name, in demo order.
+pub const ALL: [&str; 5] = [
+    "hang",
+    "double-failure",
+    "admin-fence",
+    "bad-bmc",
+    "replace",
+];
+
+/// Runs a scenario by name.
+pub fn run(lab: &mut Lab, name: &str) -> Result<Report> {
+    match name {
+        "hang" => hang(lab, 0),
+        "double-failure" => double_failure(lab),
+        "admin-fence" => admin_fence(lab),
+        "bad-bmc" => bad_bmc(lab),
+        "replace" => Err(HarnessError::Other(
+            "the replace scenario is not available in this build".into(),
+        )),
+        other => Err(HarnessError::Other(format!(
+            "unknown scenario {other} (one of {})",
+            ALL.join(", ")
+        ))),
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The host whose operations executed the fence of `target`, from the last status.
+fn fence_executor(lab: &Lab, target: &str) -> Option<String> {
+    lab.last_status()?["operations"]
+        .as_array()?
+        .iter()
+        .find(|op| op["kind"]["type"] == "fence" && op["kind"]["target"] == target)
+        .and_then(|op| op["agent"].as_str().map(str::to_owned))
+}
+
+/// `hang`: freeze a host → its peers see it gone → the guard allows fencing it → another
+/// host's agent powers it off → verified → on again → healthy.
+pub fn hang(lab: &mut Lab, target: usize) -> Result<Report> {
+    lab.new_scenario();
+    let name = lab.hosts()[target].name.clone();
+    let t = lab.options().timings.clone();
+    let data = lab.write_data("/lab/hang", 20)?;
+    lab.timeline
+        .add("lab", "wrote 20 keys to etcd", "checked after recovery");
+    let since = unix_ms();
+    let started = Instant::now();
+    lab.freeze(target)?;
+    let detect = t.heartbeat_timeout.max(t.unhealthy_timeout);
+    let fenced = lab.wait_for(
+        &format!("{name} to be powered off"),
+        detect + OVERHEAD,
+        |lab| Ok(lab.power_offs_since(target, since)? > 0),
+    )?;
+    // The BMC's own record of when the power went off.
+    let fenced = lab.hosts()[target]
+        .power_log()?
+        .iter()
+        .find(|e| e.at_ms >= since && e.is_off())
+        .map_or(fenced, |e| Duration::from_millis(e.at_ms - since));
+    let healthy = lab.wait_for(
+        &format!("{name} to be healthy again"),
+        Duration::from_secs(60),
+        |lab| {
+            Ok(lab.host_healthy(target)
+                && lab.active_remediations().is_empty()
+                && lab.hosts()[target].bmc_power_on()?)
+        },
+    )?;
+    let healthy = started.elapsed().min(fenced + healthy);
+    lab.timeline
+        .add("lab", format!("{name} is healthy again"), "");
+    let offs = lab.power_offs_since(target, since)?;
+    let others: Vec<(String, String)> = lab
+        .power_events_since(since)?
+        .into_iter()
+        .filter(|(h, _)| *h != name)
+        .collect();
+    let missing = lab.check_data(&data)?;
+    let executor = fence_executor(lab, &name).unwrap_or_else(|| "?".into());
+    let ok = offs == 1 && others.is_empty() && missing.is_empty() && executor != name;
+    Ok(Report {
+        name: "hang",
+        expected: format!(
+            "{name} fenced once by another host's agent within {}s, healthy again, no data lost",
+            (detect + OVERHEAD).as_secs()
+        ),
+        seen: format!(
+            "fenced by agent {executor} after {:.1}s ({offs} power-off), healthy after {:.1}s, \
+             other hosts' power events {}, {} of {} keys missing",
+            fenced.as_secs_f64(),
+            healthy.as_secs_f64(),
+            others.len(),
+            missing.len(),
+            data.len()
+        ),
+        ok,
+        took: started.elapsed(),
+        timings: vec![
+            ("failure → verified off".into(), fenced),
+            ("failure → healthy".into(), healthy),
+        ],
+    })
+}
+
+/// `double-failure`: two of three hosts hang at once → nothing is fenced; the controller
+/// and `status` say why.
+pub fn double_failure(lab: &mut Lab) -> Result<Report> {
+    lab.new_scenario();
+    let started = Instant::now();
+    let since = unix_ms();
+    let t = lab.options().timings.clone();
+    let targets = [0usize, 1];
+    for &i in &targets {
+        lab.freeze(i)?;
+    }
+    let window = t.heartbeat_timeout.max(t.unhealthy_timeout) + OVERHEAD;
+    lab.timeline.add(
+        "lab",
+        format!("watching for {}s", window.as_secs()),
+        "a fence now would be wrong: it cannot restore quorum",
+    );
+    lab.idle(window)?;
+    let status_text = match lab.controller_cli(&["status"]) {
+        Ok(text) => text,
+        Err(e) => e.to_string(),
+    };
+    let why = status_text
+        .lines()
+        .find(|l| l.contains("quorum") || l.contains("short-circuit") || l.contains("cannot"))
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    lab.timeline.add("status", "says", why.clone());
+    let events = lab.power_events_since(since)?;
+    for &i in &targets {
+        lab.thaw(i)?;
+    }
+    lab.wait_all_healthy(Duration::from_secs(90))?;
+    lab.timeline
+        .add("lab", "both hosts resumed; every host healthy", "");
+    let ok = events.is_empty() && !why.is_empty();
+    Ok(Report {
+        name: "double-failure",
+        expected: "nothing fenced; status says why".into(),
+        seen: format!(
+            "{} power events in {}s; status: {}",
+            events.len(),
+            window.as_secs(),
+            if why.is_empty() {
+                "(no reason shown)"
+            } else {
+                &why
+            }
+        ),
+        ok,
+        took: started.elapsed(),
+        timings: Vec::new(),
+    })
+}
+
+/// `bad-bmc`: the controller's BMC password for a host is wrong → the host hangs →
+/// remediation fails after its retries → the host needs a person, with the reason; nothing
+/// else is touched.
+pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
+    lab.new_scenario();
+    let started = Instant::now();
+    let since = unix_ms();
+    let target = lab.hosts().len() - 1;
+    let name = lab.hosts()[target].name.clone();
+    let t = lab.options().timings.clone();
+    lab.set_known_password(target, Some("not-the-password"))?;
+    lab.freeze(target)?;
+    let budget = t.heartbeat_timeout.max(t.unhealthy_timeout)
+        + (t.retry_period + Duration::from_secs(10)) * (t.max_retry + 1)
+        + OVERHEAD;
+    let mut reason = String::new();
+    let waited = lab.wait_for(&format!("{name} to need a person"), budget, |lab| {
+        let Some(status) = lab.last_status() else {
+            return Ok(false);
+        };
+        let found = status["remediations"].as_array().and_then(|l| {
+            l.iter()
+                .find(|r| r["target"] == name.as_str() && r["phase"]["phase"] == "needs-a-person")
+        });
+        if let Some(r) = found {
+            reason = r["phase"]["reason"].as_str().unwrap_or_default().to_owned();
+            return Ok(true);
+        }
+        Ok(false)
+    })?;
+    let events = lab.power_events_since(since)?;
+    // The person: thaw the host and fix the password.
+    lab.thaw(target)?;
+    lab.set_known_password(target, None)?;
+    let ok = events.is_empty() && !reason.is_empty();
+    Ok(Report {
+        name: "bad-bmc",
+        expected: format!(
+            "{name} ends in needs-a-person with the reason; no power change anywhere"
+        ),
+        seen: format!(
+            "needs-a-person after {:.1}s: {reason}; {} power events",
+            waited.as_secs_f64(),
+            events.len()
+        ),
+        ok,
+        took: started.elapsed(),
+        timings: Vec::new(),
+    })
+}
+
+/// `admin-fence`: an admin fences a healthy host → the verdict is shown (refused: it is
+/// healthy); with `--force` and a reason it proceeds, is recorded, and the host comes back.
+pub fn admin_fence(lab: &mut Lab) -> Result<Report> {
+    lab.new_scenario();
+    let started = Instant::now();
+    let since = unix_ms();
+    let target = 1usize.min(lab.hosts().len() - 1);
+    let name = lab.hosts()[target].name.clone();
+    let out = lab.controller_cli(&["fence", &name, "--reason", "lab: suspected memory errors"])?;
+    let verdict = out
+        .lines()
+        .find(|l| l.contains("verdict"))
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    lab.timeline.add(
+        "admin",
+        format!("metalguard-controller fence {name}"),
+        verdict.clone(),
+    );
+    lab.idle(Duration::from_secs(3))?;
+    let unforced_offs = lab.power_offs_since(target, since)?;
+    let out = lab.controller_cli(&[
+        "fence",
+        &name,
+        "--force",
+        "--reason",
+        "lab: suspected memory errors, checked by a person",
+    ])?;
+    let forced_verdict = out
+        .lines()
+        .find(|l| l.contains("verdict"))
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    lab.timeline.add(
+        "admin",
+        format!("metalguard-controller fence {name} --force"),
+        forced_verdict.clone(),
+    );
+    let fenced = lab.wait_for(
+        &format!("{name} to be powered off"),
+        Duration::from_secs(30),
+        |lab| Ok(lab.power_offs_since(target, since)? > 0),
+    )?;
+    lab.wait_all_healthy(Duration::from_secs(60))?;
+    let recorded = lab
+        .last_status()
+        .and_then(|s| s["remediations"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .any(|r| r["target"] == name.as_str() && r["forced"].as_str().is_some());
+    let offs = lab.power_offs_since(target, since)?;
+    let ok = unforced_offs == 0 && offs == 1 && recorded && verdict.contains("refused");
+    Ok(Report {
+        name: "admin-fence",
+        expected: "unforced: refused with the guard's verdict; forced: fenced once, recorded"
+            .into(),
+        seen: format!(
+            "unforced: {verdict:?}, {unforced_offs} power-off; forced: off after {:.1}s, \
+             {offs} power-off in all, recorded as forced: {recorded}",
+            fenced.as_secs_f64()
+        ),
+        ok,
+        took: started.elapsed(),
+        timings: Vec::new(),
+    })
+}
