@@ -123,11 +123,10 @@ fn schemas() -> Value {
         "CommandKind": { "oneOf": [
             tagged("type", "fence", &fence_fields,
                 &["target", "action", "bmc_address", "credentials"]),
-            tagged("type", "etcd-join-go-ahead",
-                &[("member_id", integer()), ("initial_cluster", string())],
-                &["member_id", "initial_cluster"]),
+            tagged("type", "etcd-join-go-ahead", &[], &[]),
             tagged("type", "etcd-promote", &[("member_id", integer())], &["member_id"]),
             tagged("type", "etcd-remove", &[("member_id", integer())], &["member_id"]),
+            tagged("type", "etcd-move-leader", &[("to_member", integer())], &["to_member"]),
         ]},
         "PowerAction": one_of_strings(&["off", "on", "reboot"]),
         "BmcTrust": { "oneOf": [
