@@ -1,4 +1,4 @@
-//! The command line: `run`, `plan`, `status`, `fence`, `certs`. Each subcommand wires the
+//! The command line: `run`, `plan`, `status`, `fence`, `retire`, `certs`. Each subcommand wires the
 //! modules and maps errors to an exit status; no decisions are made here.
 
 use std::path::PathBuf;
@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use metalguard_api::snapshot::{FenceRequest, Snapshot};
+use metalguard_api::snapshot::{FenceRequest, Retirement, Snapshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend as _;
@@ -66,6 +66,24 @@ enum Command {
         /// Skip policy gates (never the safety rules).
         #[arg(long)]
         force: bool,
+        /// The inventory file.
+        #[arg(long, env = "METALGUARD_INVENTORY")]
+        inventory: PathBuf,
+    },
+    /// Retire a control-plane host: its etcd member is replaced (add its replacement to the
+    /// inventory), removed, its hooks released, and then it is powered off.
+    Retire {
+        /// The host.
+        host: String,
+        /// Why (recorded, shown by `status`).
+        #[arg(long, required_unless_present = "cancel")]
+        reason: Option<String>,
+        /// Who asks (recorded).
+        #[arg(long, env = "USER")]
+        requested_by: Option<String>,
+        /// Withdraw the retirement (refused once a replacement votes or the member is gone).
+        #[arg(long)]
+        cancel: bool,
         /// The inventory file.
         #[arg(long, env = "METALGUARD_INVENTORY")]
         inventory: PathBuf,
@@ -186,7 +204,9 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             let inventory = Inventory::load(&inventory)?;
             let mut backend = connect(&inventory, "status".to_owned());
             let state = backend.load().await?;
-            print!("{}", crate::status::render(&state, now()));
+            let at = now();
+            print!("{}", crate::status::render(&state, at));
+            print!("{}", crate::status::render_progress(&inventory, &state, at));
             Ok(())
         }
         Command::Fence {
@@ -210,6 +230,13 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             println!("fence of {host} requested; the leader plans it on its next round");
             Ok(())
         }
+        Command::Retire {
+            host,
+            reason,
+            requested_by,
+            cancel,
+            inventory,
+        } => retire(&inventory, &host, reason, requested_by, cancel).await,
         Command::CheckConfig { inventory } => {
             let inv = Inventory::load(&inventory)?;
             let mut problems: Vec<String> = inv.check_files().iter().map(|e| chain(e)).collect();
@@ -257,6 +284,45 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
     }
 }
 
+async fn retire(
+    inventory: &std::path::Path,
+    host: &str,
+    reason: Option<String>,
+    requested_by: Option<String>,
+    cancel: bool,
+) -> anyhow::Result<()> {
+    let inventory = Inventory::load(inventory)?;
+    crate::retire::check_retirable(&inventory, host)?;
+    let mut backend = connect(&inventory, "cli".to_owned());
+    if cancel {
+        let state = backend.load().await?;
+        let blockers = crate::retire::check_cancellable(&inventory, &state, host, now())?;
+        anyhow::ensure!(
+            backend.cancel_retirement(host, &blockers).await?,
+            "the retirement of {host} cannot be withdrawn: the leader has just started removing its member"
+        );
+        println!("retirement of {host} withdrawn");
+        return Ok(());
+    }
+    let request = Retirement {
+        requested_at: now(),
+        requested_by: requested_by.map(|who| format!("{who} (cli)")),
+        reason: reason.unwrap_or_default(),
+    };
+    let in_force = backend.request_retirement(host, &request).await?;
+    if in_force == request {
+        println!(
+            "retirement of {host} requested; the leader replaces its etcd member once a new control-plane host is in the inventory, then powers it off (see status)"
+        );
+    } else {
+        println!(
+            "{host} was already retired at {} ({}); that request stays in force",
+            in_force.requested_at, in_force.reason
+        );
+    }
+    Ok(())
+}
+
 async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()> {
     let inventory = Inventory::load(inventory_path)?;
     let settings = inventory.controller.clone();
@@ -269,7 +335,7 @@ async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()>
         .await
         .with_context(|| format!("agent api address {} could not be bound", settings.listen))?;
     tracing::info!(address = %settings.listen, identity = %id, "agent api listening");
-    let backend = connect(&inventory, id);
+    let backend = connect(&inventory, id.clone());
     let (hub, inbox) = Hub::new();
     let metrics = Metrics::new();
     let cancel = CancellationToken::new();
@@ -288,7 +354,8 @@ async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()>
             }
         });
     }
-    let controller = Controller::new(backend, inventory, hub, metrics);
+    let controller =
+        Controller::new(backend, inventory, hub, metrics).reloading(inventory_path, id);
     tasks.spawn(controller.run(inbox, cancel.clone()));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("sigterm handler could not be installed")?;

@@ -6,6 +6,9 @@
 //! operation id is created once: re-planning after a restart finds it in the store and
 //! re-offers the same command (the agent executes each id at most once) instead of creating
 //! a second fence.
+//!
+//! A retired host's power-off (`DecommissionHost`) takes the same path: one persisted fence
+//! operation, id derived from the retirement request, offered to the agent the core chose.
 
 use std::collections::BTreeMap;
 
@@ -19,6 +22,9 @@ use metalguard_api::snapshot::QUORUM_HOOK;
 
 use crate::backend::{OperationKind, State, StoredOperation, Write};
 use crate::inventory::Inventory;
+
+/// The step name of a retired host's power-off operation.
+pub const DECOMMISSION_STEP: &str = "decommission";
 
 /// The writes of one action (applied as one atomic batch), or `None` when there is nothing
 /// to do now (already done, waiting for a result, or not carried out by this backend).
@@ -42,6 +48,23 @@ pub fn writes_for(action: &Action, state: &State, now: Timestamp) -> Option<Vec<
         } => {
             let remediation = state.remediations.get(remediation_id)?;
             remediate(action, remediation, target, executor, step, state, now)
+        }
+        ActionKind::DecommissionHost { host, executor } => {
+            if state.operations.contains_key(&action.id) {
+                return None;
+            }
+            Some(vec![Write::CreateOperation(StoredOperation {
+                id: action.id.clone(),
+                agent: executor.clone(),
+                kind: OperationKind::Fence {
+                    target: host.clone(),
+                    action: PowerAction::Off,
+                },
+                remediation_id: None,
+                step: Some(DECOMMISSION_STEP.to_owned()),
+                created_at: now,
+                result: None,
+            })])
         }
         ActionKind::AddQuorumHook { host } | ActionKind::RemoveQuorumHook { host } => {
             let mut hooks = state.hooks.get(host).cloned().unwrap_or_default();
@@ -163,6 +186,10 @@ pub fn pending_commands(inventory: &Inventory, state: &State) -> BTreeMap<String
             OperationKind::EtcdRemove { member_id } => CommandKind::EtcdRemove {
                 member_id: *member_id,
             },
+            OperationKind::EtcdJoin {} => CommandKind::EtcdJoinGoAhead {},
+            OperationKind::EtcdMoveLeader { to_member } => CommandKind::EtcdMoveLeader {
+                to_member: *to_member,
+            },
         };
         pending.entry(op.agent.clone()).or_default().push(Command {
             operation_id: op.id.clone(),
@@ -268,6 +295,7 @@ mod tests {
                 Write::PutHooks(h, hooks) => {
                     state.hooks.insert(h, hooks);
                 }
+                Write::PutNotes(notes) => state.notes = Some(notes),
             }
         }
     }
@@ -362,5 +390,47 @@ mod tests {
         let state = state_with(remediation(RemediationPhase::Detected));
         // Detected → PoweringOff skips the gates: refused, and no operation is created.
         assert!(writes_for(&action(RemediationStep::PowerOff), &state, Timestamp(5)).is_none());
+    }
+
+    #[test]
+    fn a_retired_hosts_power_off_is_one_fence_operation_created_once() {
+        let mut state = State::default();
+        let off = Action {
+            id: metalguard_core::retire::decommission_id("cp-1", Timestamp(5)),
+            kind: ActionKind::DecommissionHost {
+                host: "cp-1".into(),
+                executor: "cp-2".into(),
+            },
+            reason: "retired".into(),
+        };
+        let writes = writes_for(&off, &state, Timestamp(9)).unwrap();
+        let [Write::CreateOperation(op)] = &writes[..] else {
+            panic!("{writes:?}")
+        };
+        assert_eq!(
+            (op.id.0.as_str(), op.agent.as_str()),
+            ("retire/cp-1/5/power-off", "cp-2")
+        );
+        assert_eq!(
+            op.kind,
+            OperationKind::Fence {
+                target: "cp-1".into(),
+                action: PowerAction::Off
+            }
+        );
+        apply(&mut state, writes);
+        // Re-planned with another executor (cp-2 went silent): still the one operation.
+        let mut again = off.clone();
+        again.kind = ActionKind::DecommissionHost {
+            host: "cp-1".into(),
+            executor: "cp-3".into(),
+        };
+        assert!(writes_for(&again, &state, Timestamp(10)).is_none());
+        let (write, _) = record_result(&state, "cp-2", result(&off.id, Outcome::Failed)).unwrap();
+        apply(&mut state, vec![write.unwrap()]);
+        assert!(
+            writes_for(&off, &state, Timestamp(11)).is_none(),
+            "a failed power-off is not repeated by itself"
+        );
     }
 }

@@ -1,11 +1,14 @@
-//! etcd membership actions carried out by agents: promote a learner, remove a member.
+//! etcd membership actions carried out by agents: join a learner, promote it, move the
+//! leadership, remove a member.
 //!
-//! Like fences, each attempt is an operation persisted before it is offered. The command goes
-//! to the agent of a healthy voter that reported recently — the raft leader's host when it
-//! qualifies (promotion is decided by the leader), never the host of a member being removed.
-//! A failed promote changes nothing (DOMAIN §1), so a failed attempt is retried under a new id
-//! (`ID/retry-N`, the agent executes each id at most once) after [`RETRY_DELAY`], at most
-//! [`MAX_ATTEMPTS`] times. Learner adds and leader moves are not executed here yet.
+//! Like fences, each attempt is an operation persisted before it is offered. A join goes to
+//! the joining host's own agent (it adds its own learner from its configuration and succeeds
+//! once the learner has caught up), and only while that agent reports. Every other change
+//! goes to the agent of a healthy voter that reported recently — the raft leader's host when
+//! it qualifies (promotion is decided by the leader), never the host of a member being
+//! removed or losing the leadership. A failed attempt changes nothing (DOMAIN §1), so it is
+//! retried under a new id (`ID/retry-N`, the agent executes each id at most once) after
+//! [`RETRY_DELAY`], at most [`MAX_ATTEMPTS`] times.
 
 use std::time::Duration;
 
@@ -20,27 +23,55 @@ pub const RETRY_DELAY: Duration = Duration::from_secs(2);
 /// Attempts of one planned membership action before the executor gives up (and says so).
 pub const MAX_ATTEMPTS: usize = 10;
 
-/// The writes that start the next attempt of a membership action, if one is due.
-pub fn writes_for(
-    action: &Action,
-    state: &State,
-    now: Timestamp,
-    heartbeat: Duration,
-) -> Option<Vec<Write>> {
-    let (kind, exclude) = match &action.kind {
+/// What the executor does about one membership action now.
+#[derive(Debug)]
+pub enum Next {
+    /// Not a membership action, already done, or an attempt is in flight or not due yet.
+    Nothing,
+    /// Start the next attempt with these writes.
+    Start(Vec<Write>),
+    /// It cannot start, for this reason (for logs and `status`).
+    Waiting(String),
+}
+
+/// Who may carry out an action.
+enum Executor<'a> {
+    /// This host's own agent, if it reported recently.
+    Own(&'a str),
+    /// A healthy voter's agent, not on this host.
+    Voter { exclude: Option<&'a str> },
+}
+
+/// The next step of a membership action.
+pub fn next_for(action: &Action, state: &State, now: Timestamp, heartbeat: Duration) -> Next {
+    let (kind, executor) = match &action.kind {
+        ActionKind::AddLearner { host } => (OperationKind::EtcdJoin {}, Executor::Own(host)),
         ActionKind::PromoteLearner { member_id, .. } => (
             OperationKind::EtcdPromote {
                 member_id: *member_id,
             },
-            None,
+            Executor::Voter { exclude: None },
+        ),
+        ActionKind::MoveLeader {
+            from_member,
+            to_member,
+        } => (
+            OperationKind::EtcdMoveLeader {
+                to_member: *to_member,
+            },
+            Executor::Voter {
+                exclude: host_of_member(state, *from_member),
+            },
         ),
         ActionKind::RemoveMember { host, member_id } => (
             OperationKind::EtcdRemove {
                 member_id: *member_id,
             },
-            host.as_deref(),
+            Executor::Voter {
+                exclude: host.as_deref(),
+            },
         ),
-        _ => return None,
+        _ => return Next::Nothing,
     };
     let retry_prefix = format!("{}/retry-", action.id);
     let attempts: Vec<&StoredOperation> = state
@@ -49,29 +80,63 @@ pub fn writes_for(
         .filter(|op| op.id == action.id || op.id.0.starts_with(&retry_prefix))
         .collect();
     if attempts.iter().any(|op| op.in_flight()) {
-        return None;
+        return Next::Nothing;
     }
     let latest = attempts.iter().max_by_key(|op| op.created_at);
     if let Some(latest) = latest {
         let outcome = latest.result.as_ref().map(|r| r.outcome);
         if outcome == Some(Outcome::Succeeded) || now < latest.created_at.after(RETRY_DELAY) {
-            return None;
+            return Next::Nothing;
         }
         if attempts.len() >= MAX_ATTEMPTS {
-            tracing::warn!(operation = %action.id, attempts = attempts.len(), "membership change gave up");
-            return None;
+            let error = latest
+                .result
+                .as_ref()
+                .and_then(|r| r.error.clone())
+                .unwrap_or_default();
+            return Next::Waiting(format!(
+                "{} gave up after {} attempts (last: {error}); a person must look",
+                action.id,
+                attempts.len()
+            ));
         }
     }
-    let Some(agent) = choose_agent(state, exclude, now, heartbeat) else {
-        tracing::info!(operation = %action.id, "no healthy voter's agent can carry out the membership change");
-        return None;
+    let agent = match executor {
+        Executor::Own(host) => match state.reports.get(host) {
+            Some(stored) if stored.received_at.after(heartbeat) > now => host.to_owned(),
+            Some(stored) => {
+                return Next::Waiting(format!(
+                    "{} waits for {host}'s agent, silent since {} (more than {})",
+                    action.id,
+                    stored.received_at,
+                    metalguard_api::duration::format_duration(heartbeat)
+                ));
+            }
+            None => {
+                return Next::Waiting(format!(
+                    "{} waits for {host}'s agent, which has never reported",
+                    action.id
+                ));
+            }
+        },
+        Executor::Voter { exclude } => match choose_agent(state, exclude, now, heartbeat) {
+            Some(agent) => agent,
+            None => {
+                return Next::Waiting(format!(
+                    "{} waits: no healthy voter's agent{} reported within {}",
+                    action.id,
+                    exclude.map_or_else(String::new, |h| format!(" other than {h}'s")),
+                    metalguard_api::duration::format_duration(heartbeat)
+                ));
+            }
+        },
     };
     let id = if attempts.is_empty() {
         action.id.clone()
     } else {
         OperationId(format!("{retry_prefix}{}", attempts.len()))
     };
-    Some(vec![Write::CreateOperation(StoredOperation {
+    Next::Start(vec![Write::CreateOperation(StoredOperation {
         id,
         agent,
         kind,
@@ -80,6 +145,14 @@ pub fn writes_for(
         created_at: now,
         result: None,
     })])
+}
+
+/// The host whose agent reports `member` as its local member.
+fn host_of_member(state: &State, member: u64) -> Option<&str> {
+    state.reports.iter().find_map(|(host, stored)| {
+        let view = stored.report.etcd.as_ref()?;
+        (view.local_member_id == Some(member)).then_some(host.as_str())
+    })
 }
 
 /// A host whose agent reported within `heartbeat` and whose local member is a healthy voter;
@@ -180,9 +253,9 @@ mod tests {
         }
     }
 
-    fn created(writes: Option<Vec<Write>>) -> StoredOperation {
-        match writes {
-            Some(mut w) if w.len() == 1 && matches!(w[0], Write::CreateOperation(_)) => {
+    fn created(next: Next) -> StoredOperation {
+        match next {
+            Next::Start(mut w) if w.len() == 1 && matches!(w[0], Write::CreateOperation(_)) => {
                 let Some(Write::CreateOperation(op)) = w.pop() else {
                     unreachable!()
                 };
@@ -192,10 +265,14 @@ mod tests {
         }
     }
 
+    fn nothing(next: &Next) -> bool {
+        matches!(next, Next::Nothing)
+    }
+
     #[test]
     fn a_promotion_goes_to_the_leaders_agent_and_a_removal_never_to_the_removed_host() {
         let state = lab();
-        let op = created(writes_for(&promote(), &state, Timestamp(100_500), HB));
+        let op = created(next_for(&promote(), &state, Timestamp(100_500), HB));
         assert_eq!((op.agent.as_str(), &op.id), ("cp-2", &promote().id));
         assert_eq!(op.kind, OperationKind::EtcdPromote { member_id: 4 });
 
@@ -207,7 +284,7 @@ mod tests {
             },
             reason: "replaced".into(),
         };
-        let op = created(writes_for(&remove, &state, Timestamp(100_500), HB));
+        let op = created(next_for(&remove, &state, Timestamp(100_500), HB));
         assert_eq!(
             op.agent, "cp-1",
             "not the removed host, not an unhealthy or learner host"
@@ -218,16 +295,20 @@ mod tests {
     fn stale_reports_leave_no_agent_to_act() {
         let state = lab();
         let later = Timestamp(100_000).after(HB).after(Duration::from_millis(1));
-        assert!(writes_for(&promote(), &state, later, HB).is_none());
+        let next = next_for(&promote(), &state, later, HB);
+        assert!(
+            matches!(&next, Next::Waiting(why) if why.contains("no healthy voter's agent")),
+            "{next:?}"
+        );
     }
 
     #[test]
     fn a_failed_attempt_is_retried_under_a_new_id_after_the_delay_and_success_stops() {
         let mut state = lab();
-        let first = created(writes_for(&promote(), &state, Timestamp(100_500), HB));
+        let first = created(next_for(&promote(), &state, Timestamp(100_500), HB));
         state.operations.insert(first.id.clone(), first.clone());
         assert!(
-            writes_for(&promote(), &state, Timestamp(100_600), HB).is_none(),
+            nothing(&next_for(&promote(), &state, Timestamp(100_600), HB)),
             "in flight"
         );
         let mut failed = first.clone();
@@ -241,10 +322,10 @@ mod tests {
         });
         state.operations.insert(failed.id.clone(), failed.clone());
         assert!(
-            writes_for(&promote(), &state, Timestamp(101_000), HB).is_none(),
+            nothing(&next_for(&promote(), &state, Timestamp(101_000), HB)),
             "too soon"
         );
-        let retry = created(writes_for(&promote(), &state, Timestamp(102_600), HB));
+        let retry = created(next_for(&promote(), &state, Timestamp(102_600), HB));
         assert_eq!(retry.id.0, "promote/cp-4/4/retry-1");
         let mut done = retry.clone();
         done.result = Some(CommandResult {
@@ -254,8 +335,81 @@ mod tests {
         });
         state.operations.insert(done.id.clone(), done);
         assert!(
-            writes_for(&promote(), &state, Timestamp(110_000), HB).is_none(),
+            nothing(&next_for(&promote(), &state, Timestamp(110_000), HB)),
             "done"
+        );
+    }
+
+    #[test]
+    fn a_join_goes_to_the_joining_hosts_own_agent_only_while_it_reports() {
+        let mut state = lab();
+        let join = Action {
+            id: OperationId("quorum/add-learner/cp-5".into()),
+            kind: ActionKind::AddLearner {
+                host: "cp-5".into(),
+            },
+            reason: "replacement".into(),
+        };
+        let next = next_for(&join, &state, Timestamp(100_500), HB);
+        assert!(
+            matches!(&next, Next::Waiting(why) if why.contains("cp-5's agent, which has never reported")),
+            "{next:?}"
+        );
+        reporting(&mut state, "cp-5", 0, 2, 100_000);
+        state.reports.get_mut("cp-5").unwrap().report.etcd = None;
+        let op = created(next_for(&join, &state, Timestamp(100_500), HB));
+        assert_eq!(
+            (op.agent.as_str(), &op.id, &op.kind),
+            ("cp-5", &join.id, &OperationKind::EtcdJoin {})
+        );
+        let later = Timestamp(100_000).after(HB).after(Duration::from_millis(1));
+        let next = next_for(&join, &state, later, HB);
+        assert!(
+            matches!(&next, Next::Waiting(why) if why.contains("cp-5's agent, silent since")),
+            "{next:?}"
+        );
+    }
+
+    #[test]
+    fn a_leadership_move_never_goes_to_the_leaders_own_agent() {
+        let state = lab(); // cp-2 leads
+        let mv = Action {
+            id: OperationId("quorum/move-leader/2".into()),
+            kind: ActionKind::MoveLeader {
+                from_member: 2,
+                to_member: 1,
+            },
+            reason: "cp-2 is retiring".into(),
+        };
+        let op = created(next_for(&mv, &state, Timestamp(100_500), HB));
+        assert_eq!(op.agent, "cp-1", "the only other healthy voter");
+        assert_eq!(op.kind, OperationKind::EtcdMoveLeader { to_member: 1 });
+    }
+
+    #[test]
+    fn a_membership_change_that_keeps_failing_gives_up_and_says_so() {
+        let mut state = lab();
+        let mut at = 100_500;
+        for _ in 0..MAX_ATTEMPTS {
+            let mut op = created(next_for(&promote(), &state, Timestamp(at), HB));
+            op.result = Some(CommandResult {
+                operation_id: op.id.clone(),
+                outcome: Outcome::Failed,
+                started_at: Timestamp(0),
+                finished_at: Timestamp(0),
+                timeline: vec![],
+                error: Some("not in sync".into()),
+            });
+            state.operations.insert(op.id.clone(), op);
+            at += 3_000;
+            for r in state.reports.values_mut() {
+                r.received_at = Timestamp(at);
+            }
+        }
+        let next = next_for(&promote(), &state, Timestamp(at), HB);
+        assert!(
+            matches!(&next, Next::Waiting(why) if why.contains("gave up after 10 attempts (last: not in sync)")),
+            "{next:?}"
         );
     }
 }

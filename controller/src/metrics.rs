@@ -41,6 +41,10 @@ pub struct Metrics {
     pub agents_connected: Gauge,
     /// BMCs configured to accept any certificate.
     pub insecure_bmcs: Gauge,
+    /// Increases with every accepted inventory (re)load.
+    pub inventory_generation: Gauge,
+    /// 1 while the latest change of the inventory file is rejected (the previous one is used).
+    pub inventory_rejected: Gauge,
 }
 
 impl Metrics {
@@ -62,6 +66,8 @@ impl Metrics {
             promotion_seconds: Histogram::new(exponential_buckets(0.1, 2.0, 12)),
             agents_connected: Gauge::default(),
             insecure_bmcs: Gauge::default(),
+            inventory_generation: Gauge::default(),
+            inventory_rejected: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -123,6 +129,16 @@ impl Metrics {
             "insecure_bmc_connections",
             "BMCs configured to accept any certificate",
             metrics.insecure_bmcs.clone(),
+        );
+        registry.register(
+            "inventory_generation",
+            "Increases with every accepted inventory (re)load",
+            metrics.inventory_generation.clone(),
+        );
+        registry.register(
+            "inventory_rejected",
+            "1 while the latest change of the inventory file is rejected and the previous one is in use",
+            metrics.inventory_rejected.clone(),
         );
         Arc::new(Self {
             registry,

@@ -5,6 +5,10 @@
 //! → apply each action's writes (intent first, guarded by leadership) → publish the
 //! in-flight operations as commands. When the store is unreachable it stops acting at once
 //! and says so.
+//!
+//! Every tick it also re-reads the inventory file when it changed ([`crate::reload`]), and
+//! whenever what it needs from people changes (a host to add to the inventory, a join that
+//! waits for its agent) it logs it and persists it as notes that `status` prints.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,12 +18,14 @@ use metalguard_api::remediation::RemediationPhase;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, BackendError, Leadership, StoredReport, Write};
+use crate::backend::{Backend, BackendError, ControllerNotes, Leadership, StoredReport, Write};
 use crate::clock::now;
 use crate::executor;
 use crate::hub::{Hub, Inbound, ResultError};
 use crate::inventory::Inventory;
+use crate::membership::Next;
 use crate::metrics::{Metrics, label};
+use crate::reload::{InventoryFile, Reload};
 
 /// Most plan rounds run back to back after one trigger (each round that persisted something
 /// is followed by another).
@@ -35,6 +41,10 @@ pub struct Controller<B> {
     leader_since: Option<metalguard_api::duration::Timestamp>,
     /// When the last successful leadership round started (the lease runs from then at least).
     renewed_at: Option<tokio::time::Instant>,
+    /// The inventory file, re-read when it changes.
+    file: Option<InventoryFile>,
+    /// This controller's identity (in its notes).
+    identity: String,
 }
 
 impl<B: Backend> Controller<B> {
@@ -47,6 +57,52 @@ impl<B: Backend> Controller<B> {
             metrics,
             leader_since: None,
             renewed_at: None,
+            file: None,
+            identity: String::new(),
+        }
+    }
+
+    /// Re-reads `path` on every tick when it changed; `identity` signs the notes.
+    pub fn reloading(mut self, path: &std::path::Path, identity: String) -> Self {
+        self.file = Some(InventoryFile::new(path));
+        self.identity = identity;
+        self.metrics.inventory_generation.set(1);
+        self
+    }
+
+    /// Applies a changed inventory file, or reports why it was rejected.
+    fn reload_inventory(&mut self) {
+        let Some(file) = self.file.as_mut() else {
+            return;
+        };
+        match file.check(&self.inventory) {
+            Reload::Unchanged => {}
+            Reload::Accepted {
+                inventory,
+                restart_needed,
+            } => {
+                let generation = file.generation;
+                self.inventory = *inventory;
+                self.metrics
+                    .inventory_generation
+                    .set(i64::try_from(generation).unwrap_or(i64::MAX));
+                self.metrics.inventory_rejected.set(0);
+                tracing::info!(
+                    generation,
+                    hosts = self.inventory.hosts.len(),
+                    "inventory reloaded"
+                );
+                if !restart_needed.is_empty() {
+                    tracing::warn!(
+                        sections = %restart_needed.join(", "),
+                        "inventory sections changed that take effect only at the next start"
+                    );
+                }
+            }
+            Reload::Rejected(error) => {
+                self.metrics.inventory_rejected.set(1);
+                tracing::error!(%error, generation = file.generation, "inventory change rejected; the previous inventory stays in use");
+            }
         }
     }
 
@@ -72,6 +128,7 @@ impl<B: Backend> Controller<B> {
                 biased;
                 () = cancel.cancelled() => break,
                 _ = tick.tick() => {
+                    self.reload_inventory();
                     self.campaign().await;
                 }
                 Some(()) = wake.recv() => {}
@@ -284,10 +341,20 @@ impl<B: Backend> Controller<B> {
         self.observe(&plan, state);
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
+        let mut waiting = Vec::new();
         for action in executor::actions(&plan) {
             let heartbeat = self.inventory.policy.remediation.executor_heartbeat_timeout;
-            let writes = executor::writes_for(action, state, at)
-                .or_else(|| crate::membership::writes_for(action, state, at, heartbeat));
+            let writes = match executor::writes_for(action, state, at) {
+                Some(writes) => Some(writes),
+                None => match crate::membership::next_for(action, state, at, heartbeat) {
+                    Next::Start(writes) => Some(writes),
+                    Next::Nothing => None,
+                    Next::Waiting(why) => {
+                        waiting.push(why);
+                        None
+                    }
+                },
+            };
             let Some(writes) = writes else {
                 continue;
             };
@@ -321,11 +388,46 @@ impl<B: Backend> Controller<B> {
                 }
                 Err(error) => {
                     tracing::warn!(operation = %action.id, error = %crate::cli::chain(&error), "action not persisted");
-                    break;
+                    return changed;
                 }
             }
         }
+        // Notes do not change the plan: no extra round for them.
+        self.publish_notes(&plan, waiting, state).await;
         changed
+    }
+
+    /// Persists (and logs) what people must know when it changed; true when it wrote.
+    async fn publish_notes(
+        &mut self,
+        plan: &metalguard_api::plan::Plan,
+        waiting: Vec<String>,
+        state: &crate::backend::State,
+    ) -> bool {
+        let notes = ControllerNotes {
+            identity: self.identity.clone(),
+            inventory_generation: self.file.as_ref().map_or(1, |f| f.generation),
+            inventory_error: self.file.as_ref().and_then(|f| f.error.clone()),
+            needs: crate::notes::needs(plan),
+            waiting,
+        };
+        let before = state.notes.clone().unwrap_or_default();
+        if before == notes {
+            return false;
+        }
+        for need in notes.needs.iter().filter(|n| !before.needs.contains(n)) {
+            tracing::warn!(need = %need, "the controller needs a person");
+        }
+        for wait in notes.waiting.iter().filter(|w| !before.waiting.contains(w)) {
+            tracing::info!(reason = %wait, "an action waits");
+        }
+        match self.backend.apply(vec![Write::PutNotes(notes)]).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(error = %crate::cli::chain(&error), "notes not persisted");
+                false
+            }
+        }
     }
 
     fn observe(&self, plan: &metalguard_api::plan::Plan, state: &crate::backend::State) {

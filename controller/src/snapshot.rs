@@ -1,9 +1,13 @@
 //! Builds the decision [`Snapshot`] of the standalone backend from the inventory and the
 //! persisted state. There are no Node objects without Kubernetes: an agent's report stands in
 //! for its Node (its conditions become Node conditions, its receive time the heartbeat).
+//!
+//! A retirement request marks its host as retiring (and so as being deleted). A retired host
+//! whose power-off for that request is verified is left out, as a deleted Machine would be:
+//! it is gone for the planner, and its agent's last etcd view is no longer believed.
 
 use metalguard_api::duration::Timestamp;
-use metalguard_api::protocol::EtcdView;
+use metalguard_api::protocol::{EtcdView, Outcome};
 use metalguard_api::snapshot::{
     AgentReport, ConditionStatus, EtcdMember, Host, NodeCondition, NodeStatus, Snapshot,
 };
@@ -23,16 +27,35 @@ pub fn build(
     known_since: Timestamp,
     now: Timestamp,
 ) -> Snapshot {
+    let gone: Vec<&str> = inventory
+        .hosts
+        .iter()
+        .map(|h| h.name.as_str())
+        .filter(|name| powered_off_for_retirement(state, name))
+        .collect();
     let views: Vec<&EtcdView> = state
         .reports
-        .values()
-        .filter_map(|r| r.report.etcd.as_ref())
+        .iter()
+        .filter(|(host, _)| !gone.contains(&host.as_str()))
+        // A silent agent's last view is history: a frozen host would go on claiming that
+        // its member is healthy and leads. Only views as fresh as an executor must be count.
+        .filter(|(_, r)| {
+            now.since(r.received_at) <= inventory.policy.remediation.executor_heartbeat_timeout
+        })
+        .filter_map(|(_, r)| r.report.etcd.as_ref())
         .collect();
     let hosts = inventory
         .hosts
         .iter()
+        .filter(|h| !gone.contains(&h.name.as_str()))
         .map(|h| {
-            let stored = state.reports.get(&h.name);
+            let retirement = state.retirements.get(&h.name).cloned();
+            // A report from before the host was verified off describes the host before it
+            // went down: like a deleted Node, it is gone until the host reports again.
+            let stored = state
+                .reports
+                .get(&h.name)
+                .filter(|r| verified_off_at(state, &h.name).is_none_or(|off| r.received_at > off));
             Host {
                 name: h.name.clone(),
                 role: h.role,
@@ -43,10 +66,10 @@ pub fn build(
                 externally_provisioned: true,
                 bmc_configured: h.bmc.is_some(),
                 up_to_date: true,
-                deletion_requested_at: None,
+                deletion_requested_at: retirement.as_ref().map(|r| r.requested_at),
                 pre_drain_hooks: state.hooks.get(&h.name).cloned().unwrap_or_default(),
                 fence_request: state.fence_requests.get(&h.name).cloned(),
-                retirement: None,
+                retirement,
                 phase_failed: false,
                 node: stored.map(|s| node_of(&s.report, known_since)),
                 node_seen: stored.is_some(),
@@ -65,6 +88,19 @@ pub fn build(
         orphan_members: Vec::new(),
         remediations: state.remediations.values().cloned().collect(),
     }
+}
+
+/// True when `host` is retiring and the power-off that ends this retirement succeeded (the
+/// agent verified the power state).
+pub fn powered_off_for_retirement(state: &State, host: &str) -> bool {
+    state.retirements.get(host).is_some_and(|r| {
+        let id = metalguard_core::retire::decommission_id(host, r.requested_at);
+        state
+            .operations
+            .get(&id)
+            .and_then(|op| op.result.as_ref())
+            .is_some_and(|result| result.outcome == Outcome::Succeeded)
+    })
 }
 
 /// The Node a report stands for: the report's conditions, plus a synthesized `Ready` (unless
@@ -141,4 +177,147 @@ fn member_of(host: &str, views: &[&EtcdView]) -> Option<EtcdMember> {
         }
     }
     found
+}
+
+/// When an active remediation of `host` last had its power-off verified (the agent's
+/// result time), if one did.
+fn verified_off_at(state: &State, host: &str) -> Option<Timestamp> {
+    state
+        .remediations
+        .values()
+        .filter(|r| r.target == host && r.phase.is_active())
+        .filter_map(|r| {
+            let op = state.operation_of(&r.id, "power-off")?;
+            let result = op.result.as_ref()?;
+            (result.outcome == metalguard_api::protocol::Outcome::Succeeded)
+                .then_some(result.finished_at)
+        })
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    use metalguard_api::plan::OperationId;
+    use metalguard_api::protocol::{
+        AgentReport as Report, CommandResult, EtcdMemberView, PowerAction,
+    };
+    use metalguard_api::snapshot::Retirement;
+
+    use super::*;
+    use crate::backend::{OperationKind, StoredOperation, StoredReport};
+
+    const INVENTORY: &str = r#"
+[etcd]
+endpoints = ["http://127.0.0.1:2379"]
+
+[control_plane]
+desired_replicas = 1
+
+[[hosts]]
+name = "cp-1"
+role = "control-plane"
+
+[[hosts]]
+name = "cp-2"
+role = "control-plane"
+"#;
+
+    fn report(host: &str, members: &[(u64, &str, bool)]) -> StoredReport {
+        StoredReport {
+            report: Report {
+                host: host.into(),
+                agent_version: "t".into(),
+                sequence: 1,
+                boot_id: String::new(),
+                sent_at: Timestamp(1),
+                conditions: vec![],
+                etcd: Some(EtcdView {
+                    local_member_id: None,
+                    leader_id: Some(2),
+                    members: members
+                        .iter()
+                        .map(|&(id, name, learner)| EtcdMemberView {
+                            id,
+                            name: name.into(),
+                            peer_urls: vec![],
+                            client_urls: vec![],
+                            learner,
+                            healthy: true,
+                            alarms: vec![],
+                            raft_applied_index: Some(10),
+                            error: None,
+                        })
+                        .collect(),
+                }),
+                bmc_reachability: vec![],
+                unacknowledged_results: vec![],
+            },
+            received_at: Timestamp(9),
+        }
+    }
+
+    #[test]
+    fn a_retirement_marks_its_host_and_a_verified_power_off_removes_it() {
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+        let mut state = State::default();
+        let retirement = Retirement {
+            requested_at: Timestamp(5),
+            requested_by: Some("alice (cli)".into()),
+            reason: "disk".into(),
+        };
+        state.retirements.insert("cp-1".into(), retirement.clone());
+        // cp-1's own (last) view still lists its removed member; cp-2's does not.
+        state.reports.insert(
+            "cp-1".into(),
+            report("cp-1", &[(1, "cp-1", false), (2, "cp-2", false)]),
+        );
+        state
+            .reports
+            .insert("cp-2".into(), report("cp-2", &[(2, "cp-2", false)]));
+        let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
+        let cp1 = s.hosts.iter().find(|h| h.name == "cp-1").unwrap();
+        assert_eq!(cp1.retirement.as_ref(), Some(&retirement));
+        assert_eq!(cp1.deletion_requested_at, Some(Timestamp(5)));
+        assert!(cp1.is_deleting() && cp1.etcd.is_some());
+        assert!(
+            !s.hosts
+                .iter()
+                .find(|h| h.name == "cp-2")
+                .unwrap()
+                .is_deleting()
+        );
+
+        let id = metalguard_core::retire::decommission_id("cp-1", Timestamp(5));
+        let mut op = StoredOperation {
+            id: id.clone(),
+            agent: "cp-2".into(),
+            kind: OperationKind::Fence {
+                target: "cp-1".into(),
+                action: PowerAction::Off,
+            },
+            remediation_id: None,
+            step: Some("decommission".into()),
+            created_at: Timestamp(6),
+            result: None,
+        };
+        state.operations.insert(id.clone(), op.clone());
+        let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
+        assert!(s.hosts.iter().any(|h| h.name == "cp-1"), "not verified yet");
+        op.result = Some(CommandResult {
+            operation_id: OperationId(id.0.clone()),
+            outcome: Outcome::Succeeded,
+            started_at: Timestamp(7),
+            finished_at: Timestamp(8),
+            timeline: vec![],
+            error: None,
+        });
+        state.operations.insert(id, op);
+        let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
+        assert_eq!(
+            s.hosts.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+            ["cp-2"]
+        );
+        assert!(powered_off_for_retirement(&state, "cp-1"));
+        assert!(!powered_off_for_retirement(&state, "cp-2"));
+    }
 }

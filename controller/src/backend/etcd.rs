@@ -8,14 +8,15 @@
 //! so a successor takes over within the lease time to live.
 //!
 //! Keys: `leader`, `reports/HOST`, `operations/ID`, `remediations/ID`,
-//! `fence-requests/HOST`, `hooks/HOST`, all JSON.
+//! `fence-requests/HOST`, `retirements/HOST`, `hooks/HOST`, `notes`, all JSON.
 
 use std::time::Duration;
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
-use metalguard_api::snapshot::FenceRequest;
+use metalguard_api::plan::OperationId;
+use metalguard_api::snapshot::{FenceRequest, Retirement};
 use serde::Serialize;
 
 use super::failover::{Endpoints, timed_out};
@@ -28,6 +29,8 @@ const OPERATIONS: &str = "operations/";
 const REMEDIATIONS: &str = "remediations/";
 const FENCE_REQUESTS: &str = "fence-requests/";
 const HOOKS: &str = "hooks/";
+const RETIREMENTS: &str = "retirements/";
+const NOTES: &str = "notes";
 /// Pause before re-establishing a broken watch.
 const WATCH_RETRY: Duration = Duration::from_secs(1);
 
@@ -90,6 +93,67 @@ impl EtcdBackend {
             })
             .await?;
         Ok(())
+    }
+
+    /// Records an administrator's retirement request unless one is already recorded for
+    /// `host`; returns the request in force (the earlier one when there was one: its time
+    /// identifies the retirement's power-off).
+    pub async fn request_retirement(
+        &mut self,
+        host: &str,
+        request: &Retirement,
+    ) -> Result<Retirement, BackendError> {
+        let key = self.key(&format!("{RETIREMENTS}{host}"));
+        let value = encode(request)?;
+        let txn = Txn::new()
+            .when(vec![Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then(vec![TxnOp::put(key.clone(), value, None)])
+            .or_else(vec![TxnOp::get(key.clone(), None)]);
+        let response = self
+            .etcd
+            .call("retirement request", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        if response.succeeded() {
+            return Ok(request.clone());
+        }
+        let existing = response.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        });
+        match existing {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|source| BackendError::Decode { key, source }),
+            None => Err(BackendError::Refused { what: key }),
+        }
+    }
+
+    /// Withdraws the retirement request of `host`, only while no operation `blocker` exists
+    /// (the first attempt of its member's removal): checked in the same transaction, so a
+    /// cancel never races a removal the leader has already persisted. False when refused.
+    pub async fn cancel_retirement(
+        &mut self,
+        host: &str,
+        blockers: &[OperationId],
+    ) -> Result<bool, BackendError> {
+        let key = self.key(&format!("{RETIREMENTS}{host}"));
+        let compares: Vec<Compare> = blockers
+            .iter()
+            .map(|id| Compare::version(self.key(&format!("{OPERATIONS}{id}")), CompareOp::Equal, 0))
+            .collect();
+        let txn = Txn::new()
+            .when(compares)
+            .and_then(vec![TxnOp::delete(key, None)]);
+        let response = self
+            .etcd
+            .call("retirement cancel", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        Ok(response.succeeded())
     }
 
     async fn renew(&mut self) -> Result<Option<Leadership>, BackendError> {
@@ -245,6 +309,11 @@ impl Backend for EtcdBackend {
             } else if let Some(host) = sub.strip_prefix(FENCE_REQUESTS) {
                 let request: FenceRequest = serde_json::from_slice(kv.value()).map_err(decode)?;
                 state.fence_requests.insert(host.to_owned(), request);
+            } else if let Some(host) = sub.strip_prefix(RETIREMENTS) {
+                let request: Retirement = serde_json::from_slice(kv.value()).map_err(decode)?;
+                state.retirements.insert(host.to_owned(), request);
+            } else if sub == NOTES {
+                state.notes = Some(serde_json::from_slice(kv.value()).map_err(decode)?);
             } else if let Some(host) = sub.strip_prefix(HOOKS) {
                 let hooks = serde_json::from_slice(kv.value()).map_err(decode)?;
                 state.hooks.insert(host.to_owned(), hooks);
@@ -257,35 +326,10 @@ impl Backend for EtcdBackend {
         &self,
         wake: tokio::sync::mpsc::Sender<()>,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut etcd = self.etcd.share();
-        let key = self.key(FENCE_REQUESTS);
+        let fences = watch_prefix(self.etcd.share(), self.key(FENCE_REQUESTS), wake.clone());
+        let retirements = watch_prefix(self.etcd.share(), self.key(RETIREMENTS), wake);
         async move {
-            loop {
-                let started = match etcd.next_client().await {
-                    Some(mut client) => {
-                        client
-                            .watch(key.clone(), Some(WatchOptions::new().with_prefix()))
-                            .await
-                    }
-                    None => Err(timed_out("fence request watch", WATCH_RETRY)),
-                };
-                match started {
-                    Ok(mut stream) => {
-                        while let Ok(Some(_)) = stream.message().await {
-                            if wake.send(()).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        tracing::debug!(%error, "fence request watch could not start");
-                    }
-                }
-                if wake.is_closed() {
-                    return;
-                }
-                tokio::time::sleep(WATCH_RETRY).await;
-            }
+            tokio::join!(fences, retirements);
         }
     }
 
@@ -343,6 +387,9 @@ impl Backend for EtcdBackend {
                     let key = self.key(&format!("{HOOKS}{host}"));
                     ops.push(TxnOp::put(key, encode(&hooks)?, None));
                 }
+                Write::PutNotes(notes) => {
+                    ops.push(TxnOp::put(self.key(NOTES), encode(&notes)?, None));
+                }
             }
         }
         let txn = Txn::new().when(compares).and_then(ops);
@@ -360,5 +407,36 @@ impl Backend for EtcdBackend {
                 what: first_created.unwrap_or_else(|| "leadership".to_owned()),
             })
         }
+    }
+}
+
+/// Sends on `wake` whenever a key under `prefix` changes, until `wake` is closed; survives
+/// store outages by re-establishing the watch.
+async fn watch_prefix(mut etcd: Endpoints, prefix: String, wake: tokio::sync::mpsc::Sender<()>) {
+    loop {
+        let started = match etcd.next_client().await {
+            Some(mut client) => {
+                client
+                    .watch(prefix.clone(), Some(WatchOptions::new().with_prefix()))
+                    .await
+            }
+            None => Err(timed_out("input watch", WATCH_RETRY)),
+        };
+        match started {
+            Ok(mut stream) => {
+                while let Ok(Some(_)) = stream.message().await {
+                    if wake.send(()).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%prefix, %error, "input watch could not start");
+            }
+        }
+        if wake.is_closed() {
+            return;
+        }
+        tokio::time::sleep(WATCH_RETRY).await;
     }
 }

@@ -13,7 +13,7 @@ pub mod state;
 
 use std::future::Future;
 
-pub use state::{OperationKind, State, StoredOperation, StoredReport};
+pub use state::{ControllerNotes, OperationKind, State, StoredOperation, StoredReport};
 
 use metalguard_api::remediation::Remediation;
 
@@ -72,6 +72,8 @@ pub enum Write {
     DeleteFenceRequest(String),
     /// Replace a host's preDrain hook set.
     PutHooks(String, std::collections::BTreeSet<String>),
+    /// Replace the leader's notes for people.
+    PutNotes(ControllerNotes),
 }
 
 /// The store and leadership of one controller. `Send` futures so the loop can be spawned.
@@ -99,7 +101,7 @@ pub trait Backend: Send {
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// A task that sends on `wake` whenever an input other than an agent message changes (an
-    /// administrator's fence request), so the leader re-plans at once instead of on its timer.
+    /// administrator's fence or retirement request), so the leader re-plans at once instead of on its timer.
     /// It runs until `wake` is closed and survives store outages.
     fn watch_inputs(
         &self,

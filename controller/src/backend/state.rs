@@ -1,5 +1,5 @@
-//! The persisted records: reports, operations (intent + result), remediations, fence requests
-//! and hooks. Credentials are never part of a record; they are read from the inventory's
+//! The persisted records: reports, operations (intent + result), remediations, fence requests,
+//! retirement requests, hooks and the leader's notes for people. Credentials are never part of a record; they are read from the inventory's
 //! files when a command is handed to an agent.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -8,7 +8,7 @@ use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::OperationId;
 use metalguard_api::protocol::{AgentReport, CommandResult, PowerAction};
 use metalguard_api::remediation::Remediation;
-use metalguard_api::snapshot::FenceRequest;
+use metalguard_api::snapshot::{FenceRequest, Retirement};
 use serde::{Deserialize, Serialize};
 
 /// An agent's latest report and when the controller received it.
@@ -41,6 +41,13 @@ pub enum OperationKind {
     EtcdRemove {
         /// Member id.
         member_id: u64,
+    },
+    /// Join the agent's own host as a learner and wait until it has caught up.
+    EtcdJoin {},
+    /// Move raft leadership to `to_member`.
+    EtcdMoveLeader {
+        /// The voter that should lead.
+        to_member: u64,
     },
 }
 
@@ -85,10 +92,35 @@ pub struct State {
     pub remediations: BTreeMap<String, Remediation>,
     /// Pending administrator fence requests by host.
     pub fence_requests: BTreeMap<String, FenceRequest>,
+    /// Pending administrator retirement requests by host.
+    pub retirements: BTreeMap<String, Retirement>,
     /// preDrain hooks per host.
     pub hooks: BTreeMap<String, BTreeSet<String>>,
+    /// What the leader last told people (inventory generation, what it needs, what waits).
+    pub notes: Option<ControllerNotes>,
     /// The current leader's identity, if any.
     pub leader: Option<String>,
+}
+
+/// What the leading controller wants people to know, written when it changes and shown by
+/// `status`: things it cannot do itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerNotes {
+    /// The identity of the controller that wrote these notes.
+    pub identity: String,
+    /// Increases with every inventory (re)load that was accepted.
+    pub inventory_generation: u64,
+    /// Why the latest change of the inventory file was not accepted (the previous one is
+    /// still in use), if it was not.
+    #[serde(default)]
+    pub inventory_error: Option<String>,
+    /// Work for a person, e.g. `add a control-plane host to the inventory (failure domain a)`.
+    #[serde(default)]
+    pub needs: Vec<String>,
+    /// Planned actions that wait, with the reason (e.g. an agent that has not reported).
+    #[serde(default)]
+    pub waiting: Vec<String>,
 }
 
 impl State {

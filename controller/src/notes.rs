@@ -1,0 +1,207 @@
+//! What people must be told: plan actions the standalone backend cannot carry out (it cannot
+//! create or delete hosts) and how far each retirement has come.
+
+use metalguard_api::duration::Timestamp;
+use metalguard_api::plan::{ActionKind, Plan};
+use metalguard_api::protocol::Outcome;
+use metalguard_api::snapshot::Retirement;
+
+use crate::backend::State;
+use crate::inventory::Inventory;
+
+/// The plan's actions that only a person can carry out here, as instructions.
+pub fn needs(plan: &Plan) -> Vec<String> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match &a.kind {
+            ActionKind::RequestHost { failure_domain } => {
+                let domain = failure_domain
+                    .as_ref()
+                    .map_or_else(String::new, |d| format!(" (failure domain {d})"));
+                Some(format!(
+                    "add a control-plane host to the inventory{domain}: {}",
+                    a.reason
+                ))
+            }
+            ActionKind::RequestHostDeletion { host } => Some(format!(
+                "retire {host} (metalguard-controller retire {host} --reason ...): {}",
+                a.reason
+            )),
+            ActionKind::Rebalance { host, .. } => Some(format!(
+                "consider replacing {host} (proposal only): {}",
+                a.reason
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// How far the retirement of `host` has come, in one line.
+pub fn retirement_progress(
+    inventory: &Inventory,
+    state: &State,
+    host: &str,
+    retirement: &Retirement,
+    now: Timestamp,
+) -> String {
+    let id = metalguard_core::retire::decommission_id(host, retirement.requested_at);
+    if let Some(op) = state.operations.get(&id) {
+        return match &op.result {
+            Some(r) if r.outcome == Outcome::Succeeded => format!(
+                "powered off (verified by {}'s agent); remove {host} from the inventory",
+                op.agent
+            ),
+            Some(r) => format!(
+                "member removed; power-off through {}'s agent {}: {}; power it off by hand, then remove {host} from the inventory",
+                op.agent,
+                r.outcome.name(),
+                r.error.as_deref().unwrap_or("no detail")
+            ),
+            None => format!("member removed; powering off through {}'s agent", op.agent),
+        };
+    }
+    let snapshot = crate::snapshot::build(inventory, state, now, now);
+    let Some(h) = snapshot.hosts.iter().find(|h| h.name == host) else {
+        return format!("{host} is not in the inventory any more");
+    };
+    let voters = snapshot
+        .hosts
+        .iter()
+        .filter_map(|h| h.etcd.as_ref())
+        .filter(|m| m.is_voter())
+        .count();
+    let desired = snapshot.control_plane.desired_replicas as usize;
+    match &h.etcd {
+        Some(m) if m.is_voter() && voters > desired => format!(
+            "replacement votes ({voters} voters, desired {desired}); removing member {:x}",
+            m.id
+        ),
+        Some(m) => {
+            let learning = snapshot
+                .hosts
+                .iter()
+                .find(|o| o.name != host && o.etcd.as_ref().is_some_and(|e| e.learner))
+                .map_or_else(String::new, |o| {
+                    format!("; {} is joining as a learner", o.name)
+                });
+            format!(
+                "retired: waiting for replacement (member {:x} stays until a replacement votes{learning})",
+                m.id
+            )
+        }
+        None if !h.pre_drain_hooks.is_empty() => {
+            let hooks: Vec<&str> = h.pre_drain_hooks.iter().map(String::as_str).collect();
+            format!(
+                "member removed; waiting for hooks to be released: {}",
+                hooks.join(", ")
+            )
+        }
+        None => "member removed; waiting for power-off".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metalguard_api::plan::{Action, OperationId};
+    use metalguard_api::protocol::{CommandResult, PowerAction};
+
+    use super::*;
+    use crate::backend::{OperationKind, StoredOperation};
+
+    fn action(kind: ActionKind) -> Action {
+        Action {
+            id: OperationId("x".into()),
+            kind,
+            reason: "2 hosts stay, desired 3 (replacement)".into(),
+        }
+    }
+
+    #[test]
+    fn host_requests_become_plain_instructions() {
+        let plan = Plan {
+            actions: vec![
+                action(ActionKind::RequestHost {
+                    failure_domain: Some("b".into()),
+                }),
+                action(ActionKind::AddQuorumHook {
+                    host: "cp-1".into(),
+                }),
+            ],
+            ..Plan::default()
+        };
+        assert_eq!(
+            needs(&plan),
+            [
+                "add a control-plane host to the inventory (failure domain b): 2 hosts stay, desired 3 (replacement)"
+            ]
+        );
+    }
+
+    const INVENTORY: &str = r#"
+[etcd]
+endpoints = ["http://127.0.0.1:2379"]
+
+[control_plane]
+desired_replicas = 1
+
+[[hosts]]
+name = "cp-1"
+role = "control-plane"
+"#;
+
+    #[test]
+    fn progress_follows_member_hooks_and_power_off() {
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+        let retirement = Retirement {
+            requested_at: Timestamp(5),
+            requested_by: None,
+            reason: "disk".into(),
+        };
+        let mut state = State::default();
+        state.retirements.insert("cp-1".into(), retirement.clone());
+        let line = |state: &State| {
+            retirement_progress(&inventory, state, "cp-1", &retirement, Timestamp(10))
+        };
+        state.hooks.insert(
+            "cp-1".into(),
+            [metalguard_api::snapshot::QUORUM_HOOK.to_owned()].into(),
+        );
+        assert_eq!(
+            line(&state),
+            "member removed; waiting for hooks to be released: metalguard.io/etcd-quorum"
+        );
+        state.hooks.clear();
+        assert_eq!(line(&state), "member removed; waiting for power-off");
+        let id = metalguard_core::retire::decommission_id("cp-1", Timestamp(5));
+        let mut op = StoredOperation {
+            id: id.clone(),
+            agent: "cp-2".into(),
+            kind: OperationKind::Fence {
+                target: "cp-1".into(),
+                action: PowerAction::Off,
+            },
+            remediation_id: None,
+            step: Some("decommission".into()),
+            created_at: Timestamp(6),
+            result: None,
+        };
+        state.operations.insert(id.clone(), op.clone());
+        assert_eq!(
+            line(&state),
+            "member removed; powering off through cp-2's agent"
+        );
+        op.result = Some(CommandResult {
+            operation_id: id.clone(),
+            outcome: Outcome::Succeeded,
+            started_at: Timestamp(7),
+            finished_at: Timestamp(8),
+            timeline: Vec::new(),
+            error: None,
+        });
+        state.operations.insert(id, op);
+        assert_eq!(
+            line(&state),
+            "powered off (verified by cp-2's agent); remove cp-1 from the inventory"
+        );
+    }
+}
