@@ -9,10 +9,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
-use metalguard_etcd::join::launcher::{ExecLauncher, Launcher, SystemdLauncher};
+use metalguard_etcd::join::launcher::Launcher;
 use metalguard_etcd::join::{self, JoinConfig, JoinFlow};
 use metalguard_etcd::observe::observe;
 use metalguard_etcd::ops::{self, PromoteRetry, Promoted, Removed};
+
+use crate::etcd_join::{JoinSetup, LauncherChoice, LauncherKind};
 use metalguard_etcd::view::ClusterView;
 use metalguard_etcd::{ClientSettings, TlsFiles};
 
@@ -36,15 +38,6 @@ pub(crate) enum Output {
     Table,
     /// JSON on one line.
     Json,
-}
-
-/// How the local etcd is run by `etcd join`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum LauncherKind {
-    /// The agent runs etcd as a child process and restarts it when it exits.
-    Exec,
-    /// The agent writes an EnvironmentFile and runs `systemctl start UNIT`.
-    Systemd,
 }
 
 /// `etcd` arguments.
@@ -141,9 +134,17 @@ pub(crate) struct JoinArgs {
     /// systemd unit (systemd launcher).
     #[arg(long, default_value = "etcd.service")]
     unit: String,
-    /// EnvironmentFile the unit reads (systemd launcher).
+    /// EnvironmentFile the unit reads (systemd launcher), or the environment file the host's
+    /// supervisor starts etcd from (env-file launcher).
     #[arg(long, default_value = "/etc/metalguard/etcd.env")]
     env_file: PathBuf,
+    /// Command run after the environment file is written (env-file launcher; argv, no
+    /// shell). Give it last: every following argument belongs to it.
+    #[arg(long, num_args = 1.., allow_hyphen_values = true)]
+    start_command: Vec<String>,
+    /// Deadline of the start command and of the local member answering (env-file launcher).
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    start_timeout: Duration,
     /// Bootstrap mode: promote ourselves once caught up while voters < N. Without it the
     /// controller promotes.
     #[arg(long)]
@@ -244,33 +245,44 @@ pub(crate) fn run(args: &EtcdArgs) -> ExitCode {
     })
 }
 
+impl JoinArgs {
+    fn setup(&self, client: ClientSettings) -> JoinSetup {
+        let launcher = match self.launcher {
+            LauncherKind::Exec => LauncherChoice::Exec {
+                binary: self.etcd_bin.clone(),
+            },
+            LauncherKind::Systemd => LauncherChoice::Systemd {
+                unit: self.unit.clone(),
+                env_file: self.env_file.clone(),
+            },
+            LauncherKind::EnvFile => LauncherChoice::EnvFile {
+                env_file: self.env_file.clone(),
+                start_command: self.start_command.clone(),
+                start_timeout: self.start_timeout,
+            },
+        };
+        let config = JoinConfig {
+            client,
+            name: self.name.clone(),
+            peer_url: self.peer_url.clone(),
+            client_url: self.client_url.clone(),
+            listen_peer_url: self.listen_peer_url.clone(),
+            listen_client_url: self.listen_client_url.clone(),
+            data_dir: self.data_dir.clone(),
+            extra_env: Vec::new(),
+            bootstrap_desired_voters: self.bootstrap_desired_voters,
+            poll_interval: join::DEFAULT_POLL_INTERVAL,
+            stall_after: self.stall_after,
+            promote_retry: ops::DEFAULT_PROMOTE_RETRY,
+        };
+        JoinSetup { config, launcher }
+    }
+}
+
 async fn run_join(settings: ClientSettings, args: &JoinArgs, output: Output) -> ExitCode {
-    let config = JoinConfig {
-        client: settings,
-        name: args.name.clone(),
-        peer_url: args.peer_url.clone(),
-        client_url: args.client_url.clone(),
-        listen_peer_url: args.listen_peer_url.clone(),
-        listen_client_url: args.listen_client_url.clone(),
-        data_dir: args.data_dir.clone(),
-        extra_env: Vec::new(),
-        bootstrap_desired_voters: args.bootstrap_desired_voters,
-        poll_interval: join::DEFAULT_POLL_INTERVAL,
-        stall_after: args.stall_after,
-        promote_retry: ops::DEFAULT_PROMOTE_RETRY,
-    };
-    let launcher = match args.launcher {
-        LauncherKind::Exec => {
-            let pid_file = sibling(&args.data_dir, "etcd.pid");
-            Launcher::Exec(ExecLauncher::new(args.etcd_bin.clone(), pid_file, None))
-        }
-        LauncherKind::Systemd => Launcher::Systemd(SystemdLauncher {
-            unit: args.unit.clone(),
-            env_file: args.env_file.clone(),
-            systemctl: PathBuf::from("systemctl"),
-        }),
-    };
-    let mut flow = match JoinFlow::load(config, launcher) {
+    let setup = args.setup(settings);
+    let launcher = setup.launcher();
+    let mut flow = match JoinFlow::load(setup.config, launcher) {
         Ok(flow) => flow,
         Err(error) => return failed(&error, output),
     };
@@ -309,17 +321,6 @@ async fn run_join(settings: ClientSettings, args: &JoinArgs, output: Output) -> 
         }
     }
     ExitCode::SUCCESS
-}
-
-/// `<data dir>.<suffix>`, next to the data directory.
-fn sibling(data_dir: &std::path::Path, suffix: &str) -> PathBuf {
-    let mut name = data_dir
-        .file_name()
-        .map(std::ffi::OsStr::to_os_string)
-        .unwrap_or_default();
-    name.push(".");
-    name.push(suffix);
-    data_dir.with_file_name(name)
 }
 
 fn status_exit(view: &ClusterView) -> u8 {

@@ -17,6 +17,7 @@ mod bmc_cmd;
 mod config;
 mod daemon;
 mod etcd_cmd;
+mod etcd_join;
 mod fence_agent;
 
 /// metalguard host agent.

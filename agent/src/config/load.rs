@@ -195,6 +195,46 @@ mod tests {
     }
 
     #[test]
+    fn a_typo_in_the_join_table_names_the_file_and_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("agent.toml");
+        write(&main, "host = \"cp-0\"\n");
+        // Each file is parsed alone against the schema, so the drop-in repeats [etcd]'s
+        // required endpoints.
+        let drop_in = dir.path().join("agent.d/40-join.toml");
+        write(
+            &drop_in,
+            "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\ndata_dir = \"/var/lib/etcd\"\n\
+             [etcd.join]\nname = \"cp-0\"\npeer_url = \"http://127.0.0.1:2380\"\n\
+             client_url = \"http://127.0.0.1:2379\"\nlauncher = \"env-file\"\nenv_fiel = \"/run/etcd.env\"\n",
+        );
+        let text = load(&main).unwrap_err().problems().join("\n");
+        assert!(
+            text.contains("40-join.toml") && text.contains("env_fiel"),
+            "{text}"
+        );
+        write(
+            &drop_in,
+            "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\ndata_dir = \"/var/lib/etcd\"\n\
+             [etcd.join]\nname = \"cp-0\"\npeer_url = \"http://127.0.0.1:2380\"\n\
+             client_url = \"http://127.0.0.1:2379\"\nlauncher = \"env-file\"\nenv_file = \"/run/etcd.env\"\n",
+        );
+        let loaded = load(&main).unwrap();
+        let join = loaded.config.etcd.unwrap().join.unwrap();
+        assert_eq!(join.env_file, Some(PathBuf::from("/run/etcd.env")));
+        assert_eq!(join.stall_after, crate::config::DEFAULT_JOIN_STALL_AFTER);
+        write(
+            &drop_in,
+            "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n[etcd.join]\nlauncher = \"docker\"\n",
+        );
+        let text = load(&main).unwrap_err().problems().join("\n");
+        assert!(
+            text.contains("40-join.toml") && text.contains("docker"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn bad_duration_names_the_key() {
         let dir = tempfile::tempdir().unwrap();
         let main = dir.path().join("agent.toml");

@@ -29,6 +29,21 @@ pub const DEFAULT_SUCCESS_THRESHOLD: u32 = 1;
 pub const DEFAULT_MIN_FREE_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 /// Default largest tolerated clock offset reported by the kernel.
 pub const DEFAULT_MAX_CLOCK_OFFSET: Duration = Duration::from_millis(500);
+/// Default etcd binary of the exec launcher (Debian's etcd-server).
+pub const DEFAULT_ETCD_BINARY: &str = "/usr/bin/etcd";
+/// Default unit of the systemd launcher.
+pub const DEFAULT_ETCD_UNIT: &str = "etcd.service";
+/// Default EnvironmentFile of the systemd launcher.
+pub const DEFAULT_SYSTEMD_ENV_FILE: &str = "/etc/metalguard/etcd.env";
+/// Default time without catch-up progress after which a joining learner is stalled.
+pub const DEFAULT_JOIN_STALL_AFTER: Duration = Duration::from_secs(10);
+/// Default interval between observations while a join waits.
+pub const DEFAULT_JOIN_POLL_INTERVAL: Duration = metalguard_etcd::join::DEFAULT_POLL_INTERVAL;
+/// Default longest time one join go-ahead may take before it fails.
+pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Default deadline of the env-file launcher's start command and of the member answering.
+pub const DEFAULT_JOIN_START_TIMEOUT: Duration =
+    metalguard_etcd::join::launcher::DEFAULT_START_TIMEOUT;
 
 /// The whole agent configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -161,6 +176,73 @@ pub struct EtcdConfig {
     /// Probe timing of the member probe.
     #[serde(default)]
     pub probe: ProbeTiming,
+    /// How this host joins the cluster as a learner when the controller gives the go-ahead.
+    #[serde(default)]
+    pub join: Option<EtcdJoinConfig>,
+}
+
+/// `[etcd.join]`: this host's learner join, run by the daemon on the controller's go-ahead.
+/// Launcher-specific keys are optional here and checked against `launcher` by validation, so
+/// that a key of another launcher is an error rather than silently ignored.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdJoinConfig {
+    /// Member name.
+    pub name: String,
+    /// Advertised peer URL (this host's identity in the member list).
+    pub peer_url: String,
+    /// Advertised client URL.
+    pub client_url: String,
+    /// Peer listen URL, when it differs from the peer URL.
+    #[serde(default)]
+    pub listen_peer_url: Option<String>,
+    /// Client listen URL, when it differs from the client URL.
+    #[serde(default)]
+    pub listen_client_url: Option<String>,
+    /// etcd's data directory (default: `[etcd].data_dir`).
+    #[serde(default)]
+    pub data_dir: Option<PathBuf>,
+    /// How etcd is run: `exec`, `systemd` or `env-file`.
+    pub launcher: crate::etcd_join::LauncherKind,
+    /// exec: the etcd binary (default [`DEFAULT_ETCD_BINARY`]).
+    #[serde(default)]
+    pub etcd_binary: Option<PathBuf>,
+    /// systemd: the unit (default [`DEFAULT_ETCD_UNIT`]).
+    #[serde(default)]
+    pub unit: Option<String>,
+    /// systemd: the EnvironmentFile the unit reads (default [`DEFAULT_SYSTEMD_ENV_FILE`]);
+    /// env-file: the file the host's supervisor starts etcd from (required).
+    #[serde(default)]
+    pub env_file: Option<PathBuf>,
+    /// env-file: run after the file is written (program and arguments, no shell).
+    #[serde(default)]
+    pub start_command: Option<Vec<String>>,
+    /// env-file: deadline of the start command and of the member answering (default
+    /// [`DEFAULT_JOIN_START_TIMEOUT`]).
+    #[serde(default, with = "humantime_serde::option")]
+    pub start_timeout: Option<Duration>,
+    /// Further `ETCD_*` variables for the local etcd (its own TLS files, tuning).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// A go-ahead fails when the learner made no catch-up progress for this long.
+    #[serde(default = "join_stall_after", with = "humantime_serde")]
+    pub stall_after: Duration,
+    /// Interval between observations while waiting.
+    #[serde(default = "join_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// The longest one go-ahead may take before it fails.
+    #[serde(default = "join_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+fn join_stall_after() -> Duration {
+    DEFAULT_JOIN_STALL_AFTER
+}
+fn join_poll_interval() -> Duration {
+    DEFAULT_JOIN_POLL_INTERVAL
+}
+fn join_timeout() -> Duration {
+    DEFAULT_JOIN_TIMEOUT
 }
 
 /// Timing and hysteresis shared by every probe.

@@ -4,10 +4,24 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::schema::{AgentConfig, ProbeTiming};
+use super::schema::{AgentConfig, DEFAULT_ETCD_BINARY, EtcdConfig, ProbeTiming};
+use crate::etcd_join::LauncherKind;
 
 /// Shortest probe period accepted.
 const MIN_PROBE_PERIOD: Duration = Duration::from_millis(100);
+/// Shortest join poll interval accepted.
+const MIN_JOIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// Variables the join flow sets itself; `[etcd.join.env]` must not override them.
+const JOIN_OWN_VARIABLES: [&str; 8] = [
+    "ETCD_NAME",
+    "ETCD_DATA_DIR",
+    "ETCD_INITIAL_ADVERTISE_PEER_URLS",
+    "ETCD_LISTEN_PEER_URLS",
+    "ETCD_ADVERTISE_CLIENT_URLS",
+    "ETCD_LISTEN_CLIENT_URLS",
+    "ETCD_INITIAL_CLUSTER",
+    "ETCD_INITIAL_CLUSTER_STATE",
+];
 
 impl AgentConfig {
     /// Every problem, each starting with the key it concerns. Empty when valid.
@@ -67,6 +81,7 @@ impl AgentConfig {
                 problems.push("etcd: cert and key must be given together".to_owned());
             }
             check_timing("etcd.probe", etcd.probe, &mut problems);
+            check_join(etcd, &mut problems);
         }
         let probes = &self.probes;
         for (key, probe) in [
@@ -118,6 +133,149 @@ impl AgentConfig {
             check_timing(&key, probe.timing(), &mut problems);
         }
         problems
+    }
+}
+
+/// `[etcd.join]`: URLs, a data directory, and exactly the settings of the chosen launcher.
+fn check_join(etcd: &EtcdConfig, problems: &mut Vec<String>) {
+    let Some(join) = &etcd.join else {
+        return;
+    };
+    if join.name.is_empty() {
+        problems.push("etcd.join.name: must not be empty".to_owned());
+    }
+    for (key, url) in [
+        ("etcd.join.peer_url", Some(&join.peer_url)),
+        ("etcd.join.client_url", Some(&join.client_url)),
+        ("etcd.join.listen_peer_url", join.listen_peer_url.as_ref()),
+        (
+            "etcd.join.listen_client_url",
+            join.listen_client_url.as_ref(),
+        ),
+    ] {
+        if let Some(url) = url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            problems.push(format!("{key}: {url} must start with http:// or https://"));
+        }
+    }
+    match join.data_dir.as_ref().or(etcd.data_dir.as_ref()) {
+        None => problems.push("etcd.join.data_dir: set it, or set etcd.data_dir".to_owned()),
+        Some(dir) if !dir.is_absolute() => problems.push(format!(
+            "etcd.join.data_dir: {} must be an absolute path",
+            dir.display()
+        )),
+        Some(_) => {}
+    }
+    let kind = join.launcher;
+    for (key, given, used_by) in [
+        (
+            "etcd_binary",
+            join.etcd_binary.is_some(),
+            &[LauncherKind::Exec][..],
+        ),
+        ("unit", join.unit.is_some(), &[LauncherKind::Systemd][..]),
+        (
+            "env_file",
+            join.env_file.is_some(),
+            &[LauncherKind::Systemd, LauncherKind::EnvFile][..],
+        ),
+        (
+            "start_command",
+            join.start_command.is_some(),
+            &[LauncherKind::EnvFile][..],
+        ),
+        (
+            "start_timeout",
+            join.start_timeout.is_some(),
+            &[LauncherKind::EnvFile][..],
+        ),
+    ] {
+        if given && !used_by.contains(&kind) {
+            let names: Vec<String> = used_by.iter().map(|k| format!("{:?}", k.name())).collect();
+            problems.push(format!(
+                "etcd.join.{key}: only used by launcher = {}, not {:?}",
+                names.join(" or "),
+                kind.name()
+            ));
+        }
+    }
+    match kind {
+        LauncherKind::Exec => {
+            let binary = join
+                .etcd_binary
+                .clone()
+                .unwrap_or_else(|| DEFAULT_ETCD_BINARY.into());
+            if binary.is_absolute() {
+                check_file("etcd.join.etcd_binary", &binary, problems);
+            } else {
+                problems.push(format!(
+                    "etcd.join.etcd_binary: {} must be an absolute path",
+                    binary.display()
+                ));
+            }
+        }
+        LauncherKind::Systemd => {
+            if join.unit.as_deref() == Some("") {
+                problems.push("etcd.join.unit: must not be empty".to_owned());
+            }
+        }
+        LauncherKind::EnvFile => {
+            if join.env_file.is_none() {
+                problems
+                    .push("etcd.join.env_file: must be set for launcher = \"env-file\"".to_owned());
+            }
+            if let Some(command) = &join.start_command {
+                match command.first() {
+                    None => problems.push(
+                        "etcd.join.start_command: must name a program (or leave it out)".to_owned(),
+                    ),
+                    Some(program) if Path::new(program).is_absolute() => {
+                        check_file("etcd.join.start_command", Path::new(program), problems);
+                    }
+                    Some(program) => problems.push(format!(
+                        "etcd.join.start_command: {program} must be an absolute path"
+                    )),
+                }
+            }
+            if join.start_timeout.is_some_and(|t| t.is_zero()) {
+                problems.push("etcd.join.start_timeout: must be greater than zero".to_owned());
+            }
+        }
+    }
+    if let Some(file) = &join.env_file
+        && !file.is_absolute()
+    {
+        problems.push(format!(
+            "etcd.join.env_file: {} must be an absolute path",
+            file.display()
+        ));
+    }
+    for key in join.env.keys() {
+        if !key.starts_with("ETCD_") {
+            problems.push(format!(
+                "etcd.join.env.{key}: only ETCD_* variables are passed to etcd"
+            ));
+        } else if JOIN_OWN_VARIABLES.contains(&key.as_str()) {
+            problems.push(format!(
+                "etcd.join.env.{key}: set by the join itself; use the etcd.join keys instead"
+            ));
+        }
+    }
+    if join.stall_after.is_zero() {
+        problems.push("etcd.join.stall_after: must be greater than zero".to_owned());
+    }
+    if join.poll_interval < MIN_JOIN_POLL_INTERVAL || join.poll_interval > join.stall_after {
+        problems.push(format!(
+            "etcd.join.poll_interval: must be at least {MIN_JOIN_POLL_INTERVAL:?} and at most stall_after ({:?})",
+            join.stall_after
+        ));
+    }
+    if join.timeout <= join.stall_after {
+        problems.push(format!(
+            "etcd.join.timeout: must be longer than stall_after ({:?})",
+            join.stall_after
+        ));
     }
 }
 
@@ -228,6 +386,74 @@ mod tests {
                 .any(|p| p.starts_with("controller.key: /nonexistent/k")),
             "{problems:?}"
         );
+    }
+
+    fn join(extra: &str) -> Vec<String> {
+        parse(&format!(
+            "host = \"cp-0\"\n[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n\
+             [etcd.join]\nname = \"cp-0\"\npeer_url = \"http://127.0.0.1:2380\"\n\
+             client_url = \"http://127.0.0.1:2379\"\n{extra}"
+        ))
+        .validate()
+    }
+
+    #[test]
+    fn an_env_file_join_needs_its_file_and_a_data_dir() {
+        let ok = join(
+            "data_dir = \"/var/lib/etcd\"\nlauncher = \"env-file\"\nenv_file = \"/run/etcd.env\"\n\
+             start_command = [\"/bin/true\"]\nstart_timeout = \"30s\"\n\
+             [etcd.join.env]\nETCD_SNAPSHOT_COUNT = \"5000\"\n",
+        );
+        assert!(ok.is_empty(), "{ok:?}");
+        let problems = join("launcher = \"env-file\"\n");
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("etcd.join.data_dir: set it")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("etcd.join.env_file: must be set")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn a_key_of_another_launcher_is_refused_naming_both() {
+        let problems = join(
+            "data_dir = \"/var/lib/etcd\"\nlauncher = \"systemd\"\nstart_command = [\"/bin/true\"]\n",
+        );
+        assert_eq!(
+            problems,
+            vec![
+                "etcd.join.start_command: only used by launcher = \"env-file\", not \"systemd\""
+                    .to_owned()
+            ]
+        );
+    }
+
+    #[test]
+    fn join_urls_variables_and_timing_are_checked() {
+        let problems = join(
+            "data_dir = \"/var/lib/etcd\"\nlauncher = \"env-file\"\nenv_file = \"etcd.env\"\n\
+             listen_peer_url = \"0.0.0.0:2380\"\npoll_interval = \"1ms\"\ntimeout = \"5s\"\n\
+             [etcd.join.env]\nETCD_NAME = \"x\"\nGOMAXPROCS = \"2\"\n",
+        );
+        for want in [
+            "etcd.join.listen_peer_url: 0.0.0.0:2380 must start with",
+            "etcd.join.env_file: etcd.env must be an absolute path",
+            "etcd.join.env.ETCD_NAME: set by the join itself",
+            "etcd.join.env.GOMAXPROCS: only ETCD_* variables",
+            "etcd.join.poll_interval: must be at least",
+            "etcd.join.timeout: must be longer than stall_after",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(want)),
+                "{want}: {problems:?}"
+            );
+        }
     }
 
     #[test]
