@@ -1,10 +1,18 @@
 //! Carries out one controller command, at most once per operation id, and turns what happened
 //! into a [`CommandResult`] with its timeline.
+//!
+//! Most commands finish within seconds and run in the command loop. A join go-ahead can take
+//! minutes (catch-up of a large database), so it runs in the background
+//! ([`Executor::start_background`]); while it runs, the controller keeps listing it and the
+//! loop skips it ([`Executor::is_running`]), and reports and other commands go on.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use metalguard_api::duration::Timestamp;
+use metalguard_api::plan::OperationId;
 use metalguard_api::protocol::{
     BmcTrust, Command, CommandKind, CommandResult, FenceCommand, Outcome, PowerAction,
     TimelineDirection, TimelineEntry,
@@ -13,9 +21,14 @@ use metalguard_bmc::{
     Bmc, CallTimeouts, Credentials, Direction, FenceAction, FenceOptions, PowerControl, TlsTrust,
 };
 use metalguard_etcd::ClientSettings;
+use metalguard_etcd::leader::LeaderMoved;
 
+use super::join::Joiner;
 use super::journal::{Claim, Journal, interrupted_result};
 use super::probes::now_ms;
+
+/// What running a command produced: its outcome, timeline and error.
+pub type Run = (Outcome, Vec<TimelineEntry>, Option<String>);
 
 /// Per-call timeouts for fences the controller asks for.
 const FENCE_CALL_TIMEOUTS: CallTimeouts = CallTimeouts {
@@ -28,23 +41,70 @@ const FENCE_CALL_TIMEOUTS: CallTimeouts = CallTimeouts {
 pub struct Executor {
     journal: Journal,
     etcd: Option<ClientSettings>,
+    joiner: Option<Arc<Joiner>>,
+    running: Arc<Mutex<HashSet<OperationId>>>,
     ca_dir: PathBuf,
     fence: FenceOptions,
 }
 
 impl Executor {
-    /// An executor recording into `journal`; etcd commands need `etcd` settings.
+    /// An executor recording into `journal`; etcd commands need `etcd` settings, the join
+    /// go-ahead also a `joiner` (`[etcd.join]`).
     pub fn new(
         journal: Journal,
         etcd: Option<ClientSettings>,
+        joiner: Option<Joiner>,
         state_dir: &std::path::Path,
     ) -> Self {
         Self {
             journal,
             etcd,
+            joiner: joiner.map(Arc::new),
+            running: Arc::default(),
             ca_dir: state_dir.join("bmc-ca"),
             fence: FenceOptions::default(),
         }
+    }
+
+    /// The join go-ahead's runner, if configured.
+    #[cfg(test)]
+    pub fn joiner(&self) -> Option<&Joiner> {
+        self.joiner.as_deref()
+    }
+
+    /// Whether `kind` runs in the background (it may take minutes).
+    pub fn runs_in_background(kind: &CommandKind) -> bool {
+        matches!(kind, CommandKind::EtcdJoinGoAhead {})
+    }
+
+    /// Whether `op` is running in the background in this process.
+    pub fn is_running(&self, op: &OperationId) -> bool {
+        self.running_set().contains(op)
+    }
+
+    fn running_set(&self) -> std::sync::MutexGuard<'_, HashSet<OperationId>> {
+        // A poisoned set only means a task panicked while holding it; the set is still valid.
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts `command` in a task, unless the same operation id already runs here. The task
+    /// executes it like [`Executor::handle`] (journal, at most once) and returns its result.
+    pub fn start_background(
+        &self,
+        command: Command,
+    ) -> Option<tokio::task::JoinHandle<std::io::Result<CommandResult>>> {
+        let op = command.operation_id.clone();
+        if !self.running_set().insert(op.clone()) {
+            return None;
+        }
+        let executor = self.clone();
+        Some(tokio::spawn(async move {
+            let result = Box::pin(executor.handle(command)).await;
+            executor.running_set().remove(&op);
+            result
+        }))
     }
 
     /// How this agent reaches etcd, if configured.
@@ -65,53 +125,62 @@ impl Executor {
                 tracing::info!(operation = %op, "command already executed; reporting its result again");
                 Ok(*result)
             }
+            // The join resumes from its own persisted state, so running it again after an
+            // agent restart is safe and finishes what was started.
+            Claim::Interrupted if Self::runs_in_background(&command.kind) => {
+                tracing::info!(operation = %op, kind = command.kind.name(), "resuming a command interrupted by an agent restart");
+                Box::pin(self.execute(command)).await
+            }
             Claim::Interrupted => {
                 tracing::warn!(operation = %op, "command was interrupted by an agent restart; not running it again");
                 let result = interrupted_result(&op, Timestamp(now_ms()));
                 self.journal.finish(&result)?;
                 Ok(result)
             }
-            Claim::New => {
-                tracing::info!(operation = %op, kind = command.kind.name(), "executing command");
-                let started_at = Timestamp(now_ms());
-                let (outcome, timeline, error) = Box::pin(self.run(&command.kind)).await;
-                let result = CommandResult {
-                    operation_id: op,
-                    outcome,
-                    started_at,
-                    finished_at: Timestamp(now_ms()),
-                    timeline,
-                    error,
-                };
-                tracing::info!(operation = %result.operation_id, outcome = result.outcome.name(), error = ?result.error, "command finished");
-                self.journal.finish(&result)?;
-                Ok(result)
-            }
+            Claim::New => Box::pin(self.execute(command)).await,
         }
     }
 
-    async fn run(&self, kind: &CommandKind) -> (Outcome, Vec<TimelineEntry>, Option<String>) {
+    /// Runs a claimed command and records its result.
+    async fn execute(&self, command: Command) -> std::io::Result<CommandResult> {
+        tracing::info!(operation = %command.operation_id, kind = command.kind.name(), "executing command");
+        let started_at = Timestamp(now_ms());
+        let (outcome, timeline, error) = Box::pin(self.run(&command.kind)).await;
+        let result = CommandResult {
+            operation_id: command.operation_id,
+            outcome,
+            started_at,
+            finished_at: Timestamp(now_ms()),
+            timeline,
+            error,
+        };
+        tracing::info!(operation = %result.operation_id, outcome = result.outcome.name(), error = ?result.error, "command finished");
+        self.journal.finish(&result)?;
+        Ok(result)
+    }
+
+    async fn run(&self, kind: &CommandKind) -> Run {
         match kind {
             CommandKind::Fence(fence) => self.run_fence(fence).await,
             CommandKind::EtcdPromote { member_id } => {
-                Box::pin(self.run_etcd(true, *member_id)).await
+                Box::pin(self.run_etcd(EtcdChange::Promote(*member_id))).await
             }
             CommandKind::EtcdRemove { member_id } => {
-                Box::pin(self.run_etcd(false, *member_id)).await
+                Box::pin(self.run_etcd(EtcdChange::Remove(*member_id))).await
             }
-            CommandKind::EtcdJoinGoAhead { .. } => rejected(
-                "this agent runs the learner join with `metalguard-agent etcd join`, not from the daemon",
-            ),
-            CommandKind::EtcdMoveLeader { .. } => {
-                rejected("this agent does not move etcd leadership yet")
+            CommandKind::EtcdMoveLeader { to_member } => {
+                Box::pin(self.run_etcd(EtcdChange::MoveLeader(*to_member))).await
             }
+            CommandKind::EtcdJoinGoAhead {} => match (&self.joiner, &self.etcd) {
+                (Some(joiner), Some(_)) => Box::pin(joiner.go_ahead()).await,
+                _ => rejected(
+                    "this agent has no [etcd.join] configuration: it cannot join its etcd member (add [etcd] and [etcd.join] to agent.toml)",
+                ),
+            },
         }
     }
 
-    async fn run_fence(
-        &self,
-        command: &FenceCommand,
-    ) -> (Outcome, Vec<TimelineEntry>, Option<String>) {
+    async fn run_fence(&self, command: &FenceCommand) -> Run {
         let address = match command.bmc_address.parse::<metalguard_bmc::BmcAddress>() {
             Ok(address) => address,
             Err(err) => return rejected(&format!("bmc address of {}: {err}", command.target)),
@@ -166,56 +235,43 @@ impl Executor {
         (result, timeline, error)
     }
 
-    async fn run_etcd(
-        &self,
-        promote: bool,
-        member_id: u64,
-    ) -> (Outcome, Vec<TimelineEntry>, Option<String>) {
+    async fn run_etcd(&self, change: EtcdChange) -> Run {
         let Some(settings) = &self.etcd else {
             return rejected("this agent has no [etcd] configuration");
         };
-        let started = Instant::now();
-        let (what, result) = if promote {
-            let r = Box::pin(metalguard_etcd::ops::promote(
+        let mut timeline = Timeline::start();
+        let what = change.describe();
+        timeline.push(TimelineDirection::Sent, what.clone());
+        let result = match change {
+            EtcdChange::Promote(id) => Box::pin(metalguard_etcd::ops::promote(
                 settings,
-                member_id,
+                id,
                 metalguard_etcd::ops::DEFAULT_PROMOTE_RETRY,
             ))
-            .await;
-            (
-                format!("promote member {member_id:x}"),
-                r.map(|p| format!("{p:?}")),
-            )
-        } else {
-            let r = Box::pin(metalguard_etcd::ops::remove(settings, member_id)).await;
-            (
-                format!("remove member {member_id:x}"),
-                r.map(|p| format!("{p:?}")),
-            )
+            .await
+            .map(|p| format!("{p:?}")),
+            EtcdChange::Remove(id) => Box::pin(metalguard_etcd::ops::remove(settings, id))
+                .await
+                .map(|r| format!("{r:?}")),
+            EtcdChange::MoveLeader(to) => Box::pin(metalguard_etcd::ops::move_leader(settings, to))
+                .await
+                .map(|moved| match moved {
+                    LeaderMoved::Moved { from, took } => format!(
+                        "leadership moved from member {from:x} to member {to:x} in {} ms",
+                        took.as_millis()
+                    ),
+                    LeaderMoved::AlreadyLeader => format!("member {to:x} already leads"),
+                }),
         };
-        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let mut timeline = vec![TimelineEntry {
-            elapsed_ms: 0,
-            direction: TimelineDirection::Sent,
-            what: what.clone(),
-        }];
         match result {
             Ok(done) => {
-                timeline.push(TimelineEntry {
-                    elapsed_ms,
-                    direction: TimelineDirection::Seen,
-                    what: done,
-                });
-                (Outcome::Succeeded, timeline, None)
+                timeline.push(TimelineDirection::Seen, done);
+                timeline.succeeded()
             }
             Err(err) => {
                 let message = format!("{what}: {}", error_chain(&err));
-                timeline.push(TimelineEntry {
-                    elapsed_ms,
-                    direction: TimelineDirection::Seen,
-                    what: message.clone(),
-                });
-                (Outcome::Failed, timeline, Some(message))
+                timeline.push(TimelineDirection::Seen, message.clone());
+                timeline.failed(message)
             }
         }
     }
@@ -241,7 +297,65 @@ impl Executor {
     }
 }
 
-fn rejected(why: &str) -> (Outcome, Vec<TimelineEntry>, Option<String>) {
+/// An etcd change the controller asks for.
+#[derive(Debug, Clone, Copy)]
+enum EtcdChange {
+    Promote(u64),
+    Remove(u64),
+    MoveLeader(u64),
+}
+
+impl EtcdChange {
+    fn describe(self) -> String {
+        match self {
+            Self::Promote(id) => format!("promote member {id:x}"),
+            Self::Remove(id) => format!("remove member {id:x}"),
+            Self::MoveLeader(id) => format!("move etcd leadership to member {id:x}"),
+        }
+    }
+}
+
+/// A command's timeline, timed from its start.
+#[derive(Debug)]
+pub struct Timeline {
+    started: Instant,
+    entries: Vec<TimelineEntry>,
+}
+
+impl Timeline {
+    /// A timeline starting now.
+    pub fn start() -> Self {
+        Self {
+            started: Instant::now(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Records an entry at the time elapsed since the start.
+    pub fn push(&mut self, direction: TimelineDirection, what: String) {
+        self.entries.push(TimelineEntry {
+            elapsed_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            direction,
+            what,
+        });
+    }
+
+    /// The run succeeded.
+    pub fn succeeded(self) -> Run {
+        (Outcome::Succeeded, self.entries, None)
+    }
+
+    /// The run failed with `error` (also the last timeline entry, unless it is already).
+    pub fn failed(mut self, error: String) -> Run {
+        if self.entries.last().is_none_or(|e| e.what != error) {
+            self.push(TimelineDirection::Seen, error.clone());
+        }
+        tracing::warn!(error = %error, "command failed");
+        (Outcome::Failed, self.entries, Some(error))
+    }
+}
+
+fn rejected(why: &str) -> Run {
     tracing::warn!(reason = %why, "command rejected");
     (
         Outcome::Rejected,

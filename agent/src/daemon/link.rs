@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use metalguard_api::duration::Timestamp;
 use metalguard_api::protocol::{
-    self, AgentReport, CommandBatch, CommandResult, Condition, ErrorBody, EtcdMemberView, EtcdView,
-    ReportAck, ResultAck,
+    self, AgentReport, Command, CommandBatch, CommandResult, Condition, ErrorBody, EtcdMemberView,
+    EtcdView, ReportAck, ResultAck,
 };
 use metalguard_api::snapshot::ConditionStatus;
 use rustls::pki_types::pem::PemObject;
@@ -30,6 +30,9 @@ const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How often pending results are re-sent.
 const RESULT_RETRY: Duration = Duration::from_secs(2);
+/// Wait before polling again when every listed command is already running here (the
+/// controller lists a command until its result is acknowledged, so the poll answers at once).
+const RUNNING_POLL: Duration = Duration::from_secs(1);
 
 /// Why a call to the controller failed.
 #[derive(Debug, thiserror::Error)]
@@ -309,13 +312,28 @@ pub async fn command_loop(
         match polled {
             Ok(batch) => {
                 backoff.reset();
+                let listed = batch.commands.len();
+                let mut running = 0;
                 for command in batch.commands {
                     beats.beat(name, stale_after);
-                    match Box::pin(executor.handle(command)).await {
-                        Ok(result) => deliver(&link, &executor, &result).await,
-                        Err(err) => {
-                            tracing::error!(error = %err, "cannot record a command in the journal; not executed");
+                    if executor.is_running(&command.operation_id) {
+                        running += 1;
+                    } else if Executor::runs_in_background(&command.kind) {
+                        running += 1;
+                        start_in_background(&link, &executor, command);
+                    } else {
+                        match Box::pin(executor.handle(command)).await {
+                            Ok(result) => deliver(&link, &executor, &result).await,
+                            Err(err) => {
+                                tracing::error!(error = %err, "cannot record a command in the journal; not executed");
+                            }
                         }
+                    }
+                }
+                if listed > 0 && running == listed {
+                    tokio::select! {
+                        () = cancel.cancelled() => break,
+                        () = tokio::time::sleep(RUNNING_POLL) => {}
                     }
                 }
             }
@@ -330,6 +348,28 @@ pub async fn command_loop(
         }
     }
     beats.retire(name);
+}
+
+/// Runs a long command in its own task and delivers its result when it finishes (the result
+/// loop re-sends it if that delivery fails).
+fn start_in_background(link: &Link, executor: &Executor, command: Command) {
+    let op = command.operation_id.clone();
+    let Some(task) = executor.start_background(command) else {
+        return;
+    };
+    let link = link.clone();
+    let executor = executor.clone();
+    tokio::spawn(async move {
+        match task.await {
+            Ok(Ok(result)) => deliver(&link, &executor, &result).await,
+            Ok(Err(err)) => {
+                tracing::error!(operation = %op, error = %err, "cannot record a command in the journal; not executed");
+            }
+            Err(err) => {
+                tracing::error!(operation = %op, error = %err, "background command task failed");
+            }
+        }
+    });
 }
 
 /// Re-sends unacknowledged results (for example after the controller was away).

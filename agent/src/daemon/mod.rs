@@ -5,7 +5,10 @@
 //! READY once every probe has run once, pings the watchdog only while every loop beats, and
 //! keeps a STATUS line; SIGTERM (or SIGINT) cancels everything and sends STOPPING.
 
+#[cfg(test)]
+mod etcd_tests;
 pub(crate) mod execute;
+mod join;
 mod journal;
 mod link;
 mod local_http;
@@ -145,9 +148,12 @@ async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
 
     if let Some(controller) = &config.controller {
         let executor = match journal::Journal::open(&config.state.dir) {
-            Ok(journal) => {
-                execute::Executor::new(journal, etcd_settings(&config), &config.state.dir)
-            }
+            Ok(journal) => execute::Executor::new(
+                journal,
+                etcd_settings(&config),
+                joiner(&config),
+                &config.state.dir,
+            ),
             Err(err) => {
                 tracing::error!(dir = %config.state.dir.display(), error = %err, "cannot open the operation journal; refusing to start");
                 cancel.cancel();
@@ -219,6 +225,13 @@ fn etcd_settings(config: &AgentConfig) -> Option<metalguard_etcd::ClientSettings
         });
     }
     Some(settings)
+}
+
+/// The join go-ahead's runner, when `[etcd.join]` is configured.
+fn joiner(config: &AgentConfig) -> Option<join::Joiner> {
+    let etcd = config.etcd.as_ref()?;
+    let setup = crate::etcd_join::JoinSetup::from_config(etcd, etcd_settings(config)?)?;
+    Some(join::Joiner::new(setup, etcd.join.as_ref()?.timeout))
 }
 
 /// READY after the first probe round; WATCHDOG only while every loop beats; STATUS on change.
