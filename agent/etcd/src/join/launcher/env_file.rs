@@ -243,6 +243,7 @@ fn stderr_tail(stderr: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn launch(client_url: &str) -> EtcdLaunch {
         EtcdLaunch {
@@ -281,7 +282,6 @@ mod tests {
         assert!(text.contains("unit etcd not found"), "{text}");
         assert!(text.contains("exit status: 3"), "{text}");
         // The file was written first, with the public mode.
-        use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join("etcd.env"))
             .unwrap()
             .permissions()
