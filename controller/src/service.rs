@@ -70,6 +70,19 @@ impl<B: Backend> Controller<B> {
         self
     }
 
+    fn count_insecure_bmcs(&self) {
+        let insecure = self
+            .inventory
+            .hosts
+            .iter()
+            .filter_map(|h| h.bmc.as_ref())
+            .filter(|b| b.tls.insecure)
+            .count();
+        self.metrics
+            .insecure_bmcs
+            .set(i64::try_from(insecure).unwrap_or(i64::MAX));
+    }
+
     /// Applies a changed inventory file, or reports why it was rejected.
     fn reload_inventory(&mut self) {
         let Some(file) = self.file.as_mut() else {
@@ -83,6 +96,7 @@ impl<B: Backend> Controller<B> {
             } => {
                 let generation = file.generation;
                 self.inventory = *inventory;
+                self.count_insecure_bmcs();
                 self.metrics
                     .inventory_generation
                     .set(i64::try_from(generation).unwrap_or(i64::MAX));
@@ -110,16 +124,7 @@ impl<B: Backend> Controller<B> {
     pub async fn run(mut self, mut inbox: mpsc::Receiver<Inbound>, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(self.inventory.controller.plan_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let insecure = self
-            .inventory
-            .hosts
-            .iter()
-            .filter_map(|h| h.bmc.as_ref())
-            .filter(|b| b.tls.insecure)
-            .count();
-        self.metrics
-            .insecure_bmcs
-            .set(i64::try_from(insecure).unwrap_or(i64::MAX));
+        self.count_insecure_bmcs();
         let (wake_tx, mut wake) = mpsc::channel(16);
         let watch = tokio::spawn(self.backend.watch_inputs(wake_tx));
         loop {
