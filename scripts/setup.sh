@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
   etcd-server etcd-client      # real etcd 3.4 for every etcd test
-  protobuf-compiler            # etcd-client's build script needs protoc
+  protobuf-compiler libprotobuf-dev # etcd-client's build script needs protoc and the well-known .proto files
   openipmi                     # ipmi_sim, the faithful IPMI simulator
   ipmitool freeipmi-tools      # independent IPMI clients for harness self-tests and benchmarks
   curl                         # independent Redfish client for harness self-tests
