@@ -176,7 +176,14 @@ impl EtcdBackend {
                     .await
                     .unwrap_or_else(|_| Err(timed_out("lease keep-alive", timeout)))
             })
-            .await?;
+            .await;
+        let answer = match answer {
+            // The lease ran out while etcd had no quorum (or we were away): etcd answers
+            // "requested lease not found" to every keep-alive from now on. The lease is lost,
+            // not the store; campaign again with a new one.
+            Err(error) if crate::cli::chain(&error).contains("lease not found") => None,
+            other => other?,
+        };
         if answer.is_some_and(|a| a.ttl() > 0) {
             let key = self.key(LEADER);
             let current = self
