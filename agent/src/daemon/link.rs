@@ -26,8 +26,9 @@ use crate::config::ControllerConfig;
 
 /// First retry delay after a failed call.
 const BACKOFF_START: Duration = Duration::from_millis(250);
-/// Largest retry delay.
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Largest retry delay: a controller that failed over must hear from every agent again well
+/// within its heartbeat timeout, so this stays short (a report every 5 s is cheap).
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How often pending results are re-sent.
 const RESULT_RETRY: Duration = Duration::from_secs(2);
 /// Wait before polling again when every listed command is already running here (the
