@@ -74,7 +74,10 @@ pub fn build(
                 node: stored.map(|s| node_of(&s.report, known_since)),
                 node_seen: stored.is_some(),
                 agent: stored.map(|s| AgentReport {
-                    last_heartbeat: s.received_at,
+                    // A new leader cannot know whether agents reported while nobody led (or
+                    // while the store could not record): each gets one heartbeat timeout from
+                    // the moment this controller started leading.
+                    last_heartbeat: s.received_at.max(known_since),
                     can_fence: true,
                 }),
                 etcd: member_of(&h.name, &views),
