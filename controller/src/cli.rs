@@ -50,11 +50,15 @@ enum Command {
         #[arg(long)]
         policy: Option<PathBuf>,
     },
-    /// Print the leader, agents' last reports and operations from the store.
+    /// Print the leader, agents' last reports, remediations and operations from the store,
+    /// and what the planner would decide now, with its reasons.
     Status {
         /// The inventory file.
         #[arg(long, env = "METALGUARD_INVENTORY")]
         inventory: PathBuf,
+        /// One JSON document instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Ask the leader to fence a host.
     Fence {
@@ -200,13 +204,28 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             print!("{}", metalguard_core::plan(&snap, &policy, now()));
             Ok(())
         }
-        Command::Status { inventory } => {
+        Command::Status { inventory, json } => {
             let inventory = Inventory::load(&inventory)?;
             let mut backend = connect(&inventory, "status".to_owned());
-            let state = backend.load().await?;
+            let state = match backend.load().await {
+                Ok(state) => state,
+                Err(error) => {
+                    eprintln!(
+                        "{}",
+                        crate::status::store_unavailable(&inventory, &error).await
+                    );
+                    return Err(error.into());
+                }
+            };
             let at = now();
-            print!("{}", crate::status::render(&state, at));
-            print!("{}", crate::status::render_progress(&inventory, &state, at));
+            if json {
+                println!("{}", crate::status::render_json(&inventory, &state, at));
+            } else {
+                print!("{}", crate::status::render(&state, at));
+                print!("{}", crate::status::render_progress(&inventory, &state, at));
+                println!("decisions now (dry run over the stored state):");
+                print!("{}", crate::status::explain(&inventory, &state, at));
+            }
             Ok(())
         }
         Command::Fence {
@@ -228,6 +247,12 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             };
             backend.request_fence(&host, &request).await?;
             println!("fence of {host} requested; the leader plans it on its next round");
+            // The same decision the leader will make, computed here from the stored state.
+            let state = backend.load().await?;
+            println!(
+                "{}",
+                crate::status::fence_verdict(&inventory, &state, &host, now())
+            );
             Ok(())
         }
         Command::Retire {

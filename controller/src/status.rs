@@ -7,6 +7,80 @@ use metalguard_api::duration::Timestamp;
 use crate::backend::State;
 use crate::inventory::Inventory;
 
+/// What the planner would decide now over the stored state (a dry run: nothing is written).
+/// Hosts count as known since the oldest stored report, or now.
+pub fn explain(inventory: &Inventory, state: &State, now: Timestamp) -> metalguard_api::plan::Plan {
+    let known_since = state
+        .reports
+        .values()
+        .map(|r| r.received_at)
+        .min()
+        .unwrap_or(now);
+    let snapshot = crate::snapshot::build(inventory, state, known_since, now);
+    metalguard_core::plan(&snapshot, &inventory.policy, now)
+}
+
+/// What the planner decides about a pending fence request of `host`, in one line: the
+/// remediation it starts, or the refusal with its reason; for a refusal, also what `--force`
+/// would change (it skips policy gates, never the quorum guard).
+pub fn fence_verdict(inventory: &Inventory, state: &State, host: &str, now: Timestamp) -> String {
+    use metalguard_api::plan::ActionKind;
+    let decide = |state: &State| -> Result<String, String> {
+        let plan = explain(inventory, state, now);
+        if let Some(a) = plan.actions.iter().find(|a| {
+            matches!(&a.kind, ActionKind::StartRemediation { remediation } if remediation.target == host)
+        }) {
+            return Ok(a.reason.clone());
+        }
+        plan.refusals
+            .iter()
+            .find(|r| r.subject == host)
+            .map_or_else(
+                || Err("no decision about it yet (is a remediation of it running?)".to_owned()),
+                |r| Err(r.reason.clone()),
+            )
+    };
+    match decide(state) {
+        Ok(reason) => format!("verdict: proceeds — {reason}"),
+        Err(reason) => {
+            let mut line = format!("verdict: refused — {reason}");
+            if let Some(req) = state
+                .fence_requests
+                .get(host)
+                .filter(|r| r.force_reason.is_none())
+            {
+                let mut forced = state.clone();
+                let mut req = req.clone();
+                req.force_reason = Some("(what if)".to_owned());
+                forced.fence_requests.insert(host.to_owned(), req);
+                let _ = match decide(&forced) {
+                    Ok(_) => write!(line, "; with --force and a reason it would proceed"),
+                    Err(why) => write!(line, "; even with --force it would be refused: {why}"),
+                };
+            }
+            line
+        }
+    }
+}
+
+/// The same view as [`render`] plus the dry-run plan, as one JSON document for scripts (the
+/// local lab reads it): `leader`, `now`, `agents`, `remediations`, `operations`,
+/// `fence_requests`, `hooks`, `plan`.
+pub fn render_json(inventory: &Inventory, state: &State, now: Timestamp) -> serde_json::Value {
+    serde_json::json!({
+        "leader": state.leader,
+        "now": now,
+        "agents": state.reports,
+        "remediations": state.remediations.values().collect::<Vec<_>>(),
+        "operations": state.operations.values().collect::<Vec<_>>(),
+        "fence_requests": state.fence_requests,
+        "hooks": state.hooks,
+        "retirements": retirements(inventory, state, now),
+        "notes": state.notes,
+        "plan": explain(inventory, state, now),
+    })
+}
+
 /// The leader, each agent's last report, remediations and operations.
 pub fn render(state: &State, now: Timestamp) -> String {
     let mut out = String::new();
@@ -45,6 +119,24 @@ pub fn render(state: &State, now: Timestamp) -> String {
         let _ = writeln!(out, "  {} via {}: {:?} {result}", op.id, op.agent, op.kind);
     }
     out
+}
+
+/// Each retirement with its progress line (for [`render_json`]).
+fn retirements(inventory: &Inventory, state: &State, now: Timestamp) -> serde_json::Value {
+    state
+        .retirements
+        .iter()
+        .map(|(host, r)| {
+            (
+                host.clone(),
+                serde_json::json!({
+                    "request": r,
+                    "progress": crate::notes::retirement_progress(inventory, state, host, r, now),
+                }),
+            )
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// The leader's notes (inventory generation, what it needs from people, what waits) and each
@@ -99,6 +191,47 @@ pub fn render_progress(inventory: &Inventory, state: &State, now: Timestamp) -> 
             r.reason,
             crate::notes::retirement_progress(inventory, state, host, r, now)
         );
+    }
+    out
+}
+
+/// Why nothing can be shown or done while the store cannot be read, with each etcd
+/// endpoint's own answer (a member that answers but sees no leader means lost quorum).
+pub async fn store_unavailable(
+    inventory: &Inventory,
+    error: &crate::backend::BackendError,
+) -> String {
+    let mut out = format!(
+        "cannot read the controller's store: {}\n\
+         metalguard acts only through its store: while etcd has no quorum it persists no \
+         intent and so fences nothing (fencing cannot restore quorum; a person must recover \
+         etcd, see docs/runbooks.md)\n\
+         etcd members as seen from here:\n",
+        crate::cli::chain(error)
+    );
+    let timeout = inventory.etcd.timeout;
+    for endpoint in &inventory.etcd.endpoints {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout);
+        let answer = match tokio::time::timeout(
+            timeout * 2,
+            etcd_client::Client::connect([endpoint.as_str()], Some(options)),
+        )
+        .await
+        {
+            Ok(Ok(mut client)) => match tokio::time::timeout(timeout * 2, client.status()).await {
+                Ok(Ok(status)) if status.leader() == 0 => {
+                    "answers but sees no leader (no quorum)".to_owned()
+                }
+                Ok(Ok(status)) => format!("answers, leader {:x}", status.leader()),
+                Ok(Err(e)) => format!("no status: {e}"),
+                Err(_) => format!("no answer within {:?}", timeout * 2),
+            },
+            Ok(Err(e)) => format!("unreachable: {e}"),
+            Err(_) => format!("no answer within {:?}", timeout * 2),
+        };
+        let _ = writeln!(out, "  {endpoint}: {answer}");
     }
     out
 }
