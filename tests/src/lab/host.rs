@@ -245,7 +245,10 @@ impl LabHost {
     /// Power transitions recorded since the last call.
     pub(super) fn new_power_events(&mut self) -> Result<Vec<PowerEvent>> {
         let log = self.power_log()?;
-        let new = log.get(self.power_events_seen..).unwrap_or_default().to_vec();
+        let new = log
+            .get(self.power_events_seen..)
+            .unwrap_or_default()
+            .to_vec();
         self.power_events_seen = log.len();
         Ok(new)
     }

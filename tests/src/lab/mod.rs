@@ -329,7 +329,10 @@ impl Lab {
                 "--id",
                 &format!("lab-controller-{}", self.controller_starts),
             ])
-            .env("RUST_LOG", "info");
+            .env(
+                "RUST_LOG",
+                std::env::var("METALGUARD_LAB_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
+            );
         self.controller = Some(Proc::spawn(
             "metalguard-controller",
             command,
@@ -558,7 +561,7 @@ impl Lab {
             .filter(|(_, _, phase)| {
                 !matches!(
                     phase.as_str(),
-                    "done" | "needs-a-person" | "cancelled" | "reprovisioning" | "failed"
+                    "done" | "needs-person" | "cancelled" | "reprovisioning" | "failed"
                 )
             })
             .collect()

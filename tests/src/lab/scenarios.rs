@@ -162,7 +162,7 @@ pub fn double_failure(lab: &mut Lab) -> Result<Report> {
     };
     let why = status_text
         .lines()
-        .find(|l| l.contains("quorum") || l.contains("short-circuit") || l.contains("cannot"))
+        .find(|l| l.contains("fences nothing") || l.contains("short-circuit"))
         .unwrap_or("")
         .trim()
         .to_owned();
@@ -216,7 +216,7 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
         };
         let found = status["remediations"].as_array().and_then(|l| {
             l.iter()
-                .find(|r| r["target"] == name.as_str() && r["phase"]["phase"] == "needs-a-person")
+                .find(|r| r["target"] == name.as_str() && r["phase"]["phase"] == "needs-person")
         });
         if let Some(r) = found {
             reason = r["phase"]["reason"].as_str().unwrap_or_default().to_owned();
