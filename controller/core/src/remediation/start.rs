@@ -170,7 +170,14 @@ impl<'a> Planner<'a> {
                         } else {
                             "reprovisioning is not allowed by policy"
                         };
-                        let reason = format!("{why}; {rule}");
+                        // The last failure is what the person has to fix (a rejected
+                        // password, an unreachable BMC): say it first.
+                        let reason = match &l.phase {
+                            P::Failed { reason: last } => {
+                                format!("last attempt: {last}; {why}; {rule}")
+                            }
+                            _ => format!("{why}; {rule}"),
+                        };
                         self.emit(
                             l,
                             &executor,
