@@ -79,6 +79,12 @@ pub fn build(
                     // the moment this controller started leading.
                     last_heartbeat: s.received_at.max(known_since),
                     can_fence: true,
+                    bmc_reachable: s
+                        .report
+                        .bmc_reachability
+                        .iter()
+                        .map(|r| (r.host.clone(), r.reachable))
+                        .collect(),
                 }),
                 etcd: member_of(&h.name, &views),
             }

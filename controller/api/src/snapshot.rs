@@ -228,6 +228,18 @@ pub struct AgentReport {
     /// The agent can reach the BMCs it may be asked to drive.
     #[serde(default = "default_true")]
     pub can_fence: bool,
+    /// Per target host, whether this agent's latest probe of that host's BMC reached it
+    /// (without credentials). A host missing here was not probed (an older agent, or not
+    /// yet): nothing is known, which is not the same as unreachable.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bmc_reachable: BTreeMap<String, bool>,
+}
+
+impl AgentReport {
+    /// True when this agent's latest probe says it cannot reach `target`'s BMC.
+    pub fn cannot_reach_bmc_of(&self, target: &str) -> bool {
+        self.bmc_reachable.get(target) == Some(&false)
+    }
 }
 
 /// An etcd member as seen by probing every member (never trusting one member's view).

@@ -57,6 +57,7 @@ fn host(name: String, role: Role, domain: &str, ready: bool) -> Host {
         agent: ready.then_some(AgentReport {
             last_heartbeat: NOW,
             can_fence: true,
+            bmc_reachable: BTreeMap::new(),
         }),
         etcd: None,
     }

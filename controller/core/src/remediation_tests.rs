@@ -296,6 +296,59 @@ fn executor_is_never_the_target_and_prefers_another_failure_domain() {
     assert_eq!(ex.as_deref(), Some("w-2"), "{p}");
 }
 
+fn started_executor(w: &mut World) -> Option<String> {
+    let p = w.step().unwrap();
+    p.actions.iter().find_map(|a| match &a.kind {
+        ActionKind::StartRemediation { remediation } => Some(remediation.executor.clone()),
+        _ => None,
+    })
+}
+
+fn report_bmc(w: &mut World, agent: &str, target: &str, reachable: bool) {
+    let a = w.host_mut(agent).unwrap().agent.as_mut().unwrap();
+    a.bmc_reachable.insert(target.into(), reachable);
+}
+
+#[test]
+fn an_agent_that_cannot_reach_the_targets_bmc_is_passed_over_while_another_might() {
+    // Nothing reported: the first by name, as before reachability existed.
+    let mut w = world(2, &["w-0"], |_| {});
+    assert_eq!(started_executor(&mut w).as_deref(), Some("cp-0"));
+    // cp-0 cannot reach w-0's BMC (it reaches w-1's, which does not matter): cp-1 drives it.
+    let mut w = world(2, &["w-0"], |w| {
+        report_bmc(w, "cp-0", "w-0", false);
+        report_bmc(w, "cp-0", "w-1", true);
+    });
+    assert_eq!(started_executor(&mut w).as_deref(), Some("cp-1"));
+    // Every candidate says it cannot: nothing better is known, the choice is as before.
+    let mut w = world(2, &["w-0"], |w| {
+        for agent in ["cp-0", "cp-1", "cp-2", "w-1"] {
+            report_bmc(w, agent, "w-0", false);
+        }
+    });
+    assert_eq!(started_executor(&mut w).as_deref(), Some("cp-0"));
+}
+
+#[test]
+fn a_running_remediation_moves_off_an_executor_that_lost_the_targets_bmc() {
+    let mut w = world(2, &["w-0"], |_| {});
+    assert_eq!(started_executor(&mut w).as_deref(), Some("cp-0"));
+    w.advance(10);
+    report_bmc(&mut w, "cp-0", "w-0", false);
+    report_bmc(&mut w, "cp-2", "w-0", true);
+    let p = w.step().unwrap();
+    let executors: Vec<&str> = p
+        .actions
+        .iter()
+        .filter_map(|a| match &a.kind {
+            ActionKind::Remediate { executor, .. } => Some(executor.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(!executors.is_empty(), "{p}");
+    assert!(executors.iter().all(|e| *e == "cp-1"), "{p}");
+}
+
 #[test]
 fn quick_relapse_within_min_healthy_period_counts_as_a_retry() {
     let mut w = world(2, &["w-0"], |_| {});

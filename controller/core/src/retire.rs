@@ -138,8 +138,8 @@ pub fn plan_decommissions(inp: RetireInputs<'_>) -> RetireOutput {
 }
 
 /// The first host by name whose agent may drive `target`'s BMC: reported within the
-/// heartbeat, can fence, Node ready, not deleting, not unhealthy, not under remediation, and
-/// not `target` itself.
+/// heartbeat, can fence, Node ready, not deleting, not unhealthy, not under remediation, not
+/// `target` itself, and not reporting that it cannot reach the BMC while another might.
 fn choose_executor<'a>(inp: &RetireInputs<'a>, target: &Host) -> Option<&'a Host> {
     let unhealthy: BTreeSet<&str> = inp
         .verdicts
@@ -169,5 +169,7 @@ fn choose_executor<'a>(inp: &RetireInputs<'a>, target: &Host) -> Option<&'a Host
         })
         .collect();
     candidates.sort_by(|a, b| a.name.cmp(&b.name));
-    candidates.first().copied()
+    crate::remediation::prefer_bmc_reachers(candidates, &target.name)
+        .first()
+        .copied()
 }

@@ -227,3 +227,22 @@ fn no_power_off_without_a_bmc_another_agent_or_a_trustworthy_etcd_view() {
     assert_eq!(power_offs(&p), [], "{p}");
     assert!(refused(&p, "cp-0", "cannot be trusted"), "{p}");
 }
+
+#[test]
+fn the_power_off_goes_to_an_agent_that_has_not_said_it_cannot_reach_the_bmc() {
+    let mut s = cluster(3, 0);
+    retire(&mut s, "cp-0");
+    let h = find(&mut s, "cp-0");
+    h.etcd = None;
+    h.pre_drain_hooks.clear();
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(power_offs(&p), [("cp-0", "cp-1")], "{p}");
+    let cp1 = find(&mut s, "cp-1").agent.as_mut().unwrap();
+    cp1.bmc_reachable.insert("cp-0".into(), false);
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(power_offs(&p), [("cp-0", "cp-2")], "{p}");
+    let cp2 = find(&mut s, "cp-2").agent.as_mut().unwrap();
+    cp2.bmc_reachable.insert("cp-0".into(), false);
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(power_offs(&p), [("cp-0", "cp-1")], "nobody can: as before; {p}");
+}

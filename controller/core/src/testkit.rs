@@ -48,6 +48,7 @@ pub(crate) fn host(name: &str, role: Role, domain: Option<&str>, created: u64) -
         agent: Some(AgentReport {
             last_heartbeat: NOW,
             can_fence: true,
+            bmc_reachable: BTreeMap::new(),
         }),
         etcd: None,
     }

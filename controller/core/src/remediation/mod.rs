@@ -140,23 +140,44 @@ pub fn plan_remediations(inp: Inputs<'_>) -> RemediationOutput {
     p.out
 }
 
+/// The candidates that may drive `target`'s BMC, in their order: those whose agent's latest
+/// report says it cannot reach that BMC are left out while any other candidate remains (it
+/// reaches it, or has not said). When every candidate says it cannot, or none says anything
+/// (older agents, nothing probed yet), the candidates are kept as they are.
+pub(crate) fn prefer_bmc_reachers<'a>(candidates: Vec<&'a Host>, target: &str) -> Vec<&'a Host> {
+    let unable = |h: &Host| {
+        h.agent
+            .as_ref()
+            .is_some_and(|a| a.cannot_reach_bmc_of(target))
+    };
+    if candidates.iter().all(|h| unable(h)) {
+        return candidates;
+    }
+    candidates.into_iter().filter(|h| !unable(h)).collect()
+}
+
 impl<'a> Planner<'a> {
+    /// The executor of a remediation of `target`: the current one while it is eligible,
+    /// else preferably one in another failure domain; never the target, and never an agent
+    /// that reports it cannot reach the target's BMC while another might.
     fn choose_executor(&self, target: &Host, current: Option<&str>) -> Option<&'a Host> {
+        let others: Vec<&'a Host> = self
+            .executors
+            .iter()
+            .copied()
+            .filter(|h| h.name != target.name)
+            .collect();
+        let eligible = prefer_bmc_reachers(others, &target.name);
         if let Some(c) = current
-            && c != target.name
-            && let Ok(i) = self.executors.binary_search_by(|h| h.name.as_str().cmp(c))
+            && let Some(h) = eligible.iter().find(|h| h.name == c)
         {
-            return Some(self.executors[i]);
+            return Some(h);
         }
-        let others = || {
-            self.executors
-                .iter()
-                .copied()
-                .filter(|h| h.name != target.name)
-        };
-        others()
+        eligible
+            .iter()
             .find(|h| target.failure_domain.is_some() && h.failure_domain != target.failure_domain)
-            .or_else(|| others().next())
+            .or_else(|| eligible.first())
+            .copied()
     }
 
     fn node_deadline(&self, target: &Host) -> Duration {
