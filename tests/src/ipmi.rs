@@ -4,7 +4,7 @@
 //! `power.log` as `<unix ms> <event> <value>`, which the test reads.
 
 use std::fmt::Write as _;
-use std::net::UdpSocket;
+use std::net::{Ipv4Addr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -58,6 +58,8 @@ pub struct IpmiOptions {
     pub initially_on: bool,
     /// Password of every test account (random by default; at most 16 characters).
     pub password: String,
+    /// The address the BMC listens on (127.0.0.1 by default).
+    pub bind: Ipv4Addr,
 }
 
 impl Default for IpmiOptions {
@@ -65,6 +67,7 @@ impl Default for IpmiOptions {
         Self {
             initially_on: true,
             password: tools::random_token(16),
+            bind: Ipv4Addr::LOCALHOST,
         }
     }
 }
@@ -72,6 +75,7 @@ impl Default for IpmiOptions {
 /// State shared by both IPMI flavours: the directory, the port and the power record.
 #[derive(Debug)]
 struct IpmiState {
+    bind: Ipv4Addr,
     port: PortLease,
     password: String,
     dir: tempfile::TempDir,
@@ -86,6 +90,7 @@ impl IpmiState {
         }
         let dir = tools::temp_dir(component)?;
         let state = Self {
+            bind: options.bind,
             port: reserve_port()?,
             password: options.password,
             dir,
@@ -119,15 +124,24 @@ impl IpmiState {
         let port = self.port.port();
         wait_until("the IPMI BMC to answer", START_TIMEOUT, || {
             proc.ensure_running()?;
-            Ok(answers_auth_capabilities(port))
+            Ok(answers_auth_capabilities_at(self.bind, port))
         })
+    }
+
+    fn url(&self) -> String {
+        format!("ipmi://{}:{}", self.bind, self.port.port())
     }
 }
 
 /// Sends an IPMI 1.5 sessionless Get Channel Authentication Capabilities and reports whether
 /// any reply came back: an independent liveness probe that works for both flavours.
 pub fn answers_auth_capabilities(port: u16) -> bool {
-    let Ok(socket) = UdpSocket::bind(("127.0.0.1", 0)) else {
+    answers_auth_capabilities_at(Ipv4Addr::LOCALHOST, port)
+}
+
+/// [`answers_auth_capabilities`] for a BMC listening on `address`.
+pub fn answers_auth_capabilities_at(address: Ipv4Addr, port: u16) -> bool {
+    let Ok(socket) = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)) else {
         return false;
     };
     let _ = socket.set_read_timeout(Some(Duration::from_millis(200)));
@@ -138,7 +152,7 @@ pub fn answers_auth_capabilities(port: u16) -> bool {
     packet.push(checksum(&header));
     packet.extend_from_slice(&body);
     packet.push(checksum(&body));
-    if socket.send_to(&packet, ("127.0.0.1", port)).is_err() {
+    if socket.send_to(&packet, (address, port)).is_err() {
         return false;
     }
     let mut buf = [0u8; 512];
@@ -171,7 +185,7 @@ impl IpmiSim {
         let lan_conf = dir.join("lan.conf");
         write_file(
             &lan_conf,
-            lan_config(state.port.port(), &control, &state.password).as_bytes(),
+            lan_config(state.bind, state.port.port(), &control, &state.password).as_bytes(),
             0o600,
         )?;
         let emu = dir.join("sim.emu");
@@ -193,14 +207,14 @@ impl IpmiSim {
         Ok(Self { proc, state })
     }
 
-    /// The UDP port on 127.0.0.1.
+    /// The UDP port.
     pub fn port(&self) -> u16 {
         self.state.port.port()
     }
 
-    /// `ipmi://127.0.0.1:PORT`.
+    /// `ipmi://ADDRESS:PORT` (ADDRESS is 127.0.0.1 by default).
     pub fn url(&self) -> String {
-        format!("ipmi://127.0.0.1:{}", self.port())
+        self.state.url()
     }
 
     /// A credentials directory (`username`, `password`, mode 0600) for an account.
@@ -263,6 +277,8 @@ impl PyghmiBmc {
         let mut command = Command::new(python);
         command
             .arg(tools::fixture("pyghmi_bmc.py"))
+            .arg("--address")
+            .arg(state.bind.to_string())
             .arg("--port")
             .arg(state.port.port().to_string())
             .arg("--state-dir")
@@ -277,14 +293,14 @@ impl PyghmiBmc {
         Ok(Self { proc, state })
     }
 
-    /// The UDP port on 127.0.0.1.
+    /// The UDP port.
     pub fn port(&self) -> u16 {
         self.state.port.port()
     }
 
-    /// `ipmi://127.0.0.1:PORT`.
+    /// `ipmi://ADDRESS:PORT` (ADDRESS is 127.0.0.1 by default).
     pub fn url(&self) -> String {
-        format!("ipmi://127.0.0.1:{}", self.port())
+        self.state.url()
     }
 
     /// The credentials directory of the admin account.
@@ -334,13 +350,13 @@ sel_enable 0x20 1000 0x0a
 mc_enable 0x20
 ";
 
-fn lan_config(port: u16, control: &Path, password: &str) -> String {
+fn lan_config(bind: Ipv4Addr, port: u16, control: &Path, password: &str) -> String {
     let auths = "none md2 md5 straight";
     let mut text = format!(
         "name \"mgsim\"\n\
          set_working_mc 0x20\n\
          \x20 startlan 1\n\
-         \x20   addr 127.0.0.1 {port}\n\
+         \x20   addr {bind} {port}\n\
          \x20   priv_limit admin\n\
          \x20   allowed_auths_callback {auths}\n\
          \x20   allowed_auths_user {auths}\n\

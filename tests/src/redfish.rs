@@ -5,6 +5,7 @@
 //! The test reads the power state through `curl`, a client independent of metalguard's.
 
 use std::fmt::Write as _;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -52,6 +53,8 @@ pub struct RedfishOptions {
     pub username: String,
     /// Its password (random by default).
     pub password: String,
+    /// The address it listens on (127.0.0.1 by default; the HTTPS certificate names it).
+    pub bind: Ipv4Addr,
 }
 
 impl Default for RedfishOptions {
@@ -64,6 +67,7 @@ impl Default for RedfishOptions {
             initially_on: true,
             username: "admin".to_owned(),
             password: tools::random_token(16),
+            bind: Ipv4Addr::LOCALHOST,
         }
     }
 }
@@ -105,8 +109,8 @@ impl RedfishBmc {
 
         let cert = match options.tls {
             Tls::Http => None,
-            Tls::CaSigned => Some(ServerCert::ca_signed()?),
-            Tls::SelfSignedCa => Some(ServerCert::self_signed_ca()?),
+            Tls::CaSigned => Some(ServerCert::ca_signed_for(options.bind)?),
+            Tls::SelfSignedCa => Some(ServerCert::self_signed_ca_for(options.bind)?),
         };
         let cert = match cert {
             Some(cert) => {
@@ -169,14 +173,14 @@ impl RedfishBmc {
         Ok(bmc)
     }
 
-    /// `http://127.0.0.1:PORT` or `https://127.0.0.1:PORT`.
+    /// `http://ADDRESS:PORT` or `https://ADDRESS:PORT` (ADDRESS is 127.0.0.1 by default).
     pub fn base_url(&self) -> String {
         let scheme = if self.options.tls == Tls::Http {
             "http"
         } else {
             "https"
         };
-        format!("{scheme}://127.0.0.1:{}", self.port.port())
+        format!("{scheme}://{}:{}", self.options.bind, self.port.port())
     }
 
     /// The port.
@@ -357,7 +361,7 @@ fn emulator_config(
         })
         .collect();
     let mut text = format!(
-        "SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\n\
+        "SUSHY_EMULATOR_LISTEN_IP = '{bind}'\n\
          SUSHY_EMULATOR_LISTEN_PORT = {port}\n\
          SUSHY_EMULATOR_FAKE_DRIVER = True\n\
          SUSHY_EMULATOR_STATE_DIR = {}\n\
@@ -365,7 +369,8 @@ fn emulator_config(
          SUSHY_EMULATOR_FAKE_SYSTEMS = [{}]\n",
         py_str(&state_dir.to_string_lossy()),
         py_str(&htpasswd.to_string_lossy()),
-        systems.join(", ")
+        systems.join(", "),
+        bind = options.bind,
     );
     if let Some(cert) = cert {
         let _ = write!(

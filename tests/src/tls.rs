@@ -1,5 +1,6 @@
-//! Test certificates: a CA with a leaf for 127.0.0.1, and a self-signed certificate with
-//! CA:TRUE used as the server's own certificate (as many BMCs ship).
+//! Test certificates: a CA with a leaf for 127.0.0.1 (and another address on request), and a
+//! self-signed certificate with CA:TRUE used as the server's own certificate (as many BMCs
+//! ship).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -40,12 +41,17 @@ fn rcgen_err(what: &str) -> impl FnOnce(rcgen::Error) -> HarnessError + '_ {
     move |e| HarnessError::Other(format!("generating {what}: {e}"))
 }
 
-fn server_params() -> Result<CertificateParams> {
+fn server_params(address: Ipv4Addr) -> Result<CertificateParams> {
     let mut params = CertificateParams::new(vec!["localhost".to_owned()])
         .map_err(rcgen_err("server parameters"))?;
     params
         .subject_alt_names
         .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    if address != Ipv4Addr::LOCALHOST {
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress(IpAddr::V4(address)));
+    }
     params
         .distinguished_name
         .push(DnType::CommonName, "127.0.0.1");
@@ -55,6 +61,11 @@ fn server_params() -> Result<CertificateParams> {
 impl ServerCert {
     /// A test CA and a leaf certificate it signed for `localhost` and `127.0.0.1`.
     pub fn ca_signed() -> Result<Self> {
+        Self::ca_signed_for(Ipv4Addr::LOCALHOST)
+    }
+
+    /// A test CA and a leaf certificate it signed for `localhost`, `127.0.0.1` and `address`.
+    pub fn ca_signed_for(address: Ipv4Addr) -> Result<Self> {
         let mut ca_params =
             CertificateParams::new(Vec::<String>::new()).map_err(rcgen_err("CA parameters"))?;
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -65,7 +76,7 @@ impl ServerCert {
         let ca_key = KeyPair::generate().map_err(rcgen_err("CA key"))?;
         let ca = CertifiedIssuer::self_signed(ca_params, ca_key).map_err(rcgen_err("CA"))?;
 
-        let mut params = server_params()?;
+        let mut params = server_params(address)?;
         params.is_ca = IsCa::ExplicitNoCa;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
@@ -84,7 +95,12 @@ impl ServerCert {
     /// A self-signed certificate with CA:TRUE, used directly by the server. rustls refuses it
     /// as an end-entity (`CaUsedAsEndEntity`) even when trusted, hence fingerprint pinning.
     pub fn self_signed_ca() -> Result<Self> {
-        let mut params = server_params()?;
+        Self::self_signed_ca_for(Ipv4Addr::LOCALHOST)
+    }
+
+    /// [`ServerCert::self_signed_ca`] for `localhost`, `127.0.0.1` and `address`.
+    pub fn self_signed_ca_for(address: Ipv4Addr) -> Result<Self> {
+        let mut params = server_params(address)?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let key = KeyPair::generate().map_err(rcgen_err("self-signed key"))?;
         let cert = params
