@@ -1,11 +1,12 @@
-//! A cluster of real `etcd` processes on 127.0.0.1.
+//! A cluster of real `etcd` processes, on 127.0.0.1 unless [`EtcdOptions::placements`] puts
+//! members on other addresses or in network namespaces (the lab's netns mode).
 //!
 //! Each member has its own data directory under the cluster's temporary directory and its
 //! own reserved client and peer ports. Membership is driven with `etcdctl` (a client
 //! independent of metalguard's code under test). Election and heartbeat timings are etcd's
 //! defaults unless [`EtcdOptions`] says otherwise.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -14,7 +15,7 @@ use serde::Deserialize;
 
 use crate::ports::{PortLease, reserve_port};
 use crate::process::{Proc, run_capture, wait_until};
-use crate::{HarnessError, Result, http, tools};
+use crate::{HarnessError, Result, http, netns, tools};
 
 /// How long [`EtcdCluster::start`] waits for a new cluster to become healthy.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -38,6 +39,27 @@ pub struct EtcdOptions {
     pub extra_args: Vec<String>,
     /// Member names in start order (then `m<N>`); the local lab names members after hosts.
     pub names: Vec<String>,
+    /// Where members run, in start order (then [`Placement::default`]).
+    pub placements: Vec<Placement>,
+}
+
+/// Where a member runs: the address it listens on (client and peer) and the network
+/// namespace its process starts in (`None`: the caller's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Listen and advertise address.
+    pub address: Ipv4Addr,
+    /// Network namespace (as `ip netns` names it).
+    pub netns: Option<String>,
+}
+
+impl Default for Placement {
+    fn default() -> Self {
+        Self {
+            address: Ipv4Addr::LOCALHOST,
+            netns: None,
+        }
+    }
 }
 
 impl Default for EtcdOptions {
@@ -49,6 +71,7 @@ impl Default for EtcdOptions {
             election_timeout: Duration::from_secs(1),
             extra_args: Vec::new(),
             names: Vec::new(),
+            placements: Vec::new(),
         }
     }
 }
@@ -70,17 +93,23 @@ pub enum MemberState {
 pub struct HostSlot {
     /// Member name.
     pub name: String,
-    /// `http://127.0.0.1:<client port>`.
+    /// `http://<address>:<client port>`.
     pub client_url: String,
-    /// `http://127.0.0.1:<peer port>`.
+    /// `http://<address>:<peer port>`.
     pub peer_url: String,
     /// Data directory (does not exist yet).
     pub data_dir: PathBuf,
+    placement: Placement,
     client: PortLease,
     peer: PortLease,
 }
 
 impl HostSlot {
+    /// Where the member runs.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
     /// The client port.
     pub fn client_port(&self) -> u16 {
         self.client.port()
@@ -131,7 +160,7 @@ impl EtcdMember {
         self.slot.data_dir.with_extension("log")
     }
     fn client_addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.slot.client_port()))
+        SocketAddr::from((self.slot.placement.address, self.slot.client_port()))
     }
 }
 
@@ -233,14 +262,22 @@ impl EtcdCluster {
             .get(self.next_index)
             .cloned()
             .unwrap_or_else(|| format!("m{}", self.next_index));
+        let placement = self
+            .options
+            .placements
+            .get(self.next_index)
+            .cloned()
+            .unwrap_or_default();
         self.next_index += 1;
         let client = reserve_port()?;
         let peer = reserve_port()?;
+        let address = placement.address;
         Ok(HostSlot {
-            client_url: format!("http://127.0.0.1:{}", client.port()),
-            peer_url: format!("http://127.0.0.1:{}", peer.port()),
+            client_url: format!("http://{address}:{}", client.port()),
+            peer_url: format!("http://{address}:{}", peer.port()),
             data_dir: self.dir.path().join(&name),
             name,
+            placement,
             client,
             peer,
         })
@@ -249,6 +286,11 @@ impl EtcdCluster {
     /// The cluster's temporary directory.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The options the cluster was started with.
+    pub fn options(&self) -> &EtcdOptions {
+        &self.options
     }
 
     /// Client URLs of every member the harness started (whatever their state).
@@ -286,7 +328,7 @@ impl EtcdCluster {
     fn spawn(&mut self, i: usize, state: &str) -> Result<()> {
         let etcd = tools::etcd_bin()?;
         let member = &self.members[i];
-        let mut command = Command::new(etcd);
+        let mut command = netns::command_in(member.slot.placement.netns.as_deref(), &etcd)?;
         command
             .arg("--name")
             .arg(member.name())
@@ -441,17 +483,7 @@ impl EtcdCluster {
 
     /// Runs `etcdctl` against the running members and returns its stdout.
     pub fn etcdctl(&self, args: &[&str]) -> Result<String> {
-        let mut command = Command::new(tools::etcdctl_bin()?);
-        command
-            .env("ETCDCTL_API", "3")
-            .arg(format!(
-                "--endpoints={}",
-                self.running_endpoints().join(",")
-            ))
-            .arg("--dial-timeout=2s")
-            .arg("--command-timeout=5s")
-            .args(args);
-        run_capture(command, None, &format!("etcdctl {}", args.join(" ")))
+        etcdctl_at(&self.running_endpoints(), args)
     }
 
     /// Writes `key=value`.
@@ -487,6 +519,19 @@ impl EtcdCluster {
         })?;
         Ok(list.members)
     }
+}
+
+/// Runs `etcdctl` against `endpoints` only (for example a majority cut off from one member)
+/// and returns its stdout.
+pub fn etcdctl_at(endpoints: &[String], args: &[&str]) -> Result<String> {
+    let mut command = Command::new(tools::etcdctl_bin()?);
+    command
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", endpoints.join(",")))
+        .arg("--dial-timeout=2s")
+        .arg("--command-timeout=5s")
+        .args(args);
+    run_capture(command, None, &format!("etcdctl {}", args.join(" ")))
 }
 
 fn is_healthy(addr: SocketAddr) -> bool {

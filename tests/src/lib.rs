@@ -16,7 +16,9 @@
 //! Every process is killed when its handle drops (also while a test unwinds from a panic), and
 //! nextest's per-test process group catches the rest. Ports come from [`ports::reserve_port`],
 //! which holds a file lock per port so parallel test processes never collide, and only
-//! 127.0.0.1 is ever bound.
+//! 127.0.0.1 is bound — except by the lab's netns mode ([`netns::LabNetwork`]), whose
+//! components listen on addresses of 198.18.0.0/15 inside namespaces and on a bridge it
+//! creates and deletes itself.
 //!
 //! May depend on anything a test needs; nothing in the product depends on this crate.
 
@@ -27,6 +29,7 @@ pub mod etcd;
 pub mod http;
 pub mod ipmi;
 pub mod lab;
+pub mod netns;
 pub mod ports;
 pub mod power;
 pub mod process;
