@@ -48,20 +48,31 @@ struct Agent {
     log: PathBuf,
 }
 
-fn start_agent(dir: &Path, host: &str, controller_port: u16, etcd: Option<&[String]>) -> Agent {
+fn start_agent(
+    dir: &Path,
+    host: &str,
+    controller_ports: &[u16],
+    etcd: Option<&[String]>,
+) -> Agent {
     let tls = dir.join("tls");
     let flag = dir.join(format!("{host}.kubelet-ok"));
     std::fs::write(&flag, "").unwrap();
     let metrics = reserve_port().unwrap();
     let mut text = format!(
         "host = \"{host}\"\n\
-         [controller]\nurl = \"https://127.0.0.1:{controller_port}\"\n\
+         [controller]\nurl = \"https://127.0.0.1:{first}\"\nurls = [{more}]\n\
          ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{host}.pem\"\nkey = \"{tls}/{host}-key.pem\"\n\
          report_interval = \"1s\"\ncommand_wait = \"5s\"\n\
          [state]\ndir = \"{dir}/{host}-state\"\n\
          [metrics]\nlisten = \"127.0.0.1:{m}\"\n\
          [[probes.exec]]\nname = \"KubeletHealthy\"\ncommand = [\"/usr/bin/test\", \"-e\", \"{flag}\"]\n\
          period = \"200ms\"\ntimeout = \"200ms\"\nfailure_threshold = 1\n",
+        first = controller_ports[0],
+        more = controller_ports[1..]
+            .iter()
+            .map(|p| format!("\"https://127.0.0.1:{p}\""))
+            .collect::<Vec<_>>()
+            .join(", "),
         tls = tls.display(),
         dir = dir.display(),
         m = metrics.port(),
@@ -184,14 +195,85 @@ impl Stack {
     }
 
     fn agents(&self) -> Vec<Agent> {
+        self.agents_of(&[self.port.port()])
+    }
+
+    /// Agents that know every controller in `ports`, in that order.
+    fn agents_of(&self, ports: &[u16]) -> Vec<Agent> {
         let endpoints = self.etcd.endpoints();
         HOSTS
             .into_iter()
             .map(|host| {
                 let etcd = (host == "cp-1").then_some(endpoints.as_slice());
-                start_agent(self.dir.path(), host, self.port.port(), etcd)
+                start_agent(self.dir.path(), host, ports, etcd)
             })
             .collect()
+    }
+
+    /// A second controller on `port`: the same inventory but its own listen address.
+    fn controller_on(&self, name: &str, port: u16) -> (Proc, PathBuf) {
+        let text = std::fs::read_to_string(&self.inventory).unwrap().replace(
+            &format!("listen = \"127.0.0.1:{}\"", self.port.port()),
+            &format!("listen = \"127.0.0.1:{port}\""),
+        );
+        let inventory = self.dir.path().join(format!("{name}.toml"));
+        std::fs::write(&inventory, text).unwrap();
+        let mut command = Command::new(workspace_bin("metalguard-controller"));
+        command
+            .args(["run", "--inventory"])
+            .arg(&inventory)
+            .args(["--id", name])
+            .env("RUST_LOG", "info");
+        let log = self.dir.path().join(format!("{name}.log"));
+        (Proc::spawn(name, command, &log).unwrap(), log)
+    }
+
+    /// The leader's id as `status` shows it (`none` while nobody leads), and how many hosts'
+    /// last reports are under 2 s old (the leader records every report it accepts; a
+    /// follower records none).
+    fn leader_and_fresh_reports(&self) -> (String, usize) {
+        let out = Command::new(workspace_bin("metalguard-controller"))
+            .args(["status", "--inventory"])
+            .arg(&self.inventory)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let leader = text
+            .lines()
+            .find_map(|l| l.strip_prefix("leader: "))
+            .unwrap_or("none")
+            .trim()
+            .to_owned();
+        // "  w-1: agent 0.1.0 report #12 0.4s ago, 1 conditions"
+        let fresh = text
+            .lines()
+            .filter_map(|l| l.split(" report #").nth(1))
+            .filter_map(|rest| rest.split_whitespace().nth(1))
+            .filter_map(|age| age.trim_end_matches('s').parse::<f64>().ok())
+            .filter(|age| *age < 2.0)
+            .count();
+        (leader, fresh)
+    }
+
+    /// Waits until `want(leader)` holds and every host reports to it; returns the leader.
+    fn wait_leader_with_reports(
+        &self,
+        want: impl Fn(&str) -> bool,
+        context: impl Fn() -> String,
+    ) -> String {
+        let started = Instant::now();
+        loop {
+            let (leader, fresh) = self.leader_and_fresh_reports();
+            if want(&leader) && fresh == HOSTS.len() {
+                return leader;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "leader {leader}, {fresh} fresh reports:\n{}",
+                context()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     fn logs(agents: &[Agent], controller_logs: &[&Path]) -> String {
@@ -406,4 +488,50 @@ fn a_controller_down_for_a_minute_mid_fence_gets_the_result_and_never_fences_twi
         agent.proc.terminate(Duration::from_secs(5));
     }
     second.terminate(Duration::from_secs(5));
+}
+
+/// Two controllers, agents configured with both URLs: the leader is killed, the other takes
+/// over, and the agents follow it (the follower answered them 503 before): a failure after the
+/// hand-over is fenced exactly once by another agent through the new leader.
+#[test]
+fn agents_that_know_both_controllers_follow_the_leader_after_a_hand_over() {
+    let stack = Stack::new();
+    let port_b = reserve_port().unwrap();
+    let (mut a, a_log) = stack.controller("ctl-a");
+    let (mut b, b_log) = stack.controller_on("ctl-b", port_b.port());
+    // ctl-b's URL first: with ctl-a leading, every agent starts at a follower.
+    let agents = stack.agents_of(&[port_b.port(), stack.port.port()]);
+    let logs = || Stack::logs(&agents, &[&a_log, &b_log]);
+    // Every agent reaches the leader, whichever it is (those starting at the follower move).
+    let first = stack.wait_leader_with_reports(|l| l != "none", logs);
+    if first == "ctl-a" {
+        a.kill();
+    } else {
+        b.kill();
+    }
+    let started = Instant::now();
+    // And after the hand-over every agent reaches the new leader.
+    let second = stack.wait_leader_with_reports(|l| l != "none" && l != first, logs);
+    eprintln!(
+        "{first} killed; {second} leads and hears every agent after {:?}",
+        started.elapsed()
+    );
+    std::fs::remove_file(&agents[2].flag).unwrap();
+    let took = stack.wait_for_off(Duration::from_secs(30), logs);
+    eprintln!("kubelet failure -> verified power-off through {second}: {took:?}");
+    std::fs::write(&agents[2].flag, "").unwrap();
+    stack.wait_for_power_on(Duration::from_secs(40), logs);
+    std::thread::sleep(Duration::from_secs(2));
+    stack.assert_exactly_one_off(logs);
+    let executed = executors(&agents);
+    assert!(
+        !executed.is_empty() && !executed.contains(&"w-2"),
+        "executors {executed:?}:\n{}",
+        logs()
+    );
+    for mut agent in agents {
+        agent.proc.terminate(Duration::from_secs(5));
+    }
+    a.terminate(Duration::from_secs(5));
+    b.terminate(Duration::from_secs(5));
 }

@@ -81,6 +81,10 @@ impl AgentConfig {
 pub struct ControllerConfig {
     /// Base URL, `https://…`.
     pub url: String,
+    /// Further controllers (standalone with several controllers, no VIP): tried in order
+    /// when the current one is unreachable or answers 503 (not the leader).
+    #[serde(default)]
+    pub urls: Vec<String>,
     /// CA bundle that signed the controller's certificate.
     pub ca: PathBuf,
     /// This agent's client certificate (names the host).
@@ -96,6 +100,14 @@ pub struct ControllerConfig {
     /// Long-poll wait for commands.
     #[serde(default = "command_wait", with = "humantime_serde")]
     pub command_wait: Duration,
+}
+
+impl ControllerConfig {
+    /// `url`, then every one of `urls` not equal to it.
+    pub fn all_urls(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.url.as_str())
+            .chain(self.urls.iter().map(String::as_str).filter(|u| *u != self.url))
+    }
 }
 
 fn report_interval() -> Duration {

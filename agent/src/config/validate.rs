@@ -47,6 +47,11 @@ impl AgentConfig {
                     controller.url
                 ));
             }
+            for url in controller.urls.iter().filter(|u| !u.starts_with("https://")) {
+                problems.push(format!(
+                    "controller.urls: {url} must use https:// (the agent API is mutual TLS only)"
+                ));
+            }
             check_file("controller.ca", &controller.ca, &mut problems);
             check_file("controller.cert", &controller.cert, &mut problems);
             check_secret("controller.key", &controller.key, &mut problems);
@@ -385,6 +390,27 @@ mod tests {
                 .iter()
                 .any(|p| p.starts_with("controller.key: /nonexistent/k")),
             "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn every_controller_url_must_be_https_and_the_first_comes_first() {
+        let config = parse(
+            "host = \"cp-0\"\n[controller]\nurl = \"https://a:9443\"\n\
+             urls = [\"https://b:9443\", \"https://a:9443\", \"http://c:9443\"]\n\
+             ca = \"/nonexistent/ca\"\ncert = \"/nonexistent/c\"\nkey = \"/nonexistent/k\"\n",
+        );
+        let problems = config.validate();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("controller.urls: http://c:9443 must use https://")),
+            "{problems:?}"
+        );
+        let controller = config.controller.as_ref().unwrap();
+        assert_eq!(
+            controller.all_urls().collect::<Vec<_>>(),
+            ["https://a:9443", "https://b:9443", "http://c:9443"]
         );
     }
 

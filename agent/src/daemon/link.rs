@@ -5,6 +5,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use metalguard_api::duration::Timestamp;
@@ -21,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::execute::{Executor, error_chain};
 use super::notify::Heartbeats;
-use super::probes::{Board, now_ms};
+use super::probes::{Board, Polarity, now_ms};
 use crate::config::ControllerConfig;
 
 /// First retry delay after a failed call.
@@ -49,13 +50,30 @@ pub enum LinkError {
         /// The controller's error message.
         message: String,
     },
+    /// No controller URL is configured.
+    #[error("no controller URL is configured")]
+    NoController,
+}
+
+impl LinkError {
+    /// Whether another controller may answer: this one is unreachable or not the leader.
+    fn try_another(&self) -> bool {
+        match self {
+            LinkError::Transport(_) | LinkError::NoController => true,
+            LinkError::Status { status, .. } => *status == reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
 }
 
 /// An mTLS client for this host's endpoints.
 #[derive(Debug, Clone)]
 pub struct Link {
     client: reqwest::Client,
-    base: String,
+    /// Every configured controller, `url` first then `urls`.
+    bases: Vec<String>,
+    /// The one that answered last; shared by the clones the loops hold, so they move on
+    /// together when the leader changes.
+    current: Arc<AtomicUsize>,
     host: String,
     config: ControllerConfig,
 }
@@ -72,19 +90,51 @@ impl Link {
             .map_err(|e| format!("building the controller client: {e}"))?;
         Ok(Self {
             client,
-            base: config.url.trim_end_matches('/').to_owned(),
+            bases: config
+                .all_urls()
+                .map(|u| u.trim_end_matches('/').to_owned())
+                .collect(),
+            current: Arc::new(AtomicUsize::new(0)),
             host: host.to_owned(),
             config: config.clone(),
         })
     }
 
+    /// Calls the controller that answered last; when it cannot be reached or answers 503
+    /// (a follower, or a leader without its store), tries the others in order and sticks to
+    /// the first that answers.
     async fn call<B: Serialize, R: DeserializeOwned>(
         &self,
         path: &str,
         body: Option<&B>,
         timeout: Duration,
     ) -> Result<R, LinkError> {
-        let url = format!("{}{path}", self.base);
+        let first = self.current.load(Ordering::Relaxed);
+        let mut last = None;
+        for attempt in 0..self.bases.len() {
+            let index = (first + attempt) % self.bases.len();
+            match self.call_one(&self.bases[index], path, body, timeout).await {
+                Err(error) if error.try_another() => last = Some(error),
+                answer => {
+                    if attempt > 0 {
+                        self.current.store(index, Ordering::Relaxed);
+                        tracing::info!(controller = %self.bases[index], "talking to another controller");
+                    }
+                    return answer;
+                }
+            }
+        }
+        Err(last.unwrap_or(LinkError::NoController))
+    }
+
+    async fn call_one<B: Serialize, R: DeserializeOwned>(
+        &self,
+        base: &str,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<R, LinkError> {
+        let url = format!("{base}{path}");
         let request = match body {
             Some(body) => self.client.post(url).json(body),
             None => self.client.get(url),
@@ -181,10 +231,14 @@ fn conditions(board: &Board) -> Vec<Condition> {
         .into_iter()
         .map(|s| Condition {
             type_: s.condition,
-            status: match s.healthy {
-                Some(true) => ConditionStatus::True,
-                Some(false) => ConditionStatus::False,
-                None => ConditionStatus::Unknown,
+            status: match (s.healthy, s.polarity) {
+                (None, _) => ConditionStatus::Unknown,
+                (Some(true), Polarity::Healthy) | (Some(false), Polarity::Pressure { .. }) => {
+                    ConditionStatus::True
+                }
+                (Some(false), Polarity::Healthy) | (Some(true), Polarity::Pressure { .. }) => {
+                    ConditionStatus::False
+                }
             },
             reason: s.reason,
             message: s.message,
@@ -221,7 +275,10 @@ async fn etcd_view(settings: Option<&metalguard_etcd::ClientSettings>) -> Option
                 peer_urls: m.peer_urls.clone(),
                 client_urls: m.client_urls.clone(),
                 learner: m.is_learner,
-                healthy: m.healthy(),
+                // A NOSPACE member still votes: the quorum guard must not count it as lost.
+                healthy: m
+                    .status()
+                    .is_some_and(metalguard_etcd::view::MemberStatus::is_healthy_despite_nospace),
                 alarms: m
                     .status()
                     .map(|s| s.alarms.iter().map(|a| a.name.clone()).collect())

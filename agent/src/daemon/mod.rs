@@ -168,7 +168,7 @@ async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
                 return ExitCode::from(EXIT_CONFIG);
             }
         };
-        tracing::info!(controller = %controller.url, "reporting to the controller");
+        tracing::info!(controllers = ?controller.all_urls().collect::<Vec<_>>(), "reporting to the controller");
         tasks.spawn(link::report_loop(
             link.clone(),
             board.clone(),
