@@ -5,6 +5,8 @@
 //! metalguard-lab run SCENARIO... [--hosts N]
 //! metalguard-lab up [--hosts N]            leave the lab running with a cheat-sheet; Ctrl-C stops it
 //! ```
+//! `--netns` (as root) runs every host in its own network namespace, which the `partition`
+//! scenario needs.
 //! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
 //! of this executable (`target/<profile>/`) unless `--bin-dir` says otherwise.
 
@@ -22,11 +24,12 @@ struct Args {
     scenarios: Vec<String>,
     hosts: usize,
     bin_dir: PathBuf,
+    netns: bool,
 }
 
 fn usage() -> String {
     format!(
-        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--bin-dir DIR]\n\
+        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--bin-dir DIR] [--netns]\n\
          scenarios: {}",
         scenarios::ALL.join(", ")
     )
@@ -43,6 +46,7 @@ fn parse() -> Result<Args, String> {
             .ok()
             .and_then(|p| p.parent().map(PathBuf::from))
             .unwrap_or_default(),
+        netns: false,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -59,6 +63,7 @@ fn parse() -> Result<Args, String> {
                     .map(PathBuf::from)
                     .ok_or("--bin-dir needs a path")?;
             }
+            "--netns" => parsed.netns = true,
             "-h" | "--help" => return Err(usage()),
             other if !other.starts_with('-') => parsed.scenarios.push(other.to_owned()),
             other => return Err(format!("unknown option {other}\n{}", usage())),
@@ -90,6 +95,7 @@ fn start(args: &Args) -> Result<Lab, String> {
         args.hosts
     );
     let mut options = LabOptions::new(args.hosts, args.bin_dir.clone());
+    options.netns = args.netns;
     options.live = true;
     Lab::start(options).map_err(|e| format!("the lab did not start: {e}"))
 }

@@ -1,10 +1,11 @@
 //! One simulated host of the lab: its BMC emulator, its agent process and its directory.
 //! Its etcd member lives in the lab's [`crate::etcd::EtcdCluster`] at the same index.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::ipmi::{IpmiOptions, IpmiSim, Privilege};
+use crate::netns;
 use crate::ports::{PortLease, reserve_port};
 use crate::power::{self, PowerEvent};
 use crate::process::Proc;
@@ -51,24 +52,43 @@ pub struct LabHost {
     bmc: Bmc,
     username: String,
     password: String,
+    placement: HostPlacement,
     dir: PathBuf,
 }
 
+/// Where a lab host's parts live: the address its BMC listens on (a management network) and
+/// the network namespace its agent runs in (`None`: the lab's own).
+#[derive(Debug, Clone)]
+pub(super) struct HostPlacement {
+    pub bmc_bind: Ipv4Addr,
+    pub netns: Option<String>,
+}
+
 impl LabHost {
-    pub(super) fn new(name: &str, index: usize, kind: BmcKind, lab_dir: &Path) -> Result<Self> {
+    pub(super) fn new(
+        name: &str,
+        index: usize,
+        kind: BmcKind,
+        lab_dir: &Path,
+        placement: HostPlacement,
+    ) -> Result<Self> {
         let dir = lab_dir.join("hosts").join(name);
         std::fs::create_dir_all(&dir).map_err(HarnessError::io("creating a host directory"))?;
         let (bmc, username, password) = match kind {
             BmcKind::Redfish => {
                 let bmc = RedfishBmc::start(RedfishOptions {
                     tls: Tls::CaSigned,
+                    bind: placement.bmc_bind,
                     ..RedfishOptions::default()
                 })?;
                 let (u, p) = (bmc.username().to_owned(), bmc.password().to_owned());
                 (Bmc::Redfish(bmc), u, p)
             }
             BmcKind::Ipmi => {
-                let sim = IpmiSim::start(IpmiOptions::default())?;
+                let sim = IpmiSim::start(IpmiOptions {
+                    bind: placement.bmc_bind,
+                    ..IpmiOptions::default()
+                })?;
                 let (u, p) = (
                     sim.username(Privilege::Admin).to_owned(),
                     sim.password().to_owned(),
@@ -87,6 +107,7 @@ impl LabHost {
             bmc,
             username,
             password,
+            placement,
             dir,
         };
         host.set_known_password(None)?;
@@ -110,7 +131,12 @@ impl LabHost {
     pub fn bmc_address(&self) -> String {
         match &self.bmc {
             Bmc::Redfish(b) => {
-                format!("redfish+https://127.0.0.1:{}{}", b.port(), b.system_path(0))
+                format!(
+                    "redfish+https://{}:{}{}",
+                    self.placement.bmc_bind,
+                    b.port(),
+                    b.system_path(0)
+                )
             }
             Bmc::Ipmi(s) => s.url(),
         }
@@ -174,7 +200,8 @@ impl LabHost {
     }
 
     pub(super) fn start_agent(&mut self, bin_dir: &Path) -> Result<()> {
-        let mut command = Command::new(bin_dir.join("metalguard-agent"));
+        let agent = bin_dir.join("metalguard-agent");
+        let mut command = netns::command_in(self.placement.netns.as_deref(), &agent)?;
         command
             .args(["run", "--log-stderr", "--config"])
             .arg(self.agent_config_path())

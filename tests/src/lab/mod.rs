@@ -13,16 +13,19 @@ pub mod timeline;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use host::HostPlacement;
 pub use host::{BmcKind, LabHost};
 use timeline::Timeline;
 
-use crate::etcd::{EtcdCluster, EtcdOptions};
+use crate::etcd::{EtcdCluster, EtcdOptions, Placement};
+use crate::netns::LabNetwork;
 use crate::ports::{PortLease, reserve_port};
 use crate::process::{Proc, run_capture};
 use crate::{HarnessError, Result, tools};
@@ -76,6 +79,10 @@ pub struct LabOptions {
     pub live: bool,
     /// Timings.
     pub timings: Timings,
+    /// Runs every host in its own network namespace (needs root; see [`crate::netns`]): its
+    /// etcd member and agent listen on the host's own address, the controller and the BMC
+    /// emulators on the lab bridge's, so [`Lab::partition`] can cut one host off.
+    pub netns: bool,
 }
 
 impl LabOptions {
@@ -86,6 +93,7 @@ impl LabOptions {
             bin_dir,
             live: false,
             timings: Timings::default(),
+            netns: false,
         }
     }
 }
@@ -114,6 +122,7 @@ pub struct Lab {
     controller_starts: usize,
     hosts: Vec<LabHost>,
     etcd: EtcdCluster,
+    network: Option<LabNetwork>,
     controller_port: PortLease,
     inventory: PathBuf,
     seen: Seen,
@@ -134,6 +143,38 @@ impl Lab {
         let mut timeline = Timeline::new(options.live);
         let dir = tools::temp_dir("lab")?;
         let names: Vec<String> = (1..=options.hosts).map(|i| format!("cp-{i}")).collect();
+        // Created before any process and dropped after all of them, also on an early error.
+        let network = if options.netns {
+            let network = LabNetwork::create(options.hosts)?;
+            timeline.add(
+                "lab",
+                format!(
+                    "created one network namespace per host on bridge {}br",
+                    network.tag()
+                ),
+                format!(
+                    "hosts {}.., controller and BMCs on {}",
+                    network.host_address(0),
+                    network.gateway()
+                ),
+            );
+            Some(network)
+        } else {
+            None
+        };
+        let service_address = network
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, LabNetwork::gateway);
+        let placements: Vec<Placement> = (0..options.hosts)
+            .map(|i| {
+                network
+                    .as_ref()
+                    .map_or_else(Placement::default, |n| Placement {
+                        address: n.host_address(i),
+                        netns: Some(n.namespace(i).to_owned()),
+                    })
+            })
+            .collect();
         timeline.add(
             "lab",
             format!("starting {} etcd members", options.hosts),
@@ -142,6 +183,7 @@ impl Lab {
         let etcd = EtcdCluster::start_with(EtcdOptions {
             members: options.hosts,
             names: names.clone(),
+            placements: placements.clone(),
             ..EtcdOptions::default()
         })?;
         let tls = dir.path().join("tls");
@@ -158,7 +200,16 @@ impl Lab {
             .map(drop)
         };
         certs(&["certs", "init", &tls_s])?;
-        certs(&["certs", "issue", "controller", &tls_s, "--server"])?;
+        let san = service_address.to_string();
+        certs(&[
+            "certs",
+            "issue",
+            "controller",
+            &tls_s,
+            "--server",
+            "--san",
+            &san,
+        ])?;
         for name in &names {
             certs(&["certs", "issue", name, &tls_s])?;
         }
@@ -175,7 +226,16 @@ impl Lab {
             } else {
                 BmcKind::Ipmi
             };
-            hosts.push(LabHost::new(name, index, kind, dir.path())?);
+            hosts.push(LabHost::new(
+                name,
+                index,
+                kind,
+                dir.path(),
+                HostPlacement {
+                    bmc_bind: service_address,
+                    netns: placements[index].netns.clone(),
+                },
+            )?);
         }
         timeline.add(
             "lab",
@@ -194,6 +254,7 @@ impl Lab {
             controller_starts: 0,
             hosts,
             etcd,
+            network,
             controller_port,
             inventory,
             seen: Seen::default(),
@@ -244,6 +305,19 @@ impl Lab {
         &self.options
     }
 
+    /// The lab's network namespaces, in netns mode.
+    pub fn network(&self) -> Option<&LabNetwork> {
+        self.network.as_ref()
+    }
+
+    /// Where the controller and the BMC emulators listen: the lab bridge's address in netns
+    /// mode, else 127.0.0.1.
+    pub fn service_address(&self) -> Ipv4Addr {
+        self.network
+            .as_ref()
+            .map_or(Ipv4Addr::LOCALHOST, LabNetwork::gateway)
+    }
+
     /// The controller's log file.
     pub fn controller_log(&self) -> PathBuf {
         self.dir.path().join("controller.log")
@@ -259,9 +333,10 @@ impl Lab {
             .collect();
         let mut text = format!(
             "# The local lab's inventory (written by metalguard-lab).\n\
-             [controller]\nlisten = \"127.0.0.1:{port}\"\ntls_dir = \"{tls}\"\nplan_interval = \"{plan}\"\n\n\
+             [controller]\nlisten = \"{address}:{port}\"\ntls_dir = \"{tls}\"\nplan_interval = \"{plan}\"\n\n\
              [etcd]\nendpoints = [{endpoints}]\nlease_ttl = \"{lease}\"\ntimeout = \"1s\"\n\n\
              [control_plane]\ndesired_replicas = {replicas}\n\n",
+            address = self.service_address(),
             port = self.controller_port.port(),
             tls = self.dir.path().join("tls").display(),
             plan = ms(t.plan_interval),
@@ -298,7 +373,7 @@ impl Lab {
         let list: Vec<String> = ordered.iter().map(|e| format!("{e:?}")).collect();
         format!(
             "host = \"{name}\"\n\
-             [controller]\nurl = \"https://127.0.0.1:{port}\"\n\
+             [controller]\nurl = \"https://{address}:{port}\"\n\
              ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{name}.pem\"\nkey = \"{tls}/{name}-key.pem\"\n\
              report_interval = \"{report}\"\ncommand_wait = \"5s\"\n\
              [state]\ndir = \"{state}\"\n\
@@ -306,6 +381,7 @@ impl Lab {
              [etcd]\nendpoints = [{list}]\n\
              [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n",
             name = h.name,
+            address = self.service_address(),
             port = self.controller_port.port(),
             tls = tls.display(),
             report = ms(self.options.timings.report_interval),
@@ -417,6 +493,43 @@ impl Lab {
                 .add("lab", format!("{name} resumes: SIGCONT"), "");
         }
         Ok(())
+    }
+
+    /// Cuts host `i` off the lab network (netns mode): its etcd member and agent keep running
+    /// but reach nothing and nobody reaches them, as when a switch port fails.
+    pub fn partition(&mut self, i: usize) -> Result<()> {
+        self.require_network("partition")?.partition(i)?;
+        let name = self.hosts[i].name.clone();
+        self.timeline.add(
+            "lab",
+            format!("{name} is partitioned: its link is down"),
+            "simulated switch-port failure; its etcd and agent keep running",
+        );
+        Ok(())
+    }
+
+    /// Reconnects host `i` (netns mode); `why` is told on the timeline.
+    pub fn heal(&mut self, i: usize, why: &str) -> Result<()> {
+        self.require_network("heal")?.heal(i)?;
+        let name = self.hosts[i].name.clone();
+        self.timeline
+            .add("lab", format!("{name}'s link is up again"), why);
+        Ok(())
+    }
+
+    fn require_network(&self, what: &str) -> Result<&LabNetwork> {
+        self.network.as_ref().ok_or_else(|| {
+            HarnessError::Other(format!(
+                "{what} needs a lab in netns mode (LabOptions::netns, as root)"
+            ))
+        })
+    }
+
+    /// Client URLs of every etcd member except host `i`'s.
+    pub fn endpoints_except(&self, i: usize) -> Vec<String> {
+        let mut endpoints = self.etcd.endpoints();
+        endpoints.remove(i);
+        endpoints
     }
 
     /// Replaces the BMC password the controller knows for host `i` (the BMC keeps its own).
