@@ -6,6 +6,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::Lab;
 use crate::{HarnessError, Result};
 
+mod partition;
+pub use partition::{MajorityWrites, PartitionOutcome, observe_partition, partition};
+
 /// Slack on top of the configured timeouts: report and plan periods, a fence with its
 /// verifying reads, and the time a host needs to boot (etcd rejoins, the agent reports).
 /// The measured figures are in docs/benchmarks.md.
@@ -41,6 +44,7 @@ pub const ALL: [&str; 5] = [
 pub fn run(lab: &mut Lab, name: &str) -> Result<Report> {
     match name {
         "hang" => hang(lab, 0),
+        "partition" => partition(lab, 0),
         "double-failure" => double_failure(lab),
         "admin-fence" => admin_fence(lab),
         "bad-bmc" => bad_bmc(lab),
