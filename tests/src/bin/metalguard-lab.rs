@@ -2,11 +2,12 @@
 //!
 //! ```text
 //! metalguard-lab demo [--hosts N]          every scenario in sequence, then a summary table
-//! metalguard-lab run SCENARIO... [--hosts N]
+//! metalguard-lab run SCENARIO... [--hosts N] [--spares N]
 //! metalguard-lab up [--hosts N]            leave the lab running with a cheat-sheet; Ctrl-C stops it
 //! ```
 //! `--netns` (as root) runs every host in its own network namespace, which the `partition`
 //! scenario needs.
+//! `replace` needs a spare host: `demo` and `run replace` start one unless `--spares` says more.
 //! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
 //! of this executable (`target/<profile>/`) unless `--bin-dir` says otherwise.
 
@@ -23,13 +24,14 @@ struct Args {
     command: String,
     scenarios: Vec<String>,
     hosts: usize,
+    spares: usize,
     bin_dir: PathBuf,
     netns: bool,
 }
 
 fn usage() -> String {
     format!(
-        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--bin-dir DIR] [--netns]\n\
+        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--spares N] [--bin-dir DIR] [--netns]\n\
          scenarios: {}",
         scenarios::ALL.join(", ")
     )
@@ -42,6 +44,7 @@ fn parse() -> Result<Args, String> {
         command,
         scenarios: Vec::new(),
         hosts: 3,
+        spares: 0,
         bin_dir: std::env::current_exe()
             .ok()
             .and_then(|p| p.parent().map(PathBuf::from))
@@ -56,6 +59,13 @@ fn parse() -> Result<Args, String> {
                     .and_then(|v| v.parse().ok())
                     .filter(|n: &usize| *n % 2 == 1 && *n <= 7)
                     .ok_or("--hosts needs an odd number up to 7")?;
+            }
+            "--spares" => {
+                parsed.spares = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n: &usize| *n <= 2)
+                    .ok_or("--spares needs a number up to 2")?;
             }
             "--bin-dir" => {
                 parsed.bin_dir = args
@@ -97,6 +107,13 @@ fn start(args: &Args) -> Result<Lab, String> {
     let mut options = LabOptions::new(args.hosts, args.bin_dir.clone());
     options.netns = args.netns;
     options.live = true;
+    // replace needs a spare host to replace the retired one with.
+    let replace = args.command == "demo" || args.scenarios.iter().any(|s| s == "replace");
+    options.spares = if replace {
+        args.spares.max(1)
+    } else {
+        args.spares
+    };
     Lab::start(options).map_err(|e| format!("the lab did not start: {e}"))
 }
 

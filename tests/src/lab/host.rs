@@ -1,5 +1,7 @@
 //! One simulated host of the lab: its BMC emulator, its agent process and its directory.
-//! Its etcd member lives in the lab's [`crate::etcd::EtcdCluster`] at the same index.
+//! A voter's etcd member lives in the lab's [`crate::etcd::EtcdCluster`] at the same index; a
+//! spare's etcd (the spares come after the voters in the lab's host list) is its own
+//! [`SpareEtcd`], started from the environment file its agent writes when it joins.
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,8 @@ use crate::power::{self, PowerEvent};
 use crate::process::Proc;
 use crate::redfish::{RedfishBmc, RedfishOptions, Tls, write_credentials};
 use crate::{HarnessError, Result};
+
+use super::spare::SpareEtcd;
 
 /// Which protocol a host's BMC speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +41,26 @@ enum Bmc {
     Ipmi(IpmiSim),
 }
 
+/// Where a host stands: in the inventory or not, expected healthy or going away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// A spare the inventory does not list yet.
+    Standby,
+    /// Listed in the inventory and expected healthy.
+    InService,
+    /// Retired: listed until it is powered off, never expected healthy again.
+    Retired,
+    /// No longer listed in the inventory.
+    Removed,
+}
+
+impl Standing {
+    /// Whether the inventory lists the host.
+    pub fn listed(self) -> bool {
+        matches!(self, Self::InService | Self::Retired)
+    }
+}
+
 /// A lab host.
 #[derive(Debug)]
 pub struct LabHost {
@@ -48,6 +72,9 @@ pub struct LabHost {
     agent_frozen: bool,
     powered: bool,
     power_events_seen: usize,
+    /// A spare's etcd, supervised by the lab (`None` for a host started as a voter).
+    spare: Option<SpareEtcd>,
+    standing: Standing,
     metrics: PortLease,
     bmc: Bmc,
     username: String,
@@ -103,6 +130,8 @@ impl LabHost {
             agent_frozen: false,
             powered: true,
             power_events_seen: 0,
+            spare: None,
+            standing: Standing::InService,
             metrics: reserve_port()?,
             bmc,
             username,
@@ -112,6 +141,42 @@ impl LabHost {
         };
         host.set_known_password(None)?;
         Ok(host)
+    }
+
+    /// Makes this host a spare: no etcd member, not in the inventory, its etcd run from the
+    /// environment file its agent writes.
+    pub(super) fn make_spare(&mut self) -> Result<()> {
+        self.spare = Some(SpareEtcd::reserve(&self.name, &self.dir)?);
+        self.standing = Standing::Standby;
+        Ok(())
+    }
+
+    /// A spare's etcd (`None` for a host started as a voter).
+    pub fn spare_etcd(&self) -> Option<&SpareEtcd> {
+        self.spare.as_ref()
+    }
+
+    pub(super) fn spare_etcd_mut(&mut self) -> Option<&mut SpareEtcd> {
+        self.spare.as_mut()
+    }
+
+    /// Where the host stands.
+    pub fn standing(&self) -> Standing {
+        self.standing
+    }
+
+    pub(super) fn set_standing(&mut self, standing: Standing) {
+        self.standing = standing;
+    }
+
+    /// Whether the lab's inventory lists the host.
+    pub fn in_inventory(&self) -> bool {
+        self.standing.listed()
+    }
+
+    /// Whether the host is expected to be healthy: listed in the inventory and not retired.
+    pub fn in_service(&self) -> bool {
+        self.standing == Standing::InService
     }
 
     /// The host's directory (agent config, state, logs, BMC credentials).

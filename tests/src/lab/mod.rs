@@ -9,6 +9,7 @@
 
 mod host;
 pub mod scenarios;
+mod spare;
 pub mod timeline;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,7 +22,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use host::HostPlacement;
-pub use host::{BmcKind, LabHost};
+pub use host::{BmcKind, LabHost, Standing};
+pub use spare::{SpareEtcd, Supervised};
 use timeline::Timeline;
 
 use crate::etcd::{EtcdCluster, EtcdOptions, Placement};
@@ -79,6 +81,10 @@ pub struct LabOptions {
     pub live: bool,
     /// Timings.
     pub timings: Timings,
+    /// Spare control-plane hosts (`cp-<hosts+1>`, ...): a BMC, a certificate and an agent
+    /// with `[etcd.join]` (env-file launcher, the lab as the supervisor), but no etcd member
+    /// and not in the inventory until the replace scenario adds one.
+    pub spares: usize,
     /// Runs every host in its own network namespace (needs root; see [`crate::netns`]): its
     /// etcd member and agent listen on the host's own address, the controller and the BMC
     /// emulators on the lab bridge's, so [`Lab::partition`] can cut one host off.
@@ -93,6 +99,7 @@ impl LabOptions {
             bin_dir,
             live: false,
             timings: Timings::default(),
+            spares: 0,
             netns: false,
         }
     }
@@ -106,6 +113,7 @@ struct Seen {
     results: BTreeSet<String>,
     decisions: BTreeSet<String>,
     unhealthy: BTreeSet<String>,
+    retirements: BTreeMap<String, String>,
     status_error: Option<String>,
     controller_log_offset: u64,
     last_status: Option<Instant>,
@@ -143,6 +151,14 @@ impl Lab {
         let mut timeline = Timeline::new(options.live);
         let dir = tools::temp_dir("lab")?;
         let names: Vec<String> = (1..=options.hosts).map(|i| format!("cp-{i}")).collect();
+        let spare_names: Vec<String> = (options.hosts + 1..=options.hosts + options.spares)
+            .map(|i| format!("cp-{i}"))
+            .collect();
+        if options.netns && options.spares > 0 {
+            return Err(HarnessError::Other(
+                "spare hosts run on 127.0.0.1 and cannot join a lab in netns mode".into(),
+            ));
+        }
         // Created before any process and dropped after all of them, also on an early error.
         let network = if options.netns {
             let network = LabNetwork::create(options.hosts)?;
@@ -210,7 +226,7 @@ impl Lab {
             "--san",
             &san,
         ])?;
-        for name in &names {
+        for name in names.iter().chain(&spare_names) {
             certs(&["certs", "issue", name, &tls_s])?;
         }
         timeline.add(
@@ -236,6 +252,26 @@ impl Lab {
                     netns: placements[index].netns.clone(),
                 },
             )?);
+        }
+        for name in &spare_names {
+            let index = hosts.len();
+            let kind = if index % 2 == 0 {
+                BmcKind::Redfish
+            } else {
+                BmcKind::Ipmi
+            };
+            let mut host = LabHost::new(
+                name,
+                index,
+                kind,
+                dir.path(),
+                HostPlacement {
+                    bmc_bind: service_address,
+                    netns: None,
+                },
+            )?;
+            host.make_spare()?;
+            hosts.push(host);
         }
         timeline.add(
             "lab",
@@ -344,7 +380,7 @@ impl Lab {
             lease = ms(t.lease_ttl),
             replicas = self.options.hosts,
         );
-        for h in &self.hosts {
+        for h in self.hosts.iter().filter(|h| h.in_inventory()) {
             text.push_str(&h.inventory_entry());
         }
         let _ = write!(
@@ -360,18 +396,22 @@ impl Lab {
             retry = t.max_retry,
             retry_period = ms(t.retry_period),
         );
-        crate::tls::write_file(&self.inventory, text.as_bytes(), 0o644)
+        // Through a rename, as editors do: a running controller never reads half a file.
+        let tmp = self.inventory.with_extension("toml.tmp");
+        crate::tls::write_file(&tmp, text.as_bytes(), 0o644)?;
+        std::fs::rename(&tmp, &self.inventory)
+            .map_err(HarnessError::io("moving the new inventory into place"))
     }
 
     fn agent_config(&self, i: usize, endpoints: &[String]) -> String {
         let h = &self.hosts[i];
         let tls = self.dir.path().join("tls");
-        // The local member first: the agent's etcd probe and view start there.
-        let local = endpoints[i].clone();
-        let mut ordered = vec![local];
-        ordered.extend(endpoints.iter().filter(|e| **e != endpoints[i]).cloned());
-        let list: Vec<String> = ordered.iter().map(|e| format!("{e:?}")).collect();
-        format!(
+        let list: Vec<String> = self
+            .agent_endpoints(i, endpoints)
+            .iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
+        let mut config = format!(
             "host = \"{name}\"\n\
              [controller]\nurl = \"https://{address}:{port}\"\n\
              ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{name}.pem\"\nkey = \"{tls}/{name}-key.pem\"\n\
@@ -388,7 +428,11 @@ impl Lab {
             state = h.dir().join("agent-state").display(),
             metrics = h.metrics_port(),
             list = list.join(", "),
-        )
+        );
+        if let Some(spare) = h.spare_etcd() {
+            config.push_str(&spare.join_config());
+        }
+        config
     }
 
     /// Starts (or restarts) the controller.
@@ -472,7 +516,7 @@ impl Lab {
     /// Freezes a host: SIGSTOP its etcd member and its agent (a kernel hang, as far as the
     /// rest of the cluster can tell).
     pub fn freeze(&mut self, i: usize) -> Result<()> {
-        self.etcd.hang(i)?;
+        self.hang_member(i)?;
         self.hosts[i].freeze_agent()?;
         let name = self.hosts[i].name.clone();
         self.timeline.add(
@@ -486,7 +530,7 @@ impl Lab {
     /// Thaws a frozen host (only if it was not powered off meanwhile).
     pub fn thaw(&mut self, i: usize) -> Result<()> {
         if self.hosts[i].powered() && self.hosts[i].agent_frozen() {
-            self.etcd.resume(i)?;
+            self.resume_member(i)?;
             self.hosts[i].thaw_agent()?;
             let name = self.hosts[i].name.clone();
             self.timeline
@@ -561,7 +605,7 @@ impl Lab {
             let name = self.hosts[i].name.clone();
             let went_off = events.iter().any(crate::power::PowerEvent::is_off);
             if self.hosts[i].powered() && (went_off || !on) {
-                self.etcd.kill(i);
+                self.kill_member(i);
                 self.hosts[i].power_lost();
                 self.timeline.add(
                     &format!("bmc {name}"),
@@ -570,7 +614,7 @@ impl Lab {
                 );
             }
             if !self.hosts[i].powered() && on {
-                self.etcd.restart(i)?;
+                self.restart_member(i)?;
                 self.hosts[i].power_restored(&self.options.bin_dir)?;
                 self.timeline.add(
                     &format!("bmc {name}"),
@@ -578,6 +622,7 @@ impl Lab {
                     "the host boots: etcd restarts from its data dir, the agent starts",
                 );
             }
+            self.supervise_spare(i)?;
         }
         if let Some(c) = self.controller.as_mut() {
             c.ensure_running()?;
@@ -630,7 +675,7 @@ impl Lab {
     /// Whether host `i` is up: powered, not frozen, its etcd member healthy, its agent's
     /// last report fresh and every reported condition true.
     pub fn host_healthy(&mut self, i: usize) -> bool {
-        if !self.hosts[i].powered() || self.hosts[i].agent_frozen() || !self.etcd.is_healthy(i) {
+        if !self.hosts[i].powered() || self.hosts[i].agent_frozen() || !self.member_healthy(i) {
             return false;
         }
         let Some(status) = self.last_status.as_ref() else {
@@ -653,7 +698,8 @@ impl Lab {
         fresh && conditions_true
     }
 
-    /// Waits until every host is healthy and no remediation is active.
+    /// Waits until every host in service (in the inventory, not retired) is healthy and no
+    /// remediation is active.
     pub fn wait_all_healthy(&mut self, timeout: Duration) -> Result<Duration> {
         self.wait_for(
             "every host healthy, no remediation active",
@@ -661,7 +707,10 @@ impl Lab {
             |lab| {
                 lab.seen.last_status = None;
                 lab.tick()?;
-                let all = (0..lab.hosts.len()).all(|i| lab.host_healthy(i));
+                let serving: Vec<usize> = (0..lab.hosts.len())
+                    .filter(|&i| lab.hosts[i].in_service())
+                    .collect();
+                let all = serving.into_iter().all(|i| lab.host_healthy(i));
                 Ok(all && lab.active_remediations().is_empty())
             },
         )
@@ -916,6 +965,19 @@ impl Lab {
                 }
             }
         }
+        if let Some(list) = status["retirements"].as_object() {
+            for (host, r) in list {
+                let progress = r["progress"].as_str().unwrap_or_default().to_owned();
+                if self.seen.retirements.get(host) != Some(&progress) {
+                    events.push((
+                        "controller".into(),
+                        format!("retirement of {host}"),
+                        progress.clone(),
+                    ));
+                    self.seen.retirements.insert(host.clone(), progress);
+                }
+            }
+        }
         for (actor, what, why) in events {
             // Decisions repeat every plan round: tell each one once.
             if actor == "controller"
@@ -952,6 +1014,14 @@ impl Lab {
                 h.name,
                 crate::process::tail_of(&h.agent_log(), 20)
             );
+            if let Some(spare) = h.spare_etcd() {
+                let _ = writeln!(
+                    out,
+                    "--- etcd {} (spare)\n{}",
+                    h.name,
+                    crate::process::tail_of(spare.log_path(), 10)
+                );
+            }
         }
         out
     }
