@@ -6,6 +6,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::Lab;
 use crate::{HarnessError, Result};
 
+mod replace;
+pub use replace::{ReplaceOutcome, observe_replace, replace};
+
 mod partition;
 pub use partition::{MajorityWrites, PartitionOutcome, observe_partition, partition};
 
@@ -48,9 +51,7 @@ pub fn run(lab: &mut Lab, name: &str) -> Result<Report> {
         "double-failure" => double_failure(lab),
         "admin-fence" => admin_fence(lab),
         "bad-bmc" => bad_bmc(lab),
-        "replace" => Err(HarnessError::Other(
-            "the replace scenario is not available in this build".into(),
-        )),
+        "replace" => replace(lab),
         other => Err(HarnessError::Other(format!(
             "unknown scenario {other} (one of {})",
             ALL.join(", ")
