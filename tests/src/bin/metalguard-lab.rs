@@ -32,7 +32,7 @@ struct Args {
 fn usage() -> String {
     format!(
         "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--spares N] [--bin-dir DIR] [--netns]\n\
-         scenarios: {}",
+         scenarios: {} (the demo's, in its order); also controller-crash",
         scenarios::ALL.join(", ")
     )
 }
@@ -114,6 +114,9 @@ fn start(args: &Args) -> Result<Lab, String> {
     } else {
         args.spares
     };
+    // controller-crash kills the controller while a power change is in flight: the Redfish
+    // BMCs then take seconds to change power, as real ones do.
+    options.redfish_power_delay = args.scenarios.iter().any(|s| s == "controller-crash");
     Lab::start(options).map_err(|e| format!("the lab did not start: {e}"))
 }
 

@@ -97,6 +97,7 @@ impl LabHost {
         index: usize,
         kind: BmcKind,
         lab_dir: &Path,
+        power_delay: bool,
         placement: HostPlacement,
     ) -> Result<Self> {
         let dir = lab_dir.join("hosts").join(name);
@@ -105,6 +106,8 @@ impl LabHost {
             BmcKind::Redfish => {
                 let bmc = RedfishBmc::start(RedfishOptions {
                     tls: Tls::CaSigned,
+                    instant_power: !power_delay,
+                    random_seed: power_delay.then_some(crate::redfish::SEED_FIRST_DELAY_1_TO_2_S),
                     bind: placement.bmc_bind,
                     ..RedfishOptions::default()
                 })?;

@@ -85,10 +85,16 @@ pub struct LabOptions {
     /// with `[etcd.join]` (env-file launcher, the lab as the supervisor), but no etcd member
     /// and not in the inventory until the replace scenario adds one.
     pub spares: usize,
+    /// Redfish BMCs apply power changes after sushy-tools' stock delay (seeded: the first is
+    /// 2 s, later ones 1–11 s) instead of at once, as real BMCs take seconds. Scenarios that
+    /// must act while a fence is in flight need it.
+    pub redfish_power_delay: bool,
     /// Runs every host in its own network namespace (needs root; see [`crate::netns`]): its
     /// etcd member and agent listen on the host's own address, the controller and the BMC
     /// emulators on the lab bridge's, so [`Lab::partition`] can cut one host off.
     pub netns: bool,
+    /// etcd's `--quota-backend-bytes` on every member (small, for NOSPACE scenarios).
+    pub quota_backend_bytes: Option<u64>,
 }
 
 impl LabOptions {
@@ -100,7 +106,9 @@ impl LabOptions {
             live: false,
             timings: Timings::default(),
             spares: 0,
+            redfish_power_delay: false,
             netns: false,
+            quota_backend_bytes: None,
         }
     }
 }
@@ -200,6 +208,7 @@ impl Lab {
             members: options.hosts,
             names: names.clone(),
             placements: placements.clone(),
+            quota_backend_bytes: options.quota_backend_bytes,
             ..EtcdOptions::default()
         })?;
         let tls = dir.path().join("tls");
@@ -247,6 +256,7 @@ impl Lab {
                 index,
                 kind,
                 dir.path(),
+                options.redfish_power_delay,
                 HostPlacement {
                     bmc_bind: service_address,
                     netns: placements[index].netns.clone(),
@@ -265,6 +275,7 @@ impl Lab {
                 index,
                 kind,
                 dir.path(),
+                options.redfish_power_delay,
                 HostPlacement {
                     bmc_bind: service_address,
                     netns: None,
@@ -673,7 +684,7 @@ impl Lab {
     }
 
     /// Whether host `i` is up: powered, not frozen, its etcd member healthy, its agent's
-    /// last report fresh and every reported condition true.
+    /// last report fresh and every reported condition true (a pressure condition false).
     pub fn host_healthy(&mut self, i: usize) -> bool {
         if !self.hosts[i].powered() || self.hosts[i].agent_frozen() || !self.member_healthy(i) {
             return false;
@@ -692,9 +703,14 @@ impl Lab {
         let fresh = now.saturating_sub(received)
             < u64::try_from(self.options.timings.report_interval.as_millis() * 3)
                 .unwrap_or(u64::MAX);
+        // Pressure conditions (`EtcdNoSpace`) read the other way: `False` is calm.
+        let calm = |c: &Value| {
+            let pressure = c["type"] == "EtcdNoSpace";
+            c["status"] == if pressure { "False" } else { "True" }
+        };
         let conditions_true = report["report"]["conditions"]
             .as_array()
-            .is_some_and(|cs| !cs.is_empty() && cs.iter().all(|c| c["status"] == "True"));
+            .is_some_and(|cs| !cs.is_empty() && cs.iter().all(calm));
         fresh && conditions_true
     }
 

@@ -51,6 +51,7 @@ pub fn run(lab: &mut Lab, name: &str) -> Result<Report> {
         "double-failure" => double_failure(lab),
         "admin-fence" => admin_fence(lab),
         "bad-bmc" => bad_bmc(lab),
+        "controller-crash" => controller_crash(lab),
         "replace" => replace(lab),
         other => Err(HarnessError::Other(format!(
             "unknown scenario {other} (one of {})",
@@ -316,5 +317,137 @@ pub fn admin_fence(lab: &mut Lab) -> Result<Report> {
         ok,
         took: started.elapsed(),
         timings: Vec::new(),
+    })
+}
+
+/// The phase of the newest remediation of `target` in the last status, if any.
+fn remediation_phase(lab: &Lab, target: &str) -> Option<(String, String)> {
+    lab.remediations()
+        .into_iter()
+        .filter(|(_, t, _)| t == target)
+        .max_by_key(|(id, _, _)| {
+            id.rsplit('/')
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .map(|(id, _, phase)| (id, phase))
+}
+
+/// `controller-crash`: a host hangs; the controller is killed (SIGKILL) while its power-off
+/// is in flight (intent persisted and sent, result not yet received: the lab's Redfish BMCs
+/// take seconds to change power, see [`super::LabOptions::redfish_power_delay`]), and again
+/// once the power-off is verified; each new controller takes the lease over and finishes the
+/// same remediation: one power-off, one power-on, one remediation, no data lost.
+pub fn controller_crash(lab: &mut Lab) -> Result<Report> {
+    lab.new_scenario();
+    if !lab.options().redfish_power_delay {
+        return Err(HarnessError::Other(
+            "controller-crash needs a lab whose Redfish BMCs take time to change power \
+             (LabOptions::redfish_power_delay)"
+                .into(),
+        ));
+    }
+    let target = lab
+        .hosts()
+        .iter()
+        .rposition(|h| h.bmc_kind() == super::BmcKind::Redfish)
+        .ok_or_else(|| HarnessError::Other("the lab has no Redfish host".into()))?;
+    let name = lab.hosts()[target].name.clone();
+    let t = lab.options().timings.clone();
+    let data = lab.write_data("/lab/controller-crash", 20)?;
+    let since = unix_ms();
+    let started = Instant::now();
+    lab.freeze(target)?;
+    let detect = t.heartbeat_timeout.max(t.unhealthy_timeout);
+    // First crash: the power-off is persisted and sent; the BMC is still changing power.
+    let sent = format!("sends power off of {name}");
+    lab.wait_for(
+        &format!("the controller to send the power-off of {name}"),
+        detect + OVERHEAD,
+        |lab| Ok(lab.timeline.find("controller", &sent).is_some()),
+    )?;
+    let offs_at_kill = lab.power_offs_since(target, since)?;
+    let first_phase = remediation_phase(lab, &name).map_or_else(|| "?".to_owned(), |p| p.1);
+    lab.timeline.add(
+        "lab",
+        format!(
+            "the power-off of {name} is in flight ({offs_at_kill} power-off at the BMC so far)"
+        ),
+        "crash the controller now",
+    );
+    lab.kill_controller();
+    lab.idle(Duration::from_secs(1))?;
+    lab.start_controller()?;
+    // Second crash: after the verified power-off, before the host is back.
+    lab.wait_for(
+        &format!("{name} to be powered off"),
+        t.lease_ttl + detect + OVERHEAD,
+        |lab| Ok(lab.power_offs_since(target, since)? > 0),
+    )?;
+    let mut second_phase = String::new();
+    if let Some((_, phase)) = remediation_phase(lab, &name) {
+        second_phase = phase;
+    }
+    lab.timeline.add(
+        "lab",
+        format!("{name} is off; the remediation is at {second_phase}"),
+        "crash the controller again",
+    );
+    lab.kill_controller();
+    lab.idle(Duration::from_secs(1))?;
+    lab.start_controller()?;
+    let healthy = lab.wait_for(
+        &format!("{name} to be healthy again"),
+        t.lease_ttl + Duration::from_secs(60),
+        |lab| {
+            Ok(lab.host_healthy(target)
+                && lab.active_remediations().is_empty()
+                && lab.hosts()[target].bmc_power_on()?)
+        },
+    )?;
+    let offs = lab.power_offs_since(target, since)?;
+    let ons = lab.hosts()[target]
+        .power_log()?
+        .iter()
+        .filter(|e| e.at_ms >= since && e.is_on())
+        .count();
+    let others = lab
+        .power_events_since(since)?
+        .into_iter()
+        .filter(|(h, _)| *h != name)
+        .count();
+    let ids: Vec<(String, String)> = lab
+        .remediations()
+        .into_iter()
+        .filter(|(_, t, _)| *t == name)
+        .map(|(id, _, phase)| (id, phase))
+        .collect();
+    let done = ids.iter().filter(|(_, phase)| phase == "done").count();
+    let missing = lab.check_data(&data)?;
+    let ok = offs_at_kill == 0
+        && offs == 1
+        && ons == 1
+        && others == 0
+        && done == 1
+        && missing.is_empty();
+    Ok(Report {
+        name: "controller-crash",
+        expected: format!(
+            "{name} fenced once and back, one remediation finished by the third controller, \
+             no data lost"
+        ),
+        seen: format!(
+            "killed with the power-off in flight ({first_phase}, {offs_at_kill} off at the BMC) \
+             and at {second_phase}; {offs} power-off, {ons} power-on, \
+             {others} other power events; remediations {ids:?}; healthy {:.1}s after the \
+             second restart; {} of {} keys missing",
+            healthy.as_secs_f64(),
+            missing.len(),
+            data.len()
+        ),
+        ok,
+        took: started.elapsed(),
+        timings: vec![("second restart → healthy".into(), healthy)],
     })
 }

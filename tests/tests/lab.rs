@@ -1,0 +1,140 @@
+//! End-to-end tests of the lab's scenarios: real etcd members, real agents, real BMC
+//! emulators (sushy-tools and `ipmi_sim`) with power coupled to the hosts' processes, and the
+//! real standalone controller. Each test starts its own three-host lab and checks the
+//! scenario's outcome, its timings against the configured timeouts, the emulators' power logs
+//! and the data written before the failure. These binaries run one at a time
+//! (`.config/nextest.toml`, test group `lab`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use metalguard_e2e::lab::scenarios::{self, OVERHEAD, Report};
+use metalguard_e2e::lab::{Lab, LabOptions};
+
+/// The directory holding the workspace binaries (`target/<profile>`).
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    for name in ["metalguard-agent", "metalguard-controller"] {
+        assert!(
+            dir.join(name).exists(),
+            "{name} not built in {}: run `cargo build --workspace --bins` first",
+            dir.display()
+        );
+    }
+    dir
+}
+
+fn start() -> Lab {
+    start_with(LabOptions::new(3, bin_dir()))
+}
+
+fn start_with(options: LabOptions) -> Lab {
+    match Lab::start(options) {
+        Ok(lab) => lab,
+        Err(e) => panic!("the lab did not start: {e}"),
+    }
+}
+
+/// Runs `name` and returns its report; any error or a report that is not ok fails the test
+/// with the timeline and the processes' logs.
+fn run(lab: &mut Lab, name: &str) -> Report {
+    let report = match scenarios::run(lab, name) {
+        Ok(report) => report,
+        Err(e) => panic!(
+            "scenario {name} failed: {e}\n--- timeline\n{}\n--- logs\n{}",
+            lab.timeline.render(),
+            lab.logs()
+        ),
+    };
+    assert!(
+        report.ok,
+        "scenario {name} did not match its outcome\nexpected: {}\nseen:     {}\n--- timeline\n{}\n--- logs\n{}",
+        report.expected,
+        report.seen,
+        lab.timeline.render(),
+        lab.logs()
+    );
+    report
+}
+
+fn timing(report: &Report, name: &str) -> Duration {
+    report
+        .timings
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, d)| *d)
+        .unwrap_or_else(|| panic!("{} has no timing {name}: {:?}", report.name, report.timings))
+}
+
+#[test]
+fn hang_is_fenced_once_by_a_peer_and_comes_back_without_losing_data() {
+    let mut lab = start();
+    let t = lab.options().timings.clone();
+    let report = run(&mut lab, "hang");
+    // ok already means: one power-off of the frozen host, executed by another host's agent,
+    // no other host's power touched, every key written before the hang present after.
+    let detect = t.heartbeat_timeout.max(t.unhealthy_timeout);
+    let off = timing(&report, "failure → verified off");
+    // The earliest: the host's last report left up to one report interval before the
+    // freeze, and the silence is timed from it.
+    let earliest = t.heartbeat_timeout.min(t.unhealthy_timeout) - t.report_interval;
+    assert!(
+        off >= earliest && off <= detect + OVERHEAD,
+        "fenced after {off:?}: expected between {earliest:?} and {:?}\n{}",
+        detect + OVERHEAD,
+        lab.timeline.render()
+    );
+    let healthy = timing(&report, "failure → healthy");
+    assert!(
+        healthy <= detect + OVERHEAD * 2,
+        "healthy again after {healthy:?}, more than {:?}\n{}",
+        detect + OVERHEAD * 2,
+        lab.timeline.render()
+    );
+}
+
+#[test]
+fn two_hung_hosts_of_three_are_not_fenced_and_status_says_why() {
+    let mut lab = start();
+    let report = run(&mut lab, "double-failure");
+    assert!(report.seen.starts_with("0 power events"), "{}", report.seen);
+}
+
+#[test]
+fn an_admin_fence_of_a_healthy_host_is_refused_unless_forced_and_then_recorded() {
+    let mut lab = start();
+    let report = run(&mut lab, "admin-fence");
+    assert!(
+        report.seen.contains("recorded as forced: true"),
+        "{}",
+        report.seen
+    );
+}
+
+#[test]
+fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
+    let mut lab = start();
+    let report = run(&mut lab, "bad-bmc");
+    assert!(
+        report.seen.contains("rejected the credentials") && report.seen.ends_with("0 power events"),
+        "{}",
+        report.seen
+    );
+}
+
+#[test]
+fn a_controller_killed_twice_mid_remediation_is_replaced_and_the_fence_happens_once() {
+    let mut options = LabOptions::new(3, bin_dir());
+    options.redfish_power_delay = true;
+    let mut lab = start_with(options);
+    let report = run(&mut lab, "controller-crash");
+    assert!(
+        report.seen.contains("0 off at the BMC")
+            && report
+                .seen
+                .contains("1 power-off, 1 power-on, 0 other power events"),
+        "{}",
+        report.seen
+    );
+}
