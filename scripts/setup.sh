@@ -2,8 +2,12 @@
 # Installs, idempotently, everything metalguard's build, tests and lab need on Debian 12:
 # apt packages, a Python venv under .tools/ (git-ignored) with pinned sushy-tools and pyghmi,
 # and cargo tools. Safe to run again: it only installs what is missing.
+# `setup.sh --lab` installs only what the local lab needs (scripts/lab.sh): no packaging,
+# benchmark or test-only tools, so a first lab run stays within minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LAB_ONLY=false
+[ "${1:-}" = "--lab" ] && LAB_ONLY=true
 
 APT_PACKAGES=(
   etcd-server etcd-client      # real etcd 3.4 for every etcd test
@@ -19,6 +23,14 @@ APT_PACKAGES=(
   rpm                          # rpm -qlp / --scripts checks of the .rpm
   musl-tools                   # the static (musl) agent build
 )
+
+LAB_PACKAGES=(
+  etcd-server etcd-client protobuf-compiler libprotobuf-dev openipmi python3-venv
+  openssl iproute2 procps
+)
+if $LAB_ONLY; then
+  APT_PACKAGES=("${LAB_PACKAGES[@]}")
+fi
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -47,6 +59,11 @@ if [ ! -x "$VENV/bin/python3" ] || [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ];
   echo "$want" > "$STAMP"
 else
   say "python: $VENV up to date"
+fi
+
+if $LAB_ONLY; then
+  say "done (lab only)"
+  exit 0
 fi
 
 for tool in cargo-deb cargo-generate-rpm; do

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The main job: the local lab. On a fresh Debian 12 machine it installs what the lab needs
+# (scripts/setup.sh --lab), builds the three binaries once, and runs the lab:
+#   scripts/lab.sh            the demo: every scenario in turn, then a summary table
+#   scripts/lab.sh up         a lab left running, with a cheat-sheet to poke it (Ctrl-C stops it)
+#   scripts/lab.sh run hang   chosen scenarios (hang, double-failure, admin-fence, bad-bmc,
+#                             replace, controller-crash, partition)
+# Everything the lab starts binds 127.0.0.1 (or addresses inside network namespaces it
+# creates) and is stopped when it ends, also on Ctrl-C.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --lab
+echo "== cargo build (agent, controller, lab)"
+cargo build --locked -p metalguard-e2e -p metalguard-agent -p metalguard-controller --bins
+[ "$#" -gt 0 ] || set -- demo
+exec target/debug/metalguard-lab "$@"
