@@ -48,12 +48,7 @@ struct Agent {
     log: PathBuf,
 }
 
-fn start_agent(
-    dir: &Path,
-    host: &str,
-    controller_ports: &[u16],
-    etcd: Option<&[String]>,
-) -> Agent {
+fn start_agent(dir: &Path, host: &str, controller_ports: &[u16], etcd: Option<&[String]>) -> Agent {
     let tls = dir.join("tls");
     let flag = dir.join(format!("{host}.kubelet-ok"));
     std::fs::write(&flag, "").unwrap();
