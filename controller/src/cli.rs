@@ -223,6 +223,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             } else {
                 print!("{}", crate::status::render(&state, at));
                 print!("{}", crate::status::render_progress(&inventory, &state, at));
+                print!("{}", crate::reachability::render(&inventory, &state, at));
                 println!("decisions now (dry run over the stored state):");
                 print!("{}", crate::status::explain(&inventory, &state, at));
             }

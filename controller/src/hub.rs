@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use metalguard_api::protocol::{AgentReport, Command, CommandResult, ResultAck};
+use metalguard_api::protocol::{AgentReport, BmcTarget, Command, CommandResult, ResultAck};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -52,6 +52,8 @@ pub struct Hub {
     leader_until: Mutex<Option<Instant>>,
     queues: Mutex<HashMap<String, Queue>>,
     inbox: mpsc::Sender<Inbound>,
+    /// Every inventory BMC without credentials, answered to each report (less the reporter's).
+    bmc_targets: Mutex<Vec<BmcTarget>>,
 }
 
 impl Hub {
@@ -62,6 +64,7 @@ impl Hub {
             leader_until: Mutex::new(None),
             queues: Mutex::new(HashMap::new()),
             inbox: tx,
+            bmc_targets: Mutex::new(Vec::new()),
         };
         (Arc::new(hub), rx)
     }
@@ -162,6 +165,25 @@ impl Hub {
         self.queues().values().filter(|q| q.polling > 0).count()
     }
 
+    /// Replaces the BMC targets (at start and whenever the inventory is reloaded).
+    pub fn set_bmc_targets(&self, targets: Vec<BmcTarget>) {
+        *self
+            .bmc_targets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = targets;
+    }
+
+    /// The BMCs `host`'s agent may be asked to drive: every target but its own.
+    pub fn bmc_targets_for(&self, host: &str) -> Vec<BmcTarget> {
+        self.bmc_targets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|t| t.host != host)
+            .cloned()
+            .collect()
+    }
+
     /// Hands an inbound message to the loop; false when the loop has stopped.
     pub async fn send(&self, message: Inbound) -> bool {
         self.inbox.send(message).await.is_ok()
@@ -209,6 +231,23 @@ mod tests {
         assert_eq!(got, vec![command("op-1")]);
         assert!(started.elapsed() < Duration::from_millis(100));
         assert_eq!(hub.agents_polling(), 0);
+    }
+
+    #[test]
+    fn an_agent_is_told_every_bmc_but_its_own() {
+        let (hub, _rx) = Hub::new();
+        assert!(hub.bmc_targets_for("cp-1").is_empty());
+        let target = |host: &str| BmcTarget {
+            host: host.into(),
+            bmc_address: format!("ipmi://{host}-bmc"),
+            tls: metalguard_api::protocol::BmcTrust::SystemRoots,
+        };
+        hub.set_bmc_targets(vec![target("cp-1"), target("cp-2"), target("cp-3")]);
+        assert_eq!(
+            hub.bmc_targets_for("cp-1"),
+            vec![target("cp-2"), target("cp-3")]
+        );
+        assert_eq!(hub.bmc_targets_for("w-9").len(), 3);
     }
 
     #[tokio::test]

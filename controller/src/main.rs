@@ -19,6 +19,7 @@ mod membership;
 mod metrics;
 mod notes;
 mod openapi;
+mod reachability;
 mod reload;
 mod retire;
 mod server;

@@ -111,7 +111,13 @@ fn schemas() -> Value {
         "ReportAck": object(&[
             ("sequence", integer()),
             ("received_at", timestamp()),
+            ("bmc_targets", array(&reference("BmcTarget"))),
         ], &["sequence", "received_at"]),
+        "BmcTarget": object(&[
+            ("host", string()),
+            ("bmc_address", string()),
+            ("tls", reference("BmcTrust")),
+        ], &["host", "bmc_address"]),
         "CommandBatch": object(&[
             ("commands", array(&reference("Command"))),
         ], &["commands"]),
@@ -372,6 +378,11 @@ mod tests {
             &ReportAck {
                 sequence: 1,
                 received_at: Timestamp(1),
+                bmc_targets: vec![BmcTarget {
+                    host: "cp-2".into(),
+                    bmc_address: "redfish+https://10.0.0.5".into(),
+                    tls: BmcTrust::Fingerprint { sha256: "f".into() },
+                }],
             },
         );
         let trusts = [

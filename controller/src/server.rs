@@ -90,6 +90,7 @@ async fn report(
     let ack = ReportAck {
         sequence: report.sequence,
         received_at: now(),
+        bmc_targets: hub.bmc_targets_for(&host),
     };
     if !hub.send(Inbound::Report(report)).await {
         return refuse(

@@ -83,6 +83,30 @@ impl<B: Backend> Controller<B> {
             .set(i64::try_from(insecure).unwrap_or(i64::MAX));
     }
 
+    /// Tells the hub every BMC of the inventory (address and trust, no credentials), for the
+    /// agents to probe. A BMC whose trust cannot be read (a missing CA file) is left out and
+    /// logged; fencing it fails for the same reason.
+    fn publish_bmc_targets(&self) {
+        let targets = self
+            .inventory
+            .hosts
+            .iter()
+            .filter_map(|h| Some((h, h.bmc.as_ref()?)))
+            .filter_map(|(h, bmc)| match bmc.trust(&h.name) {
+                Ok(tls) => Some(metalguard_api::protocol::BmcTarget {
+                    host: h.name.clone(),
+                    bmc_address: bmc.address.clone(),
+                    tls,
+                }),
+                Err(error) => {
+                    tracing::warn!(host = %h.name, error = %crate::cli::chain(&error), "bmc left out of the agents' reachability probes");
+                    None
+                }
+            })
+            .collect();
+        self.hub.set_bmc_targets(targets);
+    }
+
     /// Applies a changed inventory file, or reports why it was rejected.
     fn reload_inventory(&mut self) {
         let Some(file) = self.file.as_mut() else {
@@ -97,6 +121,7 @@ impl<B: Backend> Controller<B> {
                 let generation = file.generation;
                 self.inventory = *inventory;
                 self.count_insecure_bmcs();
+                self.publish_bmc_targets();
                 self.metrics
                     .inventory_generation
                     .set(i64::try_from(generation).unwrap_or(i64::MAX));
@@ -125,6 +150,7 @@ impl<B: Backend> Controller<B> {
         let mut tick = tokio::time::interval(self.inventory.controller.plan_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.count_insecure_bmcs();
+        self.publish_bmc_targets();
         let (wake_tx, mut wake) = mpsc::channel(16);
         let watch = tokio::spawn(self.backend.watch_inputs(wake_tx));
         loop {

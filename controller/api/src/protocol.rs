@@ -186,7 +186,9 @@ pub struct EtcdMemberView {
 pub struct BmcReachability {
     /// The host whose BMC was probed.
     pub host: String,
-    /// True when the BMC answered (a power-state read succeeded).
+    /// True when the BMC answered a request that needs no credentials (Redfish: the service
+    /// root over TLS verified with the target's trust, any HTTP status; IPMI: Get Channel
+    /// Authentication Capabilities). It says nothing about the credentials.
     pub reachable: bool,
     /// When the probe ran.
     pub checked_at: Timestamp,
@@ -203,6 +205,24 @@ pub struct ReportAck {
     pub sequence: u64,
     /// When the controller received the report (its clock).
     pub received_at: Timestamp,
+    /// The BMCs this agent may be asked to drive (every other inventory host with a BMC), for
+    /// it to probe and report in [`AgentReport::bmc_reachability`]. Never credentials. Empty
+    /// from a controller that predates the field.
+    #[serde(default)]
+    pub bmc_targets: Vec<BmcTarget>,
+}
+
+/// A BMC an agent may be asked to fence, without credentials: enough to check reachability.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcTarget {
+    /// The host the BMC belongs to.
+    pub host: String,
+    /// The BMC's address, as in [`FenceCommand::bmc_address`].
+    pub bmc_address: String,
+    /// How the BMC's TLS certificate is trusted, as in [`FenceCommand::tls`].
+    #[serde(default)]
+    pub tls: BmcTrust,
 }
 
 /// The answer to a long-poll: zero or more commands (empty when the wait ran out).
@@ -471,6 +491,15 @@ mod tests {
         let ok = r#"{"host":"a","agent_version":"0.1.0","sequence":1,"sent_at":5}"#;
         let report: AgentReport = serde_json::from_str(ok).unwrap();
         assert!(report.conditions.is_empty());
+    }
+
+    #[test]
+    fn an_ack_from_an_older_controller_has_no_bmc_targets() {
+        let ack: ReportAck = serde_json::from_str(r#"{"sequence":1,"received_at":2}"#).unwrap();
+        assert!(ack.bmc_targets.is_empty());
+        let target: BmcTarget =
+            serde_json::from_str(r#"{"host":"cp-2","bmc_address":"ipmi://10.0.0.5"}"#).unwrap();
+        assert_eq!(target.tls, BmcTrust::SystemRoots);
     }
 
     #[test]
