@@ -114,6 +114,11 @@ impl SpareEtcd {
         )
     }
 
+    /// etcd's process id while the process exists.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().and_then(Proc::pid)
+    }
+
     /// Whether etcd's process exists (running or frozen).
     pub fn is_running(&self) -> bool {
         self.proc.is_some()
