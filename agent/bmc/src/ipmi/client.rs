@@ -137,6 +137,51 @@ impl IpmiConfig {
     }
 }
 
+/// A UDP socket connected to the BMC (so ICMP port-unreachable surfaces as an error).
+async fn open_transport(config: &IpmiConfig) -> Result<Transport, IpmiError> {
+    let bmc = config.bmc();
+    let addr = resolve(&config.host, config.port, &bmc).await?;
+    let local: SocketAddr = if addr.is_ipv4() {
+        SocketAddr::from(([0, 0, 0, 0], 0))
+    } else {
+        SocketAddr::from(([0u16; 8], 0))
+    };
+    let io = |source| IpmiError::Io {
+        bmc: bmc.clone(),
+        source,
+    };
+    let socket = UdpSocket::bind(local).await.map_err(io)?;
+    socket.connect(addr).await.map_err(io)?;
+    Ok(Transport {
+        socket: Arc::new(socket),
+        bmc,
+        retry: config.retry,
+        events: Vec::new(),
+    })
+}
+
+/// Get Channel Authentication Capabilities (pre-session); fails unless the BMC speaks v2.0.
+async fn require_ipmi_v2(t: &mut Transport, privilege: Privilege) -> Result<(), IpmiError> {
+    let step = "get channel authentication capabilities";
+    let caps = t
+        .presession(
+            1,
+            CMD_GET_CHANNEL_AUTH_CAPS,
+            commands::get_channel_auth_caps(privilege),
+            step,
+        )
+        .await?;
+    match commands::supports_ipmi_v2(&caps) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(IpmiError::NotIpmiV2 { bmc: t.bmc.clone() }),
+        Err(source) => Err(IpmiError::Malformed {
+            bmc: t.bmc.clone(),
+            step,
+            source,
+        }),
+    }
+}
+
 /// One step of the conversation with the BMC, for the operation's timeline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -186,44 +231,8 @@ impl IpmiSession {
         if config.suites.is_empty() {
             return Err(invalid("no cipher suite allowed"));
         }
-        let addr = resolve(&config.host, config.port, &bmc).await?;
-        let local: SocketAddr = if addr.is_ipv4() {
-            SocketAddr::from(([0, 0, 0, 0], 0))
-        } else {
-            SocketAddr::from(([0u16; 8], 0))
-        };
-        let io = |source| IpmiError::Io {
-            bmc: bmc.clone(),
-            source,
-        };
-        let socket = UdpSocket::bind(local).await.map_err(io)?;
-        socket.connect(addr).await.map_err(io)?;
-        let mut t = Transport {
-            socket: Arc::new(socket),
-            bmc: bmc.clone(),
-            retry: config.retry,
-            events: Vec::new(),
-        };
-
-        let caps = t
-            .presession(
-                1,
-                CMD_GET_CHANNEL_AUTH_CAPS,
-                commands::get_channel_auth_caps(config.privilege),
-                "get channel authentication capabilities",
-            )
-            .await?;
-        match commands::supports_ipmi_v2(&caps) {
-            Ok(true) => {}
-            Ok(false) => return Err(IpmiError::NotIpmiV2 { bmc }),
-            Err(source) => {
-                return Err(IpmiError::Malformed {
-                    bmc,
-                    step: "get channel authentication capabilities",
-                    source,
-                });
-            }
-        }
+        let mut t = open_transport(config).await?;
+        require_ipmi_v2(&mut t, config.privilege).await?;
         let candidates = choose_suites(&mut t, config).await?;
         let mut last_err = None;
         for suite in candidates {
@@ -246,6 +255,14 @@ impl IpmiSession {
             bmc,
             reason: "no cipher suite allowed",
         }))
+    }
+
+    /// Asks the BMC for its channel authentication capabilities, which needs no session and
+    /// no credentials: `Ok` when it answers and speaks IPMI v2.0 (RMCP+). A reachability
+    /// check: it proves the BMC answers on its port, not that the credentials work.
+    pub async fn probe(config: &IpmiConfig) -> Result<(), IpmiError> {
+        let mut t = open_transport(config).await?;
+        require_ipmi_v2(&mut t, config.privilege).await
     }
 
     async fn raise_privilege(mut self, privilege: Privilege) -> Result<Self, IpmiError> {

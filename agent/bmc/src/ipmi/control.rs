@@ -109,7 +109,7 @@ impl IpmiClient {
 }
 
 /// Attempts that fit in `request_timeout`, starting at `first_timeout` and doubling.
-fn retry_within(first_timeout: Duration, request_timeout: Duration) -> RetryPolicy {
+pub(crate) fn retry_within(first_timeout: Duration, request_timeout: Duration) -> RetryPolicy {
     let first_timeout = first_timeout
         .min(request_timeout)
         .max(Duration::from_millis(10));

@@ -158,6 +158,24 @@ impl RedfishClient {
         })
     }
 
+    /// One unauthenticated GET of the service root `/redfish/v1/`, never retried: the HTTP
+    /// status of whatever answered (a 401 is an answer), or why nothing did (TLS verification
+    /// with the configured trust failed, the connection was refused, the request timed out).
+    /// A reachability check: it sends no credentials and proves nothing about them.
+    pub async fn service_root_status(&mut self) -> Result<u16, BmcError> {
+        let answer = self
+            .http
+            .send_once(
+                &mut self.timeline,
+                Method::GET,
+                &format!("{SERVICE_ROOT}/"),
+                None,
+                false,
+            )
+            .await?;
+        Ok(answer.status.as_u16())
+    }
+
     /// Reads the service root once and opens a session when the BMC offers one.
     async fn connect(&mut self) -> Result<(), BmcError> {
         if self.root.is_some() {
