@@ -8,6 +8,7 @@
 //! says anything about the credentials.
 
 use crate::address::Transport;
+use crate::ipmi::client::DEFAULT_FIRST_TIMEOUT;
 use crate::ipmi::{IpmiConfig, IpmiSession, control::to_bmc_error};
 use crate::redfish::{RedfishClient, RedfishOptions};
 use crate::{BmcAddress, BmcError, CallTimeouts, Credentials, TlsTrust};
@@ -50,7 +51,9 @@ pub async fn check_reachable(
                 zeroize::Zeroizing::new(Vec::new()),
             );
             config.port = address.port;
-            config.retry = crate::ipmi::control::retry_within(timeouts.connect, timeouts.request);
+            // As for fences: the first attempt waits at most 250 ms, a lost datagram is resent.
+            let first = timeouts.connect.min(DEFAULT_FIRST_TIMEOUT);
+            config.retry = crate::ipmi::control::retry_within(first, timeouts.request);
             IpmiSession::probe(&config).await.map_err(to_bmc_error)?;
             Ok(Answer::Ipmi)
         }
