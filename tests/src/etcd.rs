@@ -23,6 +23,8 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 const RECONFIG_SETTLE: Duration = Duration::from_secs(15);
 /// Per-request timeout of the harness's own health probes.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// `etcdctl --command-timeout` of [`EtcdCluster::etcdctl`].
+const ETCDCTL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Options for a cluster.
 #[derive(Debug, Clone)]
@@ -483,7 +485,7 @@ impl EtcdCluster {
 
     /// Runs `etcdctl` against the running members and returns its stdout.
     pub fn etcdctl(&self, args: &[&str]) -> Result<String> {
-        etcdctl_at(&self.running_endpoints(), args)
+        etcdctl_at(&self.running_endpoints(), ETCDCTL_TIMEOUT, args)
     }
 
     /// Writes `key=value`.
@@ -522,14 +524,14 @@ impl EtcdCluster {
 }
 
 /// Runs `etcdctl` against `endpoints` only (for example a majority cut off from one member)
-/// and returns its stdout.
-pub fn etcdctl_at(endpoints: &[String], args: &[&str]) -> Result<String> {
+/// with `timeout` per command and returns its stdout.
+pub fn etcdctl_at(endpoints: &[String], timeout: Duration, args: &[&str]) -> Result<String> {
     let mut command = Command::new(tools::etcdctl_bin()?);
     command
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", endpoints.join(",")))
         .arg("--dial-timeout=2s")
-        .arg("--command-timeout=5s")
+        .arg(format!("--command-timeout={}ms", timeout.as_millis()))
         .args(args);
     run_capture(command, None, &format!("etcdctl {}", args.join(" ")))
 }

@@ -1,8 +1,9 @@
 //! `partition`: one host's link goes down (netns mode) → its agent falls silent and its etcd
 //! member is cut off, while both keep running → the majority keeps serving writes → the
 //! controller fences the partitioned host through its BMC (on the management network, still
-//! reachable) with another host's agent → the link is repaired while the host is off → it
-//! powers on and is healthy again → no data lost.
+//! reachable) with another host's agent → once the fence took effect (and the majority took
+//! writes after its election), the link is repaired → the host is healthy again → no data
+//! lost.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -14,12 +15,17 @@ use crate::{HarnessError, Result};
 
 /// Pause between two writes through the majority during the partition.
 const WRITE_PERIOD: Duration = Duration::from_millis(200);
+/// Timeout of one write through the majority: a write stuck on the lost leader must not hide
+/// the writes after the election.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Writes through the majority while one host was partitioned.
 #[derive(Debug, Clone, Default)]
 pub struct MajorityWrites {
     /// Writes that succeeded.
     pub succeeded: usize,
+    /// Of those, the writes issued after the grace period.
+    pub succeeded_after_grace: usize,
     /// Writes that failed while the majority may still have been electing a leader (issued
     /// within the grace period after the partition).
     pub failed_in_grace: usize,
@@ -75,8 +81,9 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
     lab.timeline
         .add("lab", "wrote 20 keys to etcd", "checked after recovery");
     let majority = lab.endpoints_except(target);
+    let grace = lab.etcd().options().election_timeout * 2;
     let mut writes = MajorityWrites {
-        grace: lab.etcd().options().election_timeout * 2,
+        grace,
         ..MajorityWrites::default()
     };
     let since = unix_ms();
@@ -92,15 +99,27 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
         let waited = lab.wait_for(&format!("{name} to be powered off"), fence_budget, |lab| {
             Ok(lab.power_offs_since(target, since)? > 0)
         });
+        // Writes issued from now on would not be "during the partition".
         stop.store(true, Ordering::Relaxed);
+        let healed = waited.and_then(|waited| {
+            // The lab's BMCs switch power at once, so the host may already be on: apply the
+            // power change to its processes, then repair the link before it can be judged
+            // again (in a real data centre the boot takes longer than the repair).
+            lab.tick()?;
+            let why = if lab.hosts()[target].powered() {
+                "the host was fenced and is booting; an operator fixed the switch port"
+            } else {
+                "the host was fenced and is off; an operator fixed the switch port"
+            };
+            lab.heal(target, why)?;
+            Ok(waited)
+        });
         let written = writing
             .join()
             .map_err(|_| HarnessError::Other("the majority writer panicked".into()))?;
         data.extend(written);
-        waited
+        healed
     })?;
-    // Let the lab apply the power-off to the host's processes before the link comes back.
-    lab.tick()?;
     lab.timeline.add(
         "lab",
         format!(
@@ -120,12 +139,6 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
         .iter()
         .find(|e| e.at_ms >= since && e.is_off())
         .map_or(waited, |e| Duration::from_millis(e.at_ms - since));
-    let why = if lab.hosts()[target].powered() {
-        "the host was fenced and is already powered on again; an operator fixed the switch port"
-    } else {
-        "the host was fenced and is off; an operator fixed the switch port before it boots"
-    };
-    lab.heal(target, why)?;
     let healthy = lab.wait_for(
         &format!("{name} to be healthy again"),
         Duration::from_secs(60),
@@ -150,7 +163,7 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
         && other_power_events.is_empty()
         && executor.as_ref().is_some_and(|e| *e != name)
         && fenced_after <= fence_budget
-        && writes.succeeded > 0
+        && writes.succeeded_after_grace > 0
         && writes.failed_after_grace.is_empty()
         && missing.is_empty();
     let report = Report {
@@ -162,15 +175,16 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
         ),
         seen: format!(
             "fenced by agent {} after {:.1}s ({power_offs} power-off), healthy after {:.1}s, \
-             other hosts' power events {}, majority writes {} ok / {} failed after the \
-             {:.1}s election grace ({} within it), {} of {} keys missing",
+             other hosts' power events {}, majority writes {} ok ({} after the {:.1}s election \
+             grace) / {} failed after the grace ({} within it), {} of {} keys missing",
             executor.as_deref().unwrap_or("?"),
             fenced_after.as_secs_f64(),
             healthy.as_secs_f64(),
             other_power_events.len(),
             writes.succeeded,
-            writes.failed_after_grace.len(),
+            writes.succeeded_after_grace,
             writes.grace.as_secs_f64(),
+            writes.failed_after_grace.len(),
             writes.failed_in_grace,
             missing.len(),
             data.len()
@@ -197,7 +211,7 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
 }
 
 /// Writes a key through `majority` every [`WRITE_PERIOD`] until `stop`; returns the keys
-/// written and counts the failures in `writes`.
+/// written and counts the outcomes in `writes`.
 fn write_until_stopped(
     majority: &[String],
     started: Instant,
@@ -209,9 +223,12 @@ fn write_until_stopped(
         let issued = started.elapsed();
         let key = format!("/lab/partition/during/{:06}", issued.as_millis());
         let value = format!("written-through-the-majority-at-{}ms", issued.as_millis());
-        match etcdctl_at(majority, &["put", &key, &value]) {
+        match etcdctl_at(majority, WRITE_TIMEOUT, &["put", &key, &value]) {
             Ok(_) => {
                 writes.succeeded += 1;
+                if issued >= writes.grace {
+                    writes.succeeded_after_grace += 1;
+                }
                 written.push((key, value));
             }
             Err(_) if issued < writes.grace => writes.failed_in_grace += 1,
