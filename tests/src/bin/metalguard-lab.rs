@@ -5,8 +5,8 @@
 //! metalguard-lab run SCENARIO... [--hosts N] [--spares N]
 //! metalguard-lab up [--hosts N]            leave the lab running with a cheat-sheet; Ctrl-C stops it
 //! ```
-//! `--netns` (as root) runs every host in its own network namespace, which the `partition`
-//! scenario needs.
+//! `--netns` (as root) runs every host in its own network namespace; `run partition` implies
+//! it.
 //! `replace` needs a spare host: `demo` and `run replace` start one unless `--spares` says more.
 //! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
 //! of this executable (`target/<profile>/`) unless `--bin-dir` says otherwise.
@@ -105,7 +105,8 @@ fn start(args: &Args) -> Result<Lab, String> {
         args.hosts
     );
     let mut options = LabOptions::new(args.hosts, args.bin_dir.clone());
-    options.netns = args.netns;
+    // partition cuts one host's link: every host needs its own network namespace (root).
+    options.netns = args.netns || args.scenarios.iter().any(|s| s == "partition");
     options.live = true;
     // replace needs a spare host to replace the retired one with.
     let replace = args.command == "demo" || args.scenarios.iter().any(|s| s == "replace");
