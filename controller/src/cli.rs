@@ -1,5 +1,5 @@
-//! The command line: `run`, `plan`, `status`, `fence`, `retire`, `certs`. Each subcommand wires the
-//! modules and maps errors to an exit status; no decisions are made here.
+//! The command line: `run`, `plan`, `status`, `fence`, `retire`, `certs`, `openapi`, `crd`. Each
+//! subcommand wires the modules and maps errors to an exit status; no decisions are made here.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -100,6 +100,9 @@ enum Command {
     },
     /// Print the OpenAPI document of the agent API.
     Openapi,
+    /// Print the CustomResourceDefinitions of the Kubernetes backend as YAML
+    /// (`packaging/kubernetes/crds.yaml`).
+    Crd,
     /// Create the cluster CA and certificates.
     #[command(subcommand)]
     Certs(CertsCommand),
@@ -289,6 +292,10 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         Command::Openapi => {
             print!("{}", crate::openapi::render());
+            Ok(())
+        }
+        Command::Crd => {
+            print!("{}", crate::crd::render()?);
             Ok(())
         }
         Command::Certs(CertsCommand::Init { dir }) => {

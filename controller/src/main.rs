@@ -12,9 +12,12 @@ mod backend;
 mod certs;
 mod cli;
 mod clock;
+mod crd;
 mod executor;
 mod hub;
 mod inventory;
+#[cfg(test)]
+mod manifests;
 mod membership;
 mod metrics;
 mod notes;

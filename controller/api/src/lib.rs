@@ -12,6 +12,8 @@
 //! etcd-client (enforced by `metalguard-e2e`'s dependency-rule test).
 
 pub mod duration;
+#[cfg(feature = "k8s")]
+pub mod k8s;
 pub mod plan;
 pub mod policy;
 pub mod protocol;

@@ -1,0 +1,190 @@
+//! The Kubernetes permissions the controller needs, and why: the source of truth for the
+//! ClusterRole and Role in `packaging/kubernetes/rbac.yaml` (a controller test compares the two).
+//! Nothing here grants more than the Kubernetes backend's calls use.
+
+/// Where a permission is granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// In a ClusterRole (cluster-scoped objects, or objects in any namespace).
+    Cluster,
+    /// In a Role of the controller's own namespace.
+    Namespace,
+}
+
+/// One rule: verbs on one resource of one API group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Permission {
+    /// ClusterRole or Role.
+    pub scope: Scope,
+    /// The API group (`""` for the core group).
+    pub api_group: &'static str,
+    /// The resource, with `/subresource` where one is meant.
+    pub resource: &'static str,
+    /// The verbs.
+    pub verbs: &'static [&'static str],
+    /// Which calls need it.
+    pub why: &'static str,
+}
+
+const fn rule(
+    scope: Scope,
+    api_group: &'static str,
+    resource: &'static str,
+    verbs: &'static [&'static str],
+    why: &'static str,
+) -> Permission {
+    Permission {
+        scope,
+        api_group,
+        resource,
+        verbs,
+        why,
+    }
+}
+
+/// Name of the ClusterRole and Role (and their bindings and the ServiceAccount).
+pub const CONTROLLER_ROLE: &str = "metalguard-controller";
+
+/// Every permission of the controller's ServiceAccount.
+pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
+    rule(
+        Scope::Cluster,
+        "",
+        "nodes",
+        &["get", "list", "watch", "delete", "patch"],
+        "watch Node conditions; delete the Node of a powered-off host or patch the out-of-service taint on it; merge saved labels and annotations back",
+    ),
+    rule(
+        Scope::Cluster,
+        "events.k8s.io",
+        "events",
+        &["create", "patch"],
+        "events about Nodes (recorded in namespace default) and the custom resources; patch updates a repeated event's series",
+    ),
+    rule(
+        Scope::Namespace,
+        "metalguard.io",
+        "guardedhosts",
+        &["get", "list", "watch", "patch"],
+        "read hosts; place and release the etcd-quorum preDrain hook",
+    ),
+    rule(
+        Scope::Namespace,
+        "metalguard.io",
+        "guardedhosts/status",
+        &["patch"],
+        "power, agent, etcd member, remediation and the Node metadata backup",
+    ),
+    rule(
+        Scope::Namespace,
+        "metalguard.io",
+        "guardedcontrolplanes",
+        &["get", "list", "watch"],
+        "read the desired control plane",
+    ),
+    rule(
+        Scope::Namespace,
+        "metalguard.io",
+        "guardedcontrolplanes/status",
+        &["patch"],
+        "replicas, etcd voters and leader, quorum conditions",
+    ),
+    rule(
+        Scope::Namespace,
+        "metalguard.io",
+        "hosthealthchecks",
+        &["get", "list", "watch"],
+        "read health checks",
+    ),
+    rule(
+        Scope::Namespace,
+        "metalguard.io",
+        "hosthealthchecks/status",
+        &["patch"],
+        "expected and healthy hosts, remediations allowed",
+    ),
+    rule(
+        Scope::Namespace,
+        "metalguard.io",
+        "fencerequests",
+        &["get", "list", "watch"],
+        "read fence requests (administrators create them)",
+    ),
+    rule(
+        Scope::Namespace,
+        "metalguard.io",
+        "fencerequests/status",
+        &["patch"],
+        "phase and timeline",
+    ),
+    rule(
+        Scope::Namespace,
+        "",
+        "secrets",
+        &["get"],
+        "BMC credentials and etcd client TLS named by the custom resources",
+    ),
+    rule(
+        Scope::Namespace,
+        "coordination.k8s.io",
+        "leases",
+        &["get", "create", "patch"],
+        "leader election (kube-lease-manager reads, creates and patches one Lease)",
+    ),
+];
+
+/// Every `(scope, apiGroup, resource, verb)` the permissions grant, sorted and deduplicated.
+pub fn grants(permissions: &[Permission]) -> Vec<(Scope, String, String, String)> {
+    let mut out: Vec<_> = permissions
+        .iter()
+        .flat_map(|p| {
+            p.verbs.iter().map(move |verb| {
+                (
+                    p.scope,
+                    p.api_group.to_owned(),
+                    p.resource.to_owned(),
+                    (*verb).to_owned(),
+                )
+            })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_wildcards_and_no_write_to_secrets() {
+        for p in CONTROLLER_PERMISSIONS {
+            assert!(!p.verbs.contains(&"*") && p.resource != "*" && p.api_group != "*");
+            if p.resource == "secrets" {
+                assert_eq!(p.verbs, &["get"], "{p:?}");
+                assert_eq!(p.scope, Scope::Namespace);
+            }
+        }
+    }
+
+    #[test]
+    fn every_custom_resource_and_its_status_is_covered() {
+        let all = grants(CONTROLLER_PERMISSIONS);
+        for plural in [
+            "guardedhosts",
+            "guardedcontrolplanes",
+            "hosthealthchecks",
+            "fencerequests",
+        ] {
+            for verb in ["get", "list", "watch"] {
+                assert!(
+                    all.iter()
+                        .any(|(_, g, r, v)| g == "metalguard.io" && r == plural && v == verb)
+                );
+            }
+            let status = format!("{plural}/status");
+            assert!(all.iter().any(|(_, _, r, v)| *r == status && v == "patch"));
+        }
+    }
+}
