@@ -115,6 +115,12 @@ fn probe_matches(probe: &Probe, member: &ListedMember) -> bool {
             .any(|u| u.trim_end_matches('/') == endpoint)
 }
 
+/// Asks exactly one endpoint for its status (no member list), under the probe timeout: the
+/// agent's `EtcdNoSpace` probe reads the alarms of the local member this way.
+pub async fn endpoint_status(settings: &ClientSettings, endpoint: &str) -> Probe {
+    probe_endpoint(settings, endpoint, false).await.probe
+}
+
 /// Probes one endpoint: status, and the member list when `with_members`.
 async fn probe_endpoint(
     settings: &ClientSettings,

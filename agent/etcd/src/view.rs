@@ -66,6 +66,9 @@ pub struct MemberStatus {
     pub errors: Vec<String>,
 }
 
+/// etcd's name of the space-quota alarm.
+pub const NOSPACE: &str = "NOSPACE";
+
 /// One alarm from etcd's status `errors[]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Alarm {
@@ -87,6 +90,19 @@ impl MemberStatus {
     /// A member that answered is healthy when it sees a leader and raises no alarm.
     pub fn is_healthy(&self) -> bool {
         self.leader != 0 && self.alarms.is_empty()
+    }
+
+    /// Whether a NOSPACE alarm is active (etcd lists it on every member, whichever raised it).
+    pub fn has_nospace(&self) -> bool {
+        self.alarms.iter().any(|a| a.name == NOSPACE)
+    }
+
+    /// Like [`Self::is_healthy`], but a NOSPACE alarm does not count: a member under NOSPACE
+    /// refuses writes yet still serves reads and votes, so for quorum it is not lost, and
+    /// fencing it would not cure the alarm (compaction, defragmentation and
+    /// `etcdctl alarm disarm` do). Any other alarm (CORRUPT) still makes it unhealthy.
+    pub fn is_healthy_despite_nospace(&self) -> bool {
+        self.leader != 0 && self.alarms.iter().all(|a| a.name == NOSPACE)
     }
 }
 
@@ -403,6 +419,24 @@ mod tests {
         status.alarms = alarms;
         assert_eq!(status.alarm_names(), "NOSPACE");
         assert!(!status.is_healthy());
+        assert!(status.has_nospace() && status.is_healthy_despite_nospace());
+    }
+
+    #[test]
+    fn only_nospace_is_forgiven_and_only_with_a_leader() {
+        let alarm = |name: &str| Alarm {
+            member_id: 1,
+            name: name.into(),
+        };
+        let mut status = testing::status(1, 1, 1);
+        assert!(status.is_healthy_despite_nospace() && !status.has_nospace());
+        status.alarms = vec![alarm("NOSPACE"), alarm("CORRUPT")];
+        assert!(status.has_nospace() && !status.is_healthy_despite_nospace());
+        status.alarms = vec![alarm("CORRUPT")];
+        assert!(!status.has_nospace() && !status.is_healthy_despite_nospace());
+        status.alarms = vec![alarm("NOSPACE")];
+        status.leader = 0;
+        assert!(!status.is_healthy_despite_nospace());
     }
 
     #[test]
