@@ -5,6 +5,9 @@
 //! and the data written before the failure. These binaries run one at a time
 //! (`.config/nextest.toml`, test group `lab`).
 
+// Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -59,12 +62,10 @@ fn run(lab: &mut Lab, name: &str) -> Report {
 }
 
 fn timing(report: &Report, name: &str) -> Duration {
-    report
-        .timings
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, d)| *d)
-        .unwrap_or_else(|| panic!("{} has no timing {name}: {:?}", report.name, report.timings))
+    report.timings.iter().find(|(n, _)| n == name).map_or_else(
+        || panic!("{} has no timing {name}: {:?}", report.name, report.timings),
+        |(_, d)| *d,
+    )
 }
 
 #[test]
@@ -78,7 +79,10 @@ fn hang_is_fenced_once_by_a_peer_and_comes_back_without_losing_data() {
     let off = timing(&report, "failure → verified off");
     // The earliest: the host's last report left up to one report interval before the
     // freeze, and the silence is timed from it.
-    let earliest = t.heartbeat_timeout.min(t.unhealthy_timeout) - t.report_interval;
+    let earliest = t
+        .heartbeat_timeout
+        .min(t.unhealthy_timeout)
+        .saturating_sub(t.report_interval);
     assert!(
         off >= earliest && off <= detect + OVERHEAD,
         "fenced after {off:?}: expected between {earliest:?} and {:?}\n{}",
