@@ -45,6 +45,11 @@ pub const DEFAULT_JOIN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 pub const DEFAULT_JOIN_START_TIMEOUT: Duration =
     metalguard_etcd::join::launcher::DEFAULT_START_TIMEOUT;
 
+/// Default interval between two reachability checks of the BMCs the controller lists.
+pub const DEFAULT_BMC_REACHABILITY_PERIOD: Duration = Duration::from_secs(30);
+/// Default timeout of one BMC reachability check.
+pub const DEFAULT_BMC_REACHABILITY_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The whole agent configuration.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,6 +71,38 @@ pub struct AgentConfig {
     /// Local health probes.
     #[serde(default)]
     pub probes: ProbesConfig,
+    /// Credential-free checks of the BMCs this agent may be asked to fence.
+    #[serde(default)]
+    pub bmc_reachability: BmcReachabilityConfig,
+}
+
+/// `[bmc_reachability]`: how often the agent checks, without credentials, that it reaches
+/// the BMCs the controller lists in its answers to reports (results go into the reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcReachabilityConfig {
+    /// Interval between two checks of every listed BMC.
+    #[serde(default = "bmc_reachability_period", with = "humantime_serde")]
+    pub period: Duration,
+    /// Timeout of one check (connect, TLS and the answer; IPMI: every retransmission).
+    #[serde(default = "bmc_reachability_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for BmcReachabilityConfig {
+    fn default() -> Self {
+        Self {
+            period: DEFAULT_BMC_REACHABILITY_PERIOD,
+            timeout: DEFAULT_BMC_REACHABILITY_TIMEOUT,
+        }
+    }
+}
+
+fn bmc_reachability_period() -> Duration {
+    DEFAULT_BMC_REACHABILITY_PERIOD
+}
+fn bmc_reachability_timeout() -> Duration {
+    DEFAULT_BMC_REACHABILITY_TIMEOUT
 }
 
 impl AgentConfig {
@@ -105,8 +142,12 @@ pub struct ControllerConfig {
 impl ControllerConfig {
     /// `url`, then every one of `urls` not equal to it.
     pub fn all_urls(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.url.as_str())
-            .chain(self.urls.iter().map(String::as_str).filter(|u| *u != self.url))
+        std::iter::once(self.url.as_str()).chain(
+            self.urls
+                .iter()
+                .map(String::as_str)
+                .filter(|u| *u != self.url),
+        )
     }
 }
 

@@ -47,7 +47,11 @@ impl AgentConfig {
                     controller.url
                 ));
             }
-            for url in controller.urls.iter().filter(|u| !u.starts_with("https://")) {
+            for url in controller
+                .urls
+                .iter()
+                .filter(|u| !u.starts_with("https://"))
+            {
                 problems.push(format!(
                     "controller.urls: {url} must use https:// (the agent API is mutual TLS only)"
                 ));
@@ -61,6 +65,16 @@ impl AgentConfig {
             if controller.report_interval < Duration::from_secs(1) {
                 problems.push("controller.report_interval: must be at least 1s".to_owned());
             }
+        }
+        let reach = &self.bmc_reachability;
+        if reach.period < Duration::from_secs(1) {
+            problems.push("bmc_reachability.period: must be at least 1s".to_owned());
+        }
+        if reach.timeout.is_zero() || reach.timeout > reach.period {
+            problems.push(format!(
+                "bmc_reachability.timeout: must be greater than zero and at most the period ({})",
+                humantime::format_duration(reach.period)
+            ));
         }
         if let Some(etcd) = &self.etcd {
             if etcd.endpoints.is_empty() {
@@ -373,6 +387,25 @@ mod tests {
                 .any(|p| p.starts_with("probes.kubelet.failure_threshold")),
             "{problems:?}"
         );
+    }
+
+    #[test]
+    fn bmc_reachability_defaults_and_bad_values_and_typos() {
+        let config = parse("host = \"cp-0\"");
+        assert_eq!(config.bmc_reachability.period, Duration::from_secs(30));
+        assert_eq!(config.bmc_reachability.timeout, Duration::from_secs(3));
+        let config =
+            parse("host = \"cp-0\"\n[bmc_reachability]\nperiod = \"2s\"\ntimeout = \"5s\"\n");
+        let problems = config.validate();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("bmc_reachability.timeout: ") && p.contains("(2s)")),
+            "{problems:?}"
+        );
+        let typo = toml::from_str::<AgentConfig>("[bmc_reachability]\nperiode = \"1m\"\n");
+        let error = typo.unwrap_err().to_string();
+        assert!(error.contains("periode"), "{error}");
     }
 
     #[test]

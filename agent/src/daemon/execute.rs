@@ -277,24 +277,34 @@ impl Executor {
     }
 
     fn trust(&self, trust: &BmcTrust) -> Result<TlsTrust, String> {
-        Ok(match trust {
-            BmcTrust::SystemRoots => TlsTrust::SystemRoots,
-            BmcTrust::Insecure => TlsTrust::Insecure,
-            BmcTrust::Fingerprint { sha256 } => TlsTrust::Fingerprint(
-                metalguard_bmc::tls::parse_fingerprint(sha256).map_err(|e| e.to_string())?,
-            ),
-            BmcTrust::CaPem { pem } => {
-                std::fs::create_dir_all(&self.ca_dir)
-                    .map_err(|e| format!("{}: {e}", self.ca_dir.display()))?;
-                let digest = metalguard_bmc::tls::hex(
-                    &metalguard_bmc::tls::certificate_fingerprint(pem.as_bytes()),
-                );
-                let path = self.ca_dir.join(format!("{}.pem", &digest[..16]));
-                std::fs::write(&path, pem).map_err(|e| format!("{}: {e}", path.display()))?;
-                TlsTrust::CaBundle(path)
-            }
-        })
+        tls_trust(&self.ca_dir, trust)
     }
+
+    /// Where CA bundles sent by the controller are written.
+    pub fn ca_dir(&self) -> &std::path::Path {
+        &self.ca_dir
+    }
+}
+
+/// The BMC client's trust for the controller's `trust`; a CA bundle is written to `ca_dir`
+/// (named by its digest) because the BMC client reads bundles from files.
+pub fn tls_trust(ca_dir: &std::path::Path, trust: &BmcTrust) -> Result<TlsTrust, String> {
+    Ok(match trust {
+        BmcTrust::SystemRoots => TlsTrust::SystemRoots,
+        BmcTrust::Insecure => TlsTrust::Insecure,
+        BmcTrust::Fingerprint { sha256 } => TlsTrust::Fingerprint(
+            metalguard_bmc::tls::parse_fingerprint(sha256).map_err(|e| e.to_string())?,
+        ),
+        BmcTrust::CaPem { pem } => {
+            std::fs::create_dir_all(ca_dir).map_err(|e| format!("{}: {e}", ca_dir.display()))?;
+            let digest = metalguard_bmc::tls::hex(&metalguard_bmc::tls::certificate_fingerprint(
+                pem.as_bytes(),
+            ));
+            let path = ca_dir.join(format!("{}.pem", &digest[..16]));
+            std::fs::write(&path, pem).map_err(|e| format!("{}: {e}", path.display()))?;
+            TlsTrust::CaBundle(path)
+        }
+    })
 }
 
 /// An etcd change the controller asks for.

@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use super::bmc_reach::Reachability;
 use super::execute::{Executor, error_chain};
 use super::notify::Heartbeats;
 use super::probes::{Board, Polarity, now_ms};
@@ -296,17 +297,20 @@ fn boot_id() -> String {
         .unwrap_or_default()
 }
 
-/// Reports every interval and whenever a probe verdict changes.
+/// Reports every interval and whenever a probe verdict or a BMC's reachability changes;
+/// hands the BMC targets of each answer to `reach`.
 pub async fn report_loop(
     link: Link,
     board: Board,
     executor: Executor,
+    reach: Reachability,
     beats: Heartbeats,
     cancel: CancellationToken,
 ) {
     let name = "report";
     let stale_after = BACKOFF_MAX + link.config.report_interval + link.config.request_timeout * 2;
     let mut changes = board.subscribe();
+    let mut reach_changes = reach.subscribe();
     let mut sequence = 0u64;
     let boot = boot_id();
     let mut backoff = Backoff::new();
@@ -321,7 +325,7 @@ pub async fn report_loop(
             sent_at: Timestamp(now_ms()),
             conditions: conditions(&board),
             etcd: etcd_view(executor.etcd_settings()).await,
-            bmc_reachability: Vec::new(),
+            bmc_reachability: reach.results(),
             unacknowledged_results: executor
                 .journal()
                 .pending()
@@ -331,8 +335,9 @@ pub async fn report_loop(
                 .collect(),
         };
         let wait = match link.report(&report).await {
-            Ok(_) => {
+            Ok(ack) => {
                 backoff.reset();
+                reach.set_targets(ack.bmc_targets);
                 link.config.report_interval
             }
             Err(err) => {
@@ -346,6 +351,7 @@ pub async fn report_loop(
             () = cancel.cancelled() => break,
             () = tokio::time::sleep(wait) => {}
             update = changes.changed() => if update.is_err() { break },
+            update = reach_changes.changed() => if update.is_err() { break },
         }
     }
     beats.retire(name);

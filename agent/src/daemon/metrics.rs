@@ -23,6 +23,12 @@ struct ProbeRunLabels {
     result: String,
 }
 
+/// Labels of per-BMC series.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BmcLabels {
+    host: String,
+}
+
 /// The agent's metrics; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AgentMetrics {
@@ -31,6 +37,7 @@ pub struct AgentMetrics {
     probe_runs: Family<ProbeRunLabels, Counter>,
     probe_seconds: Family<ProbeLabels, Histogram>,
     insecure_tls: Counter,
+    bmc_reachable: Family<BmcLabels, Gauge>,
 }
 
 impl AgentMetrics {
@@ -59,12 +66,32 @@ impl AgentMetrics {
             "TLS handshakes with BMCs accepted without certificate verification (explicit opt-in)",
             insecure_tls.clone(),
         );
+        let bmc_reachable = Family::<BmcLabels, Gauge>::default();
+        registry.register(
+            "bmc_reachable",
+            "Whether the latest credential-free check reached the BMC of each host this agent may be asked to fence: 1 reached, 0 not",
+            bmc_reachable.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             probe_healthy,
             probe_runs,
             probe_seconds,
             insecure_tls,
+            bmc_reachable,
+        }
+    }
+
+    /// Records a round of BMC reachability checks, one series per target checked (hosts no
+    /// longer listed by the controller lose theirs).
+    pub fn set_bmc_reachability(&self, results: &[metalguard_api::protocol::BmcReachability]) {
+        self.bmc_reachable.clear();
+        for r in results {
+            self.bmc_reachable
+                .get_or_create(&BmcLabels {
+                    host: r.host.clone(),
+                })
+                .set(i64::from(r.reachable));
         }
     }
 
@@ -126,6 +153,36 @@ mod tests {
         assert!(text.contains("metalguard_agent_probe_runs_total{condition=\"EtcdMemberHealthy\",result=\"fail\"} 1"), "{text}");
         assert!(
             text.contains("metalguard_agent_bmc_insecure_tls_handshakes_total 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn bmc_reachability_has_one_series_per_checked_host() {
+        use metalguard_api::duration::Timestamp;
+        use metalguard_api::protocol::BmcReachability;
+        let metrics = AgentMetrics::new();
+        let result = |host: &str, reachable| BmcReachability {
+            host: host.into(),
+            reachable,
+            checked_at: Timestamp(1),
+            error: None,
+        };
+        metrics.set_bmc_reachability(&[result("cp-2", true), result("cp-3", false)]);
+        let text = metrics.encode();
+        assert!(
+            text.contains("metalguard_agent_bmc_reachable{host=\"cp-2\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("metalguard_agent_bmc_reachable{host=\"cp-3\"} 0"),
+            "{text}"
+        );
+        metrics.set_bmc_reachability(&[result("cp-3", true)]);
+        let text = metrics.encode();
+        assert!(!text.contains("host=\"cp-2\""), "{text}");
+        assert!(
+            text.contains("metalguard_agent_bmc_reachable{host=\"cp-3\"} 1"),
             "{text}"
         );
     }

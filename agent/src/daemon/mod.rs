@@ -5,6 +5,7 @@
 //! READY once every probe has run once, pings the watchdog only while every loop beats, and
 //! keeps a STATUS line; SIGTERM (or SIGINT) cancels everything and sends STOPPING.
 
+pub mod bmc_reach;
 #[cfg(test)]
 mod etcd_tests;
 pub(crate) mod execute;
@@ -169,10 +170,20 @@ async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
             }
         };
         tracing::info!(controllers = ?controller.all_urls().collect::<Vec<_>>(), "reporting to the controller");
+        let reach = bmc_reach::Reachability::default();
+        tasks.spawn(bmc_reach::run(
+            reach.clone(),
+            config.bmc_reachability,
+            executor.ca_dir().to_owned(),
+            metrics.clone(),
+            beats.clone(),
+            cancel.clone(),
+        ));
         tasks.spawn(link::report_loop(
             link.clone(),
             board.clone(),
             executor.clone(),
+            reach,
             beats.clone(),
             cancel.clone(),
         ));
