@@ -115,15 +115,40 @@ pub struct AgentReport {
     pub unacknowledged_results: Vec<OperationId>,
 }
 
+/// The condition an agent reports while etcd's NOSPACE alarm is active (a pressure condition).
+pub const ETCD_NO_SPACE: &str = "EtcdNoSpace";
+
+/// Condition types whose `True` means trouble, like Kubernetes' `MemoryPressure`: they are
+/// reported, and they do not make a host unready (a health check may still name them).
+pub const PRESSURE_CONDITIONS: &[&str] = &[ETCD_NO_SPACE];
+
+/// Whether conditions of this type are pressure conditions ([`PRESSURE_CONDITIONS`]).
+pub fn is_pressure(type_: &str) -> bool {
+    PRESSURE_CONDITIONS.contains(&type_)
+}
+
+/// Whether a condition of this type and status says something is wrong: `False` for most
+/// conditions, `True` for the [`PRESSURE_CONDITIONS`]. `Unknown` never does.
+pub fn is_adverse(type_: &str, status: ConditionStatus) -> bool {
+    let trouble = if is_pressure(type_) {
+        ConditionStatus::True
+    } else {
+        ConditionStatus::False
+    };
+    status == trouble
+}
+
 /// One probe verdict, shaped like a Kubernetes condition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Condition {
-    /// Condition type, e.g. `EtcdHealthy`, `ApiServerReady`, `KubeletHealthy`, `DiskSpace`,
-    /// `ClockSynchronized`, or a custom probe's name.
+    /// Condition type, e.g. `EtcdMemberHealthy`, `APIServerReady`, `KubeletHealthy`,
+    /// `DiskSpaceSufficient`, `ClockSynchronized`, a custom probe's name, or the pressure
+    /// condition `EtcdNoSpace`.
     #[serde(rename = "type")]
     pub type_: String,
-    /// `True` when the probed thing is healthy.
+    /// `True` when the probed thing is healthy; for a pressure condition (`EtcdNoSpace`,
+    /// see [`PRESSURE_CONDITIONS`]) `True` when the pressure is on.
     pub status: ConditionStatus,
     /// A CamelCase machine-readable reason, e.g. `Timeout`, `NoLeader`, `AlarmNoSpace`.
     pub reason: String,
@@ -167,7 +192,9 @@ pub struct EtcdMemberView {
     /// True for a learner.
     #[serde(default)]
     pub learner: bool,
-    /// The member answered a status probe within its timeout with no alarm.
+    /// The member answered a status probe within its timeout, sees a leader and has no alarm
+    /// other than NOSPACE (a member under NOSPACE refuses writes but still serves reads and
+    /// votes, so it is not lost for quorum; `alarms` still lists it).
     pub healthy: bool,
     /// Active alarms (`NOSPACE`, `CORRUPT`).
     #[serde(default)]
@@ -436,6 +463,15 @@ pub struct ErrorBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pressure_conditions_are_adverse_when_true() {
+        use ConditionStatus::{False, True, Unknown};
+        assert!(is_adverse("EtcdMemberHealthy", False) && !is_adverse("EtcdMemberHealthy", True));
+        assert!(is_adverse(ETCD_NO_SPACE, True) && !is_adverse(ETCD_NO_SPACE, False));
+        assert!(!is_adverse(ETCD_NO_SPACE, Unknown) && !is_adverse("Ready", Unknown));
+        assert!(is_pressure(ETCD_NO_SPACE) && !is_pressure("EtcdMemberHealthy"));
+    }
 
     fn fence() -> Command {
         Command {

@@ -253,7 +253,8 @@ pub struct EtcdMember {
     pub name: String,
     /// True for a learner (non-voting) member.
     pub learner: bool,
-    /// The member answered a status probe within its timeout and reports no alarm.
+    /// The member answered a status probe within its timeout, sees a leader and reports no
+    /// alarm other than NOSPACE (a member under NOSPACE still votes).
     pub healthy: bool,
     /// The member is the raft leader.
     #[serde(default)]
