@@ -15,13 +15,25 @@ pub struct ProbeFailure {
     pub reason: &'static str,
     /// Human-readable detail.
     pub message: String,
+    /// The check could not tell either way (the thing it reads did not answer): the verdict
+    /// becomes unknown instead of failing. Pressure probes use it, so that an unreachable etcd
+    /// is not reported as an alarm.
+    pub unknown: bool,
 }
 
 impl ProbeFailure {
-    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             reason,
             message: message.into(),
+            unknown: false,
+        }
+    }
+
+    pub(super) fn unknown(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            unknown: true,
+            ..Self::new(reason, message)
         }
     }
 }
@@ -99,6 +111,59 @@ impl HttpCheck {
         }
         Ok(format!("{} answered {status}", self.url))
     }
+}
+
+/// The `EtcdNoSpace` check, a pressure check: it *fails* while a NOSPACE alarm is active.
+///
+/// The alarm is read from the local member's status (`errors[]`), not from `/health`: etcd
+/// 3.4.23 answers `/health` with 503 and a bare `{"health":"false"}` under NOSPACE, naming no
+/// alarm (it only logs `/health error due to memberID:<id> alarm:NOSPACE`). A member that does
+/// not answer leaves the verdict unknown: `EtcdMemberHealthy` reports that, not this check.
+pub async fn check_etcd_nospace(
+    settings: &metalguard_etcd::ClientSettings,
+    endpoint: &str,
+) -> CheckResult {
+    judge_nospace(&metalguard_etcd::observe::endpoint_status(settings, endpoint).await)
+}
+
+/// Pure verdict of [`check_etcd_nospace`] over one status probe.
+pub fn judge_nospace(probe: &metalguard_etcd::view::Probe) -> CheckResult {
+    let Some(status) = &probe.status else {
+        return Err(ProbeFailure::unknown(
+            "EtcdUnreachable",
+            format!(
+                "the alarms of {} were not read: {}",
+                probe.endpoint,
+                probe.error.as_deref().unwrap_or("no answer")
+            ),
+        ));
+    };
+    if !status.has_nospace() {
+        return Ok(format!("{} reports no NOSPACE alarm", probe.endpoint));
+    }
+    let mut raised_by: Vec<String> = status
+        .alarms
+        .iter()
+        .filter(|a| a.name == metalguard_etcd::view::NOSPACE)
+        .map(|a| {
+            if a.member_id == status.member_id {
+                format!("{:x} (this member)", a.member_id)
+            } else {
+                format!("{:x}", a.member_id)
+            }
+        })
+        .collect();
+    raised_by.sort();
+    raised_by.dedup();
+    Err(ProbeFailure::new(
+        "AlarmNoSpace",
+        format!(
+            "etcd NOSPACE alarm raised by member {}: the cluster refuses writes but still \
+             serves reads and keeps quorum, so fencing would not cure it; compact, defragment \
+             every member, then `etcdctl alarm disarm` (docs/runbooks.md, \"etcd NOSPACE alarm\")",
+            raised_by.join(", ")
+        ),
+    ))
 }
 
 fn truncate(text: &str, max: usize) -> &str {
@@ -243,6 +308,68 @@ pub async fn check_exec(command: &[String]) -> CheckResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use metalguard_etcd::view::{Alarm, MemberStatus, Probe};
+
+    fn answered(member_id: u64, alarms: &[(u64, &str)]) -> Probe {
+        Probe {
+            endpoint: "http://127.0.0.1:2379".into(),
+            reachable: true,
+            healthy: alarms.is_empty(),
+            status: Some(MemberStatus {
+                member_id,
+                leader: 7,
+                is_learner: false,
+                raft_term: 2,
+                raft_index: 10,
+                raft_applied_index: 10,
+                db_size: 1,
+                version: "3.4.23".into(),
+                alarms: alarms
+                    .iter()
+                    .map(|&(member_id, name)| Alarm {
+                        member_id,
+                        name: name.into(),
+                    })
+                    .collect(),
+                errors: vec![],
+            }),
+            error: None,
+            latency_ms: 1,
+        }
+    }
+
+    #[test]
+    fn nospace_verdicts() {
+        assert!(judge_nospace(&answered(1, &[])).is_ok());
+        assert!(judge_nospace(&answered(1, &[(2, "CORRUPT")])).is_ok());
+        let own = judge_nospace(&answered(0xa, &[(0xa, "NOSPACE")])).unwrap_err();
+        assert_eq!((own.reason, own.unknown), ("AlarmNoSpace", false));
+        assert!(
+            own.message.contains("member a (this member)"),
+            "{}",
+            own.message
+        );
+        for step in [
+            "compact",
+            "defragment",
+            "etcdctl alarm disarm",
+            "runbooks.md",
+        ] {
+            assert!(own.message.contains(step), "{step}: {}", own.message);
+        }
+        let other = judge_nospace(&answered(1, &[(0xb, "NOSPACE"), (0xb, "NOSPACE")])).unwrap_err();
+        assert!(other.message.contains("member b:"), "{}", other.message);
+        let down = Probe {
+            reachable: false,
+            healthy: false,
+            status: None,
+            error: Some("connect timed out".into()),
+            ..answered(1, &[])
+        };
+        let unknown = judge_nospace(&down).unwrap_err();
+        assert_eq!((unknown.reason, unknown.unknown), ("EtcdUnreachable", true));
+        assert!(unknown.message.contains("connect timed out"));
+    }
 
     #[test]
     fn clock_verdicts() {

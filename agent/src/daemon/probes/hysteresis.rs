@@ -37,6 +37,14 @@ impl Hysteresis {
         self.consecutive_failures
     }
 
+    /// Forgets the verdict: the check could not tell either way. Returns whether a verdict
+    /// was known (so the state changed); the next result sets the verdict at once.
+    pub fn forget(&mut self) -> bool {
+        self.consecutive_successes = 0;
+        self.consecutive_failures = 0;
+        self.verdict.take().is_some()
+    }
+
     /// Records one result; returns the new verdict when it changed.
     pub fn observe(&mut self, ok: bool) -> Option<bool> {
         if ok {
@@ -74,6 +82,21 @@ mod tests {
         assert_eq!(h.observe(false), Some(false));
         assert_eq!(h.observe(true), None);
         assert_eq!(h.observe(true), Some(true));
+    }
+
+    #[test]
+    fn forgetting_makes_the_verdict_unknown_until_the_next_result() {
+        let mut h = Hysteresis::new(3, 2);
+        assert!(!h.forget(), "nothing known yet");
+        assert_eq!(h.observe(false), Some(false));
+        assert!(h.forget());
+        assert_eq!(h.verdict(), None);
+        assert!(!h.forget());
+        assert_eq!(
+            h.observe(true),
+            Some(true),
+            "set at once, like a first result"
+        );
     }
 
     #[test]

@@ -25,9 +25,45 @@ use crate::config::{AgentConfig, ProbeTiming};
 #[derive(Debug, Clone)]
 enum Check {
     Http(checks::HttpCheck),
-    Disk { path: PathBuf, min_free_bytes: u64 },
-    Clock { max_offset: Duration },
-    Exec { command: Vec<String> },
+    Disk {
+        path: PathBuf,
+        min_free_bytes: u64,
+    },
+    Clock {
+        max_offset: Duration,
+    },
+    Exec {
+        command: Vec<String>,
+    },
+    EtcdNoSpace {
+        settings: Box<metalguard_etcd::ClientSettings>,
+        endpoint: String,
+    },
+}
+
+/// Which way a probe's condition reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Polarity {
+    /// `True` while the check passes (`EtcdMemberHealthy`, `APIServerReady`, ...).
+    Healthy,
+    /// `True` while the check fails, like Kubernetes' `MemoryPressure`/`DiskPressure`
+    /// (`EtcdNoSpace`): a pressure is reported, it does not make the host unready.
+    Pressure {
+        /// The condition's reason while the check passes (`False`), e.g. `NoAlarm`.
+        #[serde(skip)]
+        calm_reason: &'static str,
+    },
+}
+
+impl Polarity {
+    /// The reason recorded when the check passes.
+    fn passing_reason(self) -> &'static str {
+        match self {
+            Polarity::Healthy => "Healthy",
+            Polarity::Pressure { calm_reason } => calm_reason,
+        }
+    }
 }
 
 /// One configured probe.
@@ -37,6 +73,8 @@ pub struct Probe {
     pub condition: String,
     /// Period, timeout and hysteresis.
     pub timing: ProbeTiming,
+    /// Which way the condition reads.
+    pub polarity: Polarity,
     check: Check,
 }
 
@@ -52,6 +90,9 @@ impl Probe {
                 } => checks::check_disk(path, *min_free_bytes),
                 Check::Clock { max_offset } => checks::check_clock(*max_offset),
                 Check::Exec { command } => checks::check_exec(command).await,
+                Check::EtcdNoSpace { settings, endpoint } => {
+                    checks::check_etcd_nospace(settings, endpoint).await
+                }
             }
         };
         match tokio::time::timeout(self.timing.timeout, work).await {
@@ -59,6 +100,8 @@ impl Probe {
             Err(_) => Err(ProbeFailure {
                 reason: "Timeout",
                 message: format!("no answer within {:?}", self.timing.timeout),
+                // A pressure probe that got no answer cannot tell whether the pressure is on.
+                unknown: matches!(self.polarity, Polarity::Pressure { .. }),
             }),
         }
     }
@@ -70,14 +113,37 @@ pub fn build(config: &AgentConfig) -> Result<Vec<Probe>, String> {
     if let Some(etcd) = &config.etcd
         && let Some(endpoint) = etcd.endpoints.first()
     {
-        let url = format!("{}/health", endpoint.trim_end_matches('/'));
+        // `exclude=NOSPACE`: a member whose cluster hit its space quota refuses writes but
+        // still serves reads and votes, and no fence cures it, so it must not turn the host
+        // unhealthy; `EtcdNoSpace` reports the alarm instead. Measured on etcd 3.4.23 with the
+        // alarm active on a 3-member cluster: `/health` answers 503 `{"health":"false"}` on
+        // every member (the alarm is cluster-wide; the body names no alarm),
+        // `/health?exclude=NOSPACE` answers 200 `{"health":"true"}`, and still 503 without a
+        // leader or with a CORRUPT alarm; `?serializable=true` alone stays 503. An etcd that
+        // ignores the parameter only makes the probe as strict as before.
+        let url = format!("{}/health?exclude=NOSPACE", endpoint.trim_end_matches('/'));
         let http = checks::HttpCheck::new(&url, etcd.ca.clone(), etcd.probe.timeout, true)
             .map_err(|e| format!("etcd probe: {e}"))?;
         probes.push(Probe {
             condition: "EtcdMemberHealthy".into(),
             timing: etcd.probe,
+            polarity: Polarity::Healthy,
             check: Check::Http(http),
         });
+        if let Some(mut settings) = super::etcd_settings(config) {
+            settings.probe_timeout = etcd.probe.timeout;
+            probes.push(Probe {
+                condition: metalguard_api::protocol::ETCD_NO_SPACE.into(),
+                timing: etcd.probe,
+                polarity: Polarity::Pressure {
+                    calm_reason: "NoAlarm",
+                },
+                check: Check::EtcdNoSpace {
+                    settings: Box::new(settings),
+                    endpoint: endpoint.clone(),
+                },
+            });
+        }
     }
     let p = &config.probes;
     for (condition, probe) in [
@@ -91,6 +157,7 @@ pub fn build(config: &AgentConfig) -> Result<Vec<Probe>, String> {
             probes.push(Probe {
                 condition: condition.into(),
                 timing,
+                polarity: Polarity::Healthy,
                 check: Check::Http(http),
             });
         }
@@ -104,6 +171,7 @@ pub fn build(config: &AgentConfig) -> Result<Vec<Probe>, String> {
         probes.push(Probe {
             condition: "DiskSpaceSufficient".into(),
             timing: disk.timing(),
+            polarity: Polarity::Healthy,
             check: Check::Disk {
                 path,
                 min_free_bytes: disk.min_free_bytes,
@@ -114,6 +182,7 @@ pub fn build(config: &AgentConfig) -> Result<Vec<Probe>, String> {
         probes.push(Probe {
             condition: "ClockSynchronized".into(),
             timing: clock.timing(),
+            polarity: Polarity::Healthy,
             check: Check::Clock {
                 max_offset: clock.max_offset,
             },
@@ -123,6 +192,7 @@ pub fn build(config: &AgentConfig) -> Result<Vec<Probe>, String> {
         probes.push(Probe {
             condition: exec.name.clone(),
             timing: exec.timing(),
+            polarity: Polarity::Healthy,
             check: Check::Exec {
                 command: exec.command.clone(),
             },
@@ -136,8 +206,11 @@ pub fn build(config: &AgentConfig) -> Result<Vec<Probe>, String> {
 pub struct ProbeState {
     /// Condition name.
     pub condition: String,
-    /// `None` until the first run finished.
+    /// The check's verdict (for a pressure probe: `true` = no pressure); `None` until the
+    /// first run finished, and while a pressure probe cannot tell.
     pub healthy: Option<bool>,
+    /// Which way the condition reads.
+    pub polarity: Polarity,
     /// Reason of the last verdict change (`Healthy` or the failure reason).
     pub reason: String,
     /// Detail of the last run.
@@ -176,6 +249,7 @@ impl Board {
                 ProbeState {
                     condition: probe.condition.clone(),
                     healthy: None,
+                    polarity: probe.polarity,
                     reason: "Pending".into(),
                     message: "not run yet".into(),
                     last_transition_ms: now_ms(),
@@ -196,13 +270,14 @@ impl Board {
             .collect()
     }
 
-    /// Whether every probe has a verdict (the first probe round is complete).
+    /// Whether every probe has run (the first probe round is complete; a pressure probe
+    /// that could not tell has run without a verdict).
     pub fn first_round_done(&self) -> bool {
         self.states
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .values()
-            .all(|s| s.healthy.is_some())
+            .all(|s| s.last_run_ms > 0)
     }
 
     /// Subscribes to verdict changes.
@@ -231,7 +306,7 @@ impl Board {
         if changed {
             state.healthy = hysteresis.verdict();
             state.reason = match result {
-                Ok(_) => "Healthy".into(),
+                Ok(_) => state.polarity.passing_reason().into(),
                 Err(failure) => failure.reason.into(),
             };
             state.last_transition_ms = now;
@@ -273,14 +348,18 @@ pub async fn run(
         let started = Instant::now();
         let result = probe.run_once().await;
         let elapsed = started.elapsed();
-        let changed = hysteresis.observe(result.is_ok());
-        if let Some(healthy) = changed {
+        let changed = match &result {
+            Err(f) if f.unknown => hysteresis.forget(),
+            _ => hysteresis.observe(result.is_ok()).is_some(),
+        };
+        if changed {
+            let healthy = hysteresis.verdict();
             match &result {
                 Ok(message) => {
-                    tracing::info!(condition = %probe.condition, healthy, message = %message, "probe verdict changed");
+                    tracing::info!(condition = %probe.condition, ?healthy, message = %message, "probe verdict changed");
                 }
                 Err(f) => {
-                    tracing::warn!(condition = %probe.condition, healthy, reason = f.reason, message = %f.message, "probe verdict changed");
+                    tracing::warn!(condition = %probe.condition, ?healthy, reason = f.reason, message = %f.message, "probe verdict changed");
                 }
             }
         }
@@ -290,7 +369,7 @@ pub async fn run(
             hysteresis.verdict(),
             elapsed,
         );
-        board.record(&probe.condition, &hysteresis, changed.is_some(), &result);
+        board.record(&probe.condition, &hysteresis, changed, &result);
         beats.beat(&loop_name, stale_after);
     }
     beats.retire(&loop_name);
