@@ -207,7 +207,8 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
     lab.new_scenario();
     let started = Instant::now();
     let since = unix_ms();
-    let target = lab.hosts().len() - 1;
+    // The last host in service: a spare on standby is not in the inventory.
+    let target = lab.in_service().last().copied().unwrap_or(0);
     let name = lab.hosts()[target].name.clone();
     let t = lab.options().timings.clone();
     lab.set_known_password(target, Some("not-the-password"))?;
@@ -257,7 +258,8 @@ pub fn admin_fence(lab: &mut Lab) -> Result<Report> {
     lab.new_scenario();
     let started = Instant::now();
     let since = unix_ms();
-    let target = 1usize.min(lab.hosts().len() - 1);
+    let serving = lab.in_service();
+    let target = serving[1.min(serving.len() - 1)];
     let name = lab.hosts()[target].name.clone();
     let out = lab.controller_cli(&["fence", &name, "--reason", "lab: suspected memory errors"])?;
     let verdict = out
@@ -351,7 +353,7 @@ pub fn controller_crash(lab: &mut Lab) -> Result<Report> {
     let target = lab
         .hosts()
         .iter()
-        .rposition(|h| h.bmc_kind() == super::BmcKind::Redfish)
+        .rposition(|h| h.bmc_kind() == super::BmcKind::Redfish && h.in_service())
         .ok_or_else(|| HarnessError::Other("the lab has no Redfish host".into()))?;
     let name = lab.hosts()[target].name.clone();
     let t = lab.options().timings.clone();

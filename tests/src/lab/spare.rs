@@ -354,6 +354,14 @@ impl super::Lab {
         ordered
     }
 
+    /// Indices of the hosts in service (listed and not retired), in order: scenarios pick
+    /// their targets among these, never a spare on standby or a retired host.
+    pub fn in_service(&self) -> Vec<usize> {
+        (0..self.hosts.len())
+            .filter(|&i| self.hosts[i].in_service())
+            .collect()
+    }
+
     /// Lists host `i` in the inventory (the running controller re-reads it).
     pub fn add_to_inventory(&mut self, i: usize) -> Result<()> {
         self.hosts[i].set_standing(Standing::InService);
