@@ -3,8 +3,10 @@
 //! own agent joins it as a learner (the lab starts its etcd from the agent's environment
 //! file) → caught up → promoted → the retired host's member is removed → its hook released →
 //! it is powered off once through another host's agent. Every tick samples the member list:
-//! voters go 3 → 4 → 3 and healthy voters never fall below the quorum of the voters of the
-//! moment. Afterwards the lab is a cluster of the same size without the retired host (so the
+//! voters go 3 → 4 → 3 and healthy voters (up and serving: `/health?serializable=true`) never
+//! fall below the quorum of the voters of the moment. Moments without a leader (the full
+//! `/health` failing on a majority, as during a leadership move) are counted apart: they cost
+//! no quorum. Afterwards the lab is a cluster of the same size without the retired host (so the
 //! scenario runs last).
 
 use std::net::SocketAddr;
@@ -51,8 +53,12 @@ pub struct ReplaceOutcome {
     /// The most voters of any sample.
     pub max_voters: usize,
     /// Samples in which healthy voters were fewer than the quorum of the voters then, each as
-    /// `"<time>: <healthy> of <voters> healthy"`.
+    /// `"<time>: <healthy> of <voters> voters healthy (down: <names>)"`. Healthy = up and
+    /// serving: `/health?serializable=true` answers true, leader or not.
     pub below_quorum: Vec<String>,
+    /// Samples in which fewer than a quorum of voters answered the full `/health` (which needs
+    /// a leader): the moments of a leadership move or an election, which cost no quorum.
+    pub leaderless_samples: usize,
     /// Every power event of every host since the retirement, as `(host, event)`.
     pub power_events: Vec<(String, String)>,
     /// The host whose agent executed the power-off (`None` if the status did not show one).
@@ -86,6 +92,7 @@ struct MemberWatch {
     min_voters: usize,
     max_voters: usize,
     below_quorum: Vec<String>,
+    leaderless: usize,
     last: Vec<MemberInfo>,
 }
 
@@ -98,15 +105,31 @@ impl MemberWatch {
         };
         self.samples += 1;
         let voters: Vec<&MemberInfo> = members.iter().filter(|m| !m.is_learner).collect();
-        let healthy = voters.iter().filter(|m| answers_healthy(m)).count();
+        let quorum = voters.len() / 2 + 1;
+        let down: Vec<&str> = voters
+            .iter()
+            .filter(|m| !answers(m, "/health?serializable=true"))
+            .map(|m| {
+                if m.name.is_empty() {
+                    "(unstarted)"
+                } else {
+                    m.name.as_str()
+                }
+            })
+            .collect();
+        let healthy = voters.len() - down.len();
         self.min_voters = self.min_voters.min(voters.len());
         self.max_voters = self.max_voters.max(voters.len());
-        if healthy < voters.len() / 2 + 1 {
+        if healthy < quorum {
             self.below_quorum.push(format!(
-                "{:.1}s: {healthy} of {} voters healthy",
+                "{:.1}s: {healthy} of {} voters healthy (down: {})",
                 at.as_secs_f64(),
-                voters.len()
+                voters.len(),
+                down.join(", ")
             ));
+        }
+        if voters.iter().filter(|m| answers(m, "/health")).count() < quorum {
+            self.leaderless += 1;
         }
         let has_peer = |m: &&MemberInfo, peer: &str| m.peer_urls.iter().any(|u| u == peer);
         match members.iter().find(|m| has_peer(m, &self.spare_peer)) {
@@ -125,8 +148,8 @@ impl MemberWatch {
     }
 }
 
-/// Whether a voter answers `/health` healthy on its first client URL.
-fn answers_healthy(member: &MemberInfo) -> bool {
+/// Whether a member answers `path` (a `/health` variant) healthy on its first client URL.
+fn answers(member: &MemberInfo, path: &str) -> bool {
     let Some(addr) = member
         .client_urls
         .first()
@@ -135,7 +158,7 @@ fn answers_healthy(member: &MemberInfo) -> bool {
     else {
         return false;
     };
-    http::get(addr, "/health", PROBE_TIMEOUT)
+    http::get(addr, path, PROBE_TIMEOUT)
         .is_some_and(|(status, body)| status == 200 && body.contains("\"health\":\"true\""))
 }
 
@@ -214,6 +237,7 @@ pub fn observe_replace(lab: &mut Lab) -> Result<ReplaceOutcome> {
         min_voters: usize::MAX,
         max_voters: 0,
         below_quorum: Vec::new(),
+        leaderless: 0,
         last: Vec::new(),
     };
     watch.sample(lab);
@@ -348,8 +372,8 @@ pub fn observe_replace(lab: &mut Lab) -> Result<ReplaceOutcome> {
         ),
         seen: format!(
             "learner {}, voter {}, {retired_name} removed {}, off {} (by agent {}); voters \
-             {}..{} in {} samples ({} failed), below quorum {} times; power events {:?}; \
-             voters now {}; {} of {} keys missing",
+             {}..{} in {} samples ({} failed), below quorum {} times{}, without a leader {} \
+             times; power events {:?}; voters now {}; {} of {} keys missing",
             secs(watch.learner_at),
             secs(watch.voter_at),
             secs(watch.removed_at),
@@ -360,6 +384,12 @@ pub fn observe_replace(lab: &mut Lab) -> Result<ReplaceOutcome> {
             watch.samples,
             watch.failed,
             watch.below_quorum.len(),
+            if watch.below_quorum.is_empty() {
+                String::new()
+            } else {
+                format!(" {:?}", watch.below_quorum)
+            },
+            watch.leaderless,
             power_events,
             final_voters.join(", "),
             missing.len(),
@@ -391,6 +421,7 @@ pub fn observe_replace(lab: &mut Lab) -> Result<ReplaceOutcome> {
         min_voters: watch.min_voters,
         max_voters: watch.max_voters,
         below_quorum: watch.below_quorum,
+        leaderless_samples: watch.leaderless,
         power_events,
         executor,
         final_voters,
