@@ -37,7 +37,8 @@ impl BmcKind {
 
 #[derive(Debug)]
 enum Bmc {
-    Redfish(RedfishBmc),
+    // Boxed: the emulator's handle is several times the size of the IPMI one.
+    Redfish(Box<RedfishBmc>),
     Ipmi(IpmiSim),
 }
 
@@ -112,7 +113,7 @@ impl LabHost {
                     ..RedfishOptions::default()
                 })?;
                 let (u, p) = (bmc.username().to_owned(), bmc.password().to_owned());
-                (Bmc::Redfish(bmc), u, p)
+                (Bmc::Redfish(Box::new(bmc)), u, p)
             }
             BmcKind::Ipmi => {
                 let sim = IpmiSim::start(IpmiOptions {

@@ -814,7 +814,7 @@ impl Lab {
         let Ok(mut file) = std::fs::File::open(self.controller_log()) else {
             return;
         };
-        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let len = file.metadata().map_or(0, |m| m.len());
         if len < self.seen.controller_log_offset {
             self.seen.controller_log_offset = 0;
         }

@@ -226,7 +226,10 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
                 .find(|r| r["target"] == name.as_str() && r["phase"]["phase"] == "needs-person")
         });
         if let Some(r) = found {
-            reason = r["phase"]["reason"].as_str().unwrap_or_default().to_owned();
+            r["phase"]["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .clone_into(&mut reason);
             return Ok(true);
         }
         Ok(false)
