@@ -31,6 +31,22 @@ use crate::reload::{InventoryFile, Reload};
 /// is followed by another).
 const MAX_ROUNDS: usize = 8;
 
+/// Puts into `state` every report this controller received after the stored one but could
+/// not store: while etcd refuses writes (NOSPACE) the agents still report to the leader, and
+/// planning from the stored, ever older reports would take them for silent and fence hosts as
+/// soon as the store accepts writes again (seen in `tests/tests/lab_nospace.rs`).
+fn overlay_unstored(state: &mut crate::backend::State, unstored: &BTreeMap<String, StoredReport>) {
+    for (host, report) in unstored {
+        let newer = state
+            .reports
+            .get(host)
+            .is_none_or(|stored| stored.received_at < report.received_at);
+        if newer {
+            state.reports.insert(host.clone(), report.clone());
+        }
+    }
+}
+
 /// The controller loop's context.
 pub struct Controller<B> {
     backend: B,
@@ -45,6 +61,9 @@ pub struct Controller<B> {
     file: Option<InventoryFile>,
     /// This controller's identity (in its notes).
     identity: String,
+    /// The latest report of each host that the store refused to record (under etcd's NOSPACE
+    /// alarm every write fails): the agent is not silent, and its conditions say why.
+    unstored: BTreeMap<String, StoredReport>,
 }
 
 impl<B: Backend> Controller<B> {
@@ -59,6 +78,7 @@ impl<B: Backend> Controller<B> {
             renewed_at: None,
             file: None,
             identity: String::new(),
+            unstored: BTreeMap::new(),
         }
     }
 
@@ -257,8 +277,14 @@ impl<B: Backend> Controller<B> {
                     report,
                     received_at: now(),
                 };
-                if let Err(error) = self.backend.record_report(&stored).await {
-                    tracing::warn!(host = %stored.report.host, error = %crate::cli::chain(&error), "report could not be stored");
+                match self.backend.record_report(&stored).await {
+                    Ok(()) => {
+                        self.unstored.remove(&stored.report.host);
+                    }
+                    Err(error) => {
+                        tracing::warn!(host = %stored.report.host, error = %crate::cli::chain(&error), "report could not be stored");
+                        self.unstored.insert(stored.report.host.clone(), stored);
+                    }
                 }
             }
             Inbound::Result {
@@ -346,13 +372,14 @@ impl<B: Backend> Controller<B> {
     /// every in-flight operation to its agent.
     async fn plan_and_execute(&mut self) {
         for _ in 0..MAX_ROUNDS {
-            let state = match self.backend.load().await {
+            let mut state = match self.backend.load().await {
                 Ok(state) => state,
                 Err(error) => {
                     tracing::warn!(error = %crate::cli::chain(&error), "state could not be loaded");
                     return;
                 }
             };
+            overlay_unstored(&mut state, &self.unstored);
             if !self.execute_round(&state).await {
                 if self.hub.is_leader() {
                     self.hub
@@ -484,5 +511,42 @@ impl<B: Backend> Controller<B> {
                 .get_or_create(&label("phase", phase))
                 .set(count);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metalguard_api::duration::Timestamp;
+
+    use super::*;
+
+    fn report(host: &str, received_at: u64) -> StoredReport {
+        StoredReport {
+            report: serde_json::from_value(serde_json::json!({
+                "host": host, "agent_version": "t", "sequence": received_at,
+                "boot_id": "", "sent_at": received_at,
+            }))
+            .unwrap(),
+            received_at: Timestamp(received_at),
+        }
+    }
+
+    #[test]
+    fn reports_the_store_refused_count_only_when_newer() {
+        let mut state = crate::backend::State::default();
+        state.reports.insert("cp-1".into(), report("cp-1", 10));
+        state.reports.insert("cp-2".into(), report("cp-2", 30));
+        let unstored: BTreeMap<String, StoredReport> = [
+            ("cp-1".to_owned(), report("cp-1", 20)),
+            ("cp-2".to_owned(), report("cp-2", 25)),
+            ("cp-3".to_owned(), report("cp-3", 5)),
+        ]
+        .into();
+        overlay_unstored(&mut state, &unstored);
+        let at = |h: &str| state.reports[h].received_at;
+        assert_eq!(
+            (at("cp-1"), at("cp-2"), at("cp-3")),
+            (Timestamp(20), Timestamp(30), Timestamp(5))
+        );
     }
 }

@@ -114,7 +114,8 @@ pub fn powered_off_for_retirement(state: &State, host: &str) -> bool {
 
 /// The Node a report stands for: the report's conditions, plus a synthesized `Ready` (unless
 /// the agent reports one) that is `True` when no reported condition is `False`, with the
-/// latest transition among them.
+/// latest transition among them. Pressure conditions (`EtcdNoSpace`) do not count, either
+/// way, as in Kubernetes: a NOSPACE alarm is reported, and no fence cures it.
 fn node_of(report: &metalguard_api::protocol::AgentReport, known_since: Timestamp) -> NodeStatus {
     let mut conditions: Vec<NodeCondition> = report
         .conditions
@@ -126,9 +127,9 @@ fn node_of(report: &metalguard_api::protocol::AgentReport, known_since: Timestam
         })
         .collect();
     if !conditions.iter().any(|c| c.type_ == READY) {
-        let failing = conditions
-            .iter()
-            .any(|c| c.status == ConditionStatus::False);
+        let failing = conditions.iter().any(|c| {
+            c.status == ConditionStatus::False && !metalguard_api::protocol::is_pressure(&c.type_)
+        });
         conditions.push(NodeCondition {
             type_: READY.to_owned(),
             status: if failing {
@@ -263,6 +264,58 @@ role = "control-plane"
             },
             received_at: Timestamp(9),
         }
+    }
+
+    fn condition(type_: &str, status: ConditionStatus) -> metalguard_api::protocol::Condition {
+        metalguard_api::protocol::Condition {
+            type_: type_.into(),
+            status,
+            reason: "r".into(),
+            message: String::new(),
+            last_transition: Timestamp(3),
+        }
+    }
+
+    fn ready(report: &Report) -> ConditionStatus {
+        node_of(report, Timestamp(1))
+            .conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+            .unwrap()
+            .status
+    }
+
+    #[test]
+    fn a_nospace_alarm_keeps_the_host_ready_and_its_member_a_healthy_voter() {
+        use ConditionStatus::{False, True};
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+        let mut stored = report("cp-1", &[(1, "cp-1", false), (2, "cp-2", false)]);
+        let r = &mut stored.report;
+        r.conditions = vec![
+            condition("EtcdMemberHealthy", True),
+            condition("EtcdNoSpace", False),
+        ];
+        assert_eq!(ready(r), True, "no alarm: the pressure condition is False");
+        r.conditions[1].status = True;
+        assert_eq!(
+            ready(r),
+            True,
+            "the alarm is reported, the host stays ready"
+        );
+        r.conditions[0].status = False;
+        assert_eq!(
+            ready(r),
+            False,
+            "a failing member still makes the host unready"
+        );
+        // The agent reports a NOSPACE member healthy (it votes) and lists the alarm.
+        for m in &mut r.etcd.as_mut().unwrap().members {
+            m.alarms = vec!["NOSPACE".into()];
+        }
+        let mut state = State::default();
+        state.reports.insert("cp-1".into(), stored);
+        let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
+        assert!(s.hosts.iter().all(|h| h.etcd.as_ref().unwrap().healthy));
     }
 
     #[test]
