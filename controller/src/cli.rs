@@ -220,10 +220,18 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                     return Err(error.into());
                 }
             };
+            let alarms = backend
+                .alarms()
+                .await
+                .map_err(|error| crate::cli::chain(&error));
             let at = now();
             if json {
-                println!("{}", crate::status::render_json(&inventory, &state, at));
+                println!(
+                    "{}",
+                    crate::status::render_json(&inventory, &state, &alarms, at)
+                );
             } else {
+                print!("{}", crate::status::render_alarms(&alarms));
                 print!("{}", crate::status::render(&state, at));
                 print!("{}", crate::status::render_progress(&inventory, &state, at));
                 print!("{}", crate::reachability::render(&inventory, &state, at));

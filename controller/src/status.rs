@@ -5,7 +5,11 @@ use std::fmt::Write as _;
 use metalguard_api::duration::Timestamp;
 
 use crate::backend::State;
+use crate::backend::etcd::EtcdAlarm;
 use crate::inventory::Inventory;
+
+/// What `status` says about etcd's alarms: the list, or why it could not be read.
+pub type Alarms = Result<Vec<EtcdAlarm>, String>;
 
 /// What the planner would decide now over the stored state (a dry run: nothing is written).
 /// Hosts count as known since the oldest stored report, or now.
@@ -64,10 +68,19 @@ pub fn fence_verdict(inventory: &Inventory, state: &State, host: &str, now: Time
 }
 
 /// The same view as [`render`] plus the dry-run plan, as one JSON document for scripts (the
-/// local lab reads it): `leader`, `now`, `agents`, `remediations`, `operations`,
-/// `fence_requests`, `hooks`, `plan`.
-pub fn render_json(inventory: &Inventory, state: &State, now: Timestamp) -> serde_json::Value {
+/// local lab reads it): `leader`, `now`, `etcd_alarms` (a list, or `{"error": ...}`),
+/// `agents`, `remediations`, `operations`, `fence_requests`, `hooks`, `plan`.
+pub fn render_json(
+    inventory: &Inventory,
+    state: &State,
+    alarms: &Alarms,
+    now: Timestamp,
+) -> serde_json::Value {
     serde_json::json!({
+        "etcd_alarms": match alarms {
+            Ok(list) => serde_json::json!(list),
+            Err(error) => serde_json::json!({ "error": error }),
+        },
         "leader": state.leader,
         "now": now,
         "agents": state.reports,
@@ -98,6 +111,9 @@ pub fn render(state: &State, now: Timestamp) -> String {
         );
         for c in &stored.report.conditions {
             let _ = writeln!(out, "    {} = {:?} ({})", c.type_, c.status, c.reason);
+            if metalguard_api::protocol::is_adverse(&c.type_, c.status) && !c.message.is_empty() {
+                let _ = writeln!(out, "      {}", c.message);
+            }
         }
     }
     let _ = writeln!(out, "remediations:");
@@ -117,6 +133,37 @@ pub fn render(state: &State, now: Timestamp) -> String {
             .as_ref()
             .map_or("in flight".to_owned(), |r| r.outcome.name().to_owned());
         let _ = writeln!(out, "  {} via {}: {:?} {result}", op.id, op.agent, op.kind);
+    }
+    out
+}
+
+/// etcd's active alarms, one line each with what to do; nothing when there is none.
+pub fn render_alarms(alarms: &Alarms) -> String {
+    let mut out = String::new();
+    match alarms {
+        Ok(list) if list.is_empty() => {}
+        Ok(list) => {
+            let _ = writeln!(out, "etcd alarms:");
+            for a in list {
+                let member = if a.member.is_empty() {
+                    format!("{:x}", a.member_id)
+                } else {
+                    format!("{:x} ({})", a.member_id, a.member)
+                };
+                let what = if a.alarm == "NOSPACE" {
+                    "etcd refuses writes (this store's too: agents' reports and remediation \
+                     intents cannot be recorded) but still serves reads and keeps quorum; \
+                     fencing would not cure it: compact, defragment every member, then \
+                     `etcdctl alarm disarm` (docs/runbooks.md, \"etcd NOSPACE alarm\")"
+                } else {
+                    "see etcd's documentation for this alarm before changing anything"
+                };
+                let _ = writeln!(out, "  {} raised by member {member}: {what}", a.alarm);
+            }
+        }
+        Err(error) => {
+            let _ = writeln!(out, "etcd alarms: not read: {error}");
+        }
     }
     out
 }
@@ -234,4 +281,36 @@ pub async fn store_unavailable(
         let _ = writeln!(out, "  {endpoint}: {answer}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alarms_name_the_member_and_say_what_to_do() {
+        assert_eq!(render_alarms(&Ok(vec![])), "");
+        let text = render_alarms(&Ok(vec![
+            EtcdAlarm {
+                member_id: 0xab,
+                member: "cp-2".into(),
+                alarm: "NOSPACE".into(),
+            },
+            EtcdAlarm {
+                member_id: 0xcd,
+                member: String::new(),
+                alarm: "CORRUPT".into(),
+            },
+        ]));
+        assert!(
+            text.starts_with("etcd alarms:\n  NOSPACE raised by member ab (cp-2): "),
+            "{text}"
+        );
+        assert!(text.contains("etcdctl alarm disarm"), "{text}");
+        assert!(text.contains("  CORRUPT raised by member cd: "), "{text}");
+        assert_eq!(
+            render_alarms(&Err("no endpoint answered".into())),
+            "etcd alarms: not read: no endpoint answered\n"
+        );
+    }
 }

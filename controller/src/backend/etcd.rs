@@ -39,6 +39,17 @@ struct Lease {
     token: i64,
 }
 
+/// One active etcd alarm.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EtcdAlarm {
+    /// The member that raised it.
+    pub member_id: u64,
+    /// That member's name (the host, by convention), empty when the member list lacks it.
+    pub member: String,
+    /// `NOSPACE` or `CORRUPT`.
+    pub alarm: String,
+}
+
 /// State and leadership in etcd.
 pub struct EtcdBackend {
     etcd: Endpoints,
@@ -76,6 +87,42 @@ impl EtcdBackend {
 
     fn key(&self, sub: &str) -> String {
         format!("{}/{sub}", self.prefix)
+    }
+
+    /// The alarms active in etcd (`etcdctl alarm list`), each with the name of the member that
+    /// raised it when the member list names it. Read from etcd itself, not from the stored
+    /// reports: while NOSPACE is active etcd refuses every write, this store's included, so
+    /// the agents' reports of the alarm cannot be recorded.
+    pub async fn alarms(&mut self) -> Result<Vec<EtcdAlarm>, BackendError> {
+        let alarms = self
+            .etcd
+            .call("alarm list", |mut c| async move {
+                c.alarm(
+                    etcd_client::AlarmAction::Get,
+                    etcd_client::AlarmType::None,
+                    None,
+                )
+                .await
+            })
+            .await?;
+        let members = self
+            .etcd
+            .call("member list", |mut c| async move { c.member_list().await })
+            .await?;
+        Ok(alarms
+            .alarms()
+            .iter()
+            .map(|a| EtcdAlarm {
+                member_id: a.member_id(),
+                member: members
+                    .members()
+                    .iter()
+                    .find(|m| m.id() == a.member_id())
+                    .map(|m| m.name().to_owned())
+                    .unwrap_or_default(),
+                alarm: a.alarm().as_str_name().to_owned(),
+            })
+            .collect())
     }
 
     /// Records an administrator's fence request (read by the leader's next plan).
