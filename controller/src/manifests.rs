@@ -313,8 +313,8 @@ fn every_manifest_and_example_passes_the_offline_checks() {
         checked += 1;
     }
     // namespace 1, crds 4, rbac 5, deployment 1, pdb 1, service 1; examples: control plane 1,
-    // hosts 3, health checks 2, fence request 1, certificates 3.
-    assert_eq!(checked, 23);
+    // hosts and their Secrets 4, health checks 2, fence request 1, certificates 3.
+    assert_eq!(checked, 24);
 }
 
 #[test]
