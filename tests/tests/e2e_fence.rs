@@ -373,6 +373,9 @@ fn an_unhealthy_worker_is_fenced_exactly_once_by_another_agent_and_powered_on_ag
         assert!(status.contains(&version), "{host} missing:\n{status}");
     }
     assert!(status.contains("KubeletHealthy = True"), "{status}");
+    // The other agents were told w-2's BMC and reached it without credentials.
+    let reached = format!("  w-2 ({}): reached by cp-1, w-1\n", stack.sim.url());
+    assert!(status.contains(&reached), "{status}\n{}", logs());
 
     // w-2's kubelet fails: after the 1 s timeout the controller fences it.
     std::fs::remove_file(&agents[2].flag).unwrap();
