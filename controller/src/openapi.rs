@@ -8,7 +8,7 @@
 //! (`UPDATE_OPENAPI=1 cargo nextest run -p metalguard-controller openapi` rewrites it).
 
 use metalguard_api::protocol::{
-    API_VERSION, COMMANDS_PATH, MAX_WAIT, REPORT_PATH, RESULTS_PATH, WAIT_PARAM,
+    API_VERSION, BMC_TARGETS_PARAM, COMMANDS_PATH, MAX_WAIT, REPORT_PATH, RESULTS_PATH, WAIT_PARAM,
 };
 use serde_json::{Map, Value, json};
 
@@ -219,7 +219,11 @@ pub fn document() -> Value {
             REPORT_PATH: { "post": {
                 "operationId": "report",
                 "summary": "An agent's report about its own host",
-                "parameters": [host],
+                "parameters": [host, {
+                    "name": BMC_TARGETS_PARAM, "in": "query", "required": false,
+                    "description": "true: answer with bmc_targets (agents that predate it refuse unknown fields)",
+                    "schema": { "type": "boolean" },
+                }],
                 "requestBody": json_body("AgentReport"),
                 "responses": with_errors(json!({ "200": ok("ReportAck", "the report was received") })),
             }},

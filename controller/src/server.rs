@@ -73,6 +73,7 @@ async fn report(
     State(hub): State<Arc<Hub>>,
     Extension(peer): Extension<PeerHost>,
     Path(host): Path<String>,
+    Query(query): Query<ReportQuery>,
     Json(report): Json<AgentReport>,
 ) -> Response {
     if let Err(refusal) = admit(&hub, &peer, &host) {
@@ -90,7 +91,12 @@ async fn report(
     let ack = ReportAck {
         sequence: report.sequence,
         received_at: now(),
-        bmc_targets: hub.bmc_targets_for(&host),
+        // Only to agents that ask: older ones refuse an answer with fields they do not know.
+        bmc_targets: if query.bmc_targets {
+            hub.bmc_targets_for(&host)
+        } else {
+            Vec::new()
+        },
     };
     if !hub.send(Inbound::Report(report)).await {
         return refuse(
@@ -99,6 +105,14 @@ async fn report(
         );
     }
     Json(ack).into_response()
+}
+
+/// The report's query.
+#[derive(Debug, Deserialize)]
+struct ReportQuery {
+    /// The agent asks for the BMC targets in the answer (`BMC_TARGETS_PARAM`).
+    #[serde(default)]
+    bmc_targets: bool,
 }
 
 /// The long-poll query.

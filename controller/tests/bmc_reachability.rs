@@ -27,10 +27,11 @@ fn probe(host: &str, error: Option<&str>) -> BmcReachability {
     }
 }
 
-/// Posts `report` as its host and returns the raw answer.
+/// Posts `report` as its host, asking for the BMC targets as today's agents do, and returns
+/// the raw answer.
 async fn post(lab: &Lab, port: u16, report: &AgentReport) -> String {
     let response = client(&lab.tls(), Some(&report.host))
-        .post(url(port, &report_path(&report.host)))
+        .post(url(port, &report_path_with_bmc_targets(&report.host)))
         .json(report)
         .send()
         .await
@@ -82,6 +83,18 @@ async fn reports_carry_the_bmc_targets_and_the_fence_goes_to_an_agent_that_reach
             ("w-2", "ipmi://127.0.0.1:2623")
         ]
     );
+    // An agent that predates the targets does not ask for them and gets an answer without
+    // the field, which it can read (it refuses unknown fields).
+    let old_agent = client(&lab.tls(), Some("cp-1"))
+        .post(url(port.port(), &report_path("cp-1")))
+        .json(&report("cp-1", 2))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!old_agent.contains("bmc_targets"), "{old_agent}");
     // w-1 is not told its own BMC.
     let answer = post(&lab, port.port(), &report("w-1", 2)).await;
     let ack: ReportAck = serde_json::from_str(&answer).unwrap();
@@ -94,7 +107,7 @@ async fn reports_carry_the_bmc_targets_and_the_fence_goes_to_an_agent_that_reach
     );
 
     // cp-1 (first by name, the executor so far) cannot reach w-2's BMC; w-1 can.
-    cp1.sequence = 2;
+    cp1.sequence = 3;
     cp1.bmc_reachability = vec![probe("w-1", None), probe("w-2", Some(UNREACHABLE))];
     post(&lab, port.port(), &cp1).await;
     let mut w1_report = report("w-1", 3);

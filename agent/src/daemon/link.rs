@@ -154,10 +154,10 @@ impl Link {
         response.json().await.map_err(LinkError::Transport)
     }
 
-    /// Sends a report.
+    /// Sends a report, asking for the BMC targets in the answer.
     pub async fn report(&self, report: &AgentReport) -> Result<ReportAck, LinkError> {
         self.call(
-            &protocol::report_path(&self.host),
+            &protocol::report_path_with_bmc_targets(&self.host),
             Some(report),
             self.config.request_timeout,
         )

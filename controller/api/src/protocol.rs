@@ -40,10 +40,20 @@ pub const WAIT_PARAM: &str = "wait";
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
 /// The placeholder in the path templates.
 pub const HOST_PLACEHOLDER: &str = "{host}";
+/// The query parameter of [`REPORT_PATH`] by which an agent asks for
+/// [`ReportAck::bmc_targets`] (`=true`). Agents that predate the field refuse an answer that
+/// carries it (`deny_unknown_fields`), so the controller sends it only to agents that ask;
+/// a controller that predates it ignores the parameter.
+pub const BMC_TARGETS_PARAM: &str = "bmc_targets";
 
 /// [`REPORT_PATH`] for `host`.
 pub fn report_path(host: &str) -> String {
     REPORT_PATH.replace(HOST_PLACEHOLDER, host)
+}
+
+/// [`REPORT_PATH`] for `host`, asking for the BMC targets in the answer ([`BMC_TARGETS_PARAM`]).
+pub fn report_path_with_bmc_targets(host: &str) -> String {
+    format!("{}?{BMC_TARGETS_PARAM}=true", report_path(host))
 }
 
 /// [`COMMANDS_PATH`] for `host` with a long-poll of `wait` (whole seconds, rounded down).
@@ -233,9 +243,10 @@ pub struct ReportAck {
     /// When the controller received the report (its clock).
     pub received_at: Timestamp,
     /// The BMCs this agent may be asked to drive (every other inventory host with a BMC), for
-    /// it to probe and report in [`AgentReport::bmc_reachability`]. Never credentials. Empty
-    /// from a controller that predates the field.
-    #[serde(default)]
+    /// it to probe and report in [`AgentReport::bmc_reachability`]. Never credentials. Sent
+    /// only when the report asked for it ([`BMC_TARGETS_PARAM`]); empty from a controller
+    /// that predates the field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bmc_targets: Vec<BmcTarget>,
 }
 
@@ -516,6 +527,10 @@ mod tests {
             "/v1/hosts/cp-1/commands?wait=30"
         );
         assert_eq!(results_path("cp-1"), "/v1/hosts/cp-1/results");
+        assert_eq!(
+            report_path_with_bmc_targets("cp-1"),
+            "/v1/hosts/cp-1/report?bmc_targets=true"
+        );
         assert!(REPORT_PATH.starts_with(&format!("/{API_VERSION}/")));
     }
 
