@@ -11,6 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --lab
 echo "== cargo build (agent, controller, lab)"
-cargo build --locked -p metalguard-e2e -p metalguard-agent -p metalguard-controller --bins
+# The standalone controller is all the lab runs: without the Kubernetes types it builds
+# minutes faster (no k8s-openapi).
+cargo build --locked -p metalguard-e2e -p metalguard-agent --bins
+cargo build --locked -p metalguard-controller --bins --no-default-features
 [ "$#" -gt 0 ] || set -- demo
 exec target/debug/metalguard-lab "$@"

@@ -102,6 +102,7 @@ enum Command {
     Openapi,
     /// Print the CustomResourceDefinitions of the Kubernetes backend as YAML
     /// (`packaging/kubernetes/crds.yaml`).
+    #[cfg(feature = "kubernetes")]
     Crd,
     /// Create the cluster CA and certificates.
     #[command(subcommand)]
@@ -302,6 +303,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             print!("{}", crate::openapi::render());
             Ok(())
         }
+        #[cfg(feature = "kubernetes")]
         Command::Crd => {
             print!("{}", crate::crd::render()?);
             Ok(())

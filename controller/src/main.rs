@@ -12,11 +12,12 @@ mod backend;
 mod certs;
 mod cli;
 mod clock;
+#[cfg(feature = "kubernetes")]
 mod crd;
 mod executor;
 mod hub;
 mod inventory;
-#[cfg(test)]
+#[cfg(all(test, feature = "kubernetes"))]
 mod manifests;
 mod membership;
 mod metrics;
