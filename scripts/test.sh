@@ -11,6 +11,8 @@ cargo fmt --all -- --check
 
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The standalone-only controller (no Kubernetes types) that scripts/lab.sh builds.
+cargo clippy -p metalguard-controller --all-targets --no-default-features --locked -- -D warnings
 
 echo "== packages under a real systemd (systemd-nspawn)"
 packaging/test-packages.sh
