@@ -8,28 +8,13 @@
 // Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use metalguard_e2e::lab::scenarios::{self, OVERHEAD, Report};
 use metalguard_e2e::lab::{Lab, LabOptions};
 
-/// The directory holding the workspace binaries (`target/<profile>`).
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    for name in ["metalguard-agent", "metalguard-controller"] {
-        assert!(
-            dir.join(name).exists(),
-            "{name} not built in {}: run `cargo build --workspace --bins` first",
-            dir.display()
-        );
-    }
-    dir
-}
-
 fn start() -> Lab {
-    start_with(LabOptions::new(3, bin_dir()))
+    start_with(LabOptions::new(3, metalguard_e2e::lab::test_bin_dir()))
 }
 
 fn start_with(options: LabOptions) -> Lab {
@@ -129,7 +114,7 @@ fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
 
 #[test]
 fn a_controller_killed_twice_mid_remediation_is_replaced_and_the_fence_happens_once() {
-    let mut options = LabOptions::new(3, bin_dir());
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.redfish_power_delay = true;
     let mut lab = start_with(options);
     let report = run(&mut lab, "controller-crash");

@@ -17,7 +17,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use metalguard_e2e::HarnessError;
@@ -31,20 +30,6 @@ const QUOTA: u64 = 2 * 1024 * 1024;
 const VALUE_BYTES: usize = 100 * 1024;
 /// etcd's answer to a write over the quota (DOMAIN.md §1).
 const NOSPACE_ERROR: &str = "etcdserver: mvcc: database space exceeded";
-
-/// The directory holding the workspace binaries (`target/<profile>`).
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    for name in ["metalguard-agent", "metalguard-controller"] {
-        assert!(
-            dir.join(name).exists(),
-            "{name} not built in {}: run `cargo build --workspace --bins` first",
-            dir.display()
-        );
-    }
-    dir
-}
 
 fn unix_ms() -> u64 {
     u64::try_from(
@@ -146,7 +131,7 @@ fn recover(lab: &Lab) {
 
 #[test]
 fn a_nospace_alarm_is_reported_and_nothing_is_fenced() {
-    let mut options = LabOptions::new(3, bin_dir());
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.quota_backend_bytes = Some(QUOTA);
     let mut lab = Lab::start(options).unwrap();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&mut lab)));

@@ -13,25 +13,9 @@
 // Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-
 use metalguard_e2e::lab::scenarios::{self, PartitionOutcome};
 use metalguard_e2e::lab::{Lab, LabOptions};
 use metalguard_e2e::netns;
-
-/// The directory holding the workspace binaries (`target/<profile>`).
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    for name in ["metalguard-agent", "metalguard-controller"] {
-        assert!(
-            dir.join(name).exists(),
-            "{name} not built in {}: run `cargo build --workspace --bins` first",
-            dir.display()
-        );
-    }
-    dir
-}
 
 fn effective_uid() -> u32 {
     use std::os::unix::fs::MetadataExt;
@@ -126,7 +110,7 @@ fn a_partitioned_leader_is_fenced_by_a_peer_while_the_majority_keeps_serving() {
         "this test creates network namespaces, veth pairs and a bridge and needs root; \
          running as uid {uid} (run it as root, e.g. in the project's container)"
     );
-    let mut options = LabOptions::new(3, bin_dir());
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.netns = true;
     // The timeline as it grows: the test harness shows it when the lab fails to start too.
     options.live = true;

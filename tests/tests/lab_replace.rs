@@ -10,24 +10,10 @@
 // Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use metalguard_e2e::lab::scenarios::{ReplaceOutcome, observe_replace};
 use metalguard_e2e::lab::{Lab, LabOptions, SpareEtcd, Standing};
-
-/// The directory holding the workspace binaries (`target/<profile>`), as e2e_fence.rs finds it.
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    for name in ["metalguard-agent", "metalguard-controller"] {
-        assert!(
-            dir.join(name).exists(),
-            "{name} not built in {}: run `cargo build --workspace --bins` first",
-            dir.display()
-        );
-    }
-    dir
-}
 
 /// The timeline and the processes' logs, for failure messages.
 fn story(lab: &Lab) -> String {
@@ -47,7 +33,7 @@ fn run_replace(lab: &mut Lab) -> ReplaceOutcome {
 
 #[test]
 fn a_spare_replaces_a_retired_host_without_losing_quorum_and_the_old_host_is_powered_off_once() {
-    let mut options = LabOptions::new(3, bin_dir());
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.spares = 1;
     let mut lab = match Lab::start(options) {
         Ok(lab) => lab,

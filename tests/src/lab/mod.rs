@@ -70,6 +70,26 @@ impl Default for Timings {
     }
 }
 
+/// For the lab's end-to-end tests: the directory holding the workspace binaries, next to the
+/// running test binary (`target/<profile>/deps/TEST` → `target/<profile>`).
+///
+/// # Panics
+/// When the agent or the controller is not built there, with the command that builds them.
+pub fn test_bin_dir() -> PathBuf {
+    let dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().and_then(Path::parent).map(Path::to_path_buf))
+        .unwrap_or_default();
+    for name in ["metalguard-agent", "metalguard-controller"] {
+        assert!(
+            dir.join(name).exists(),
+            "{name} not built in {}: run `cargo build --workspace --bins` first",
+            dir.display()
+        );
+    }
+    dir
+}
+
 /// What to build.
 #[derive(Debug, Clone)]
 pub struct LabOptions {
