@@ -93,30 +93,12 @@ pub fn hang(lab: &mut Lab, target: usize) -> Result<Report> {
         detect + OVERHEAD,
         |lab| Ok(lab.power_offs_since(target, since)? > 0),
     )?;
-    // The BMC's own record of when the power went off.
-    let fenced = lab.hosts()[target]
-        .power_log()?
-        .iter()
-        .find(|e| e.at_ms >= since && e.is_off())
-        .map_or(fenced, |e| Duration::from_millis(e.at_ms - since));
-    let healthy = lab.wait_for(
-        &format!("{name} to be healthy again"),
-        Duration::from_secs(60),
-        |lab| {
-            Ok(lab.host_healthy(target)
-                && lab.active_remediations().is_empty()
-                && lab.hosts()[target].bmc_power_on()?)
-        },
-    )?;
-    let healthy = started.elapsed().min(fenced + healthy);
-    lab.timeline
-        .add("lab", format!("{name} is healthy again"), "");
-    let offs = lab.power_offs_since(target, since)?;
-    let others: Vec<(String, String)> = lab
-        .power_events_since(since)?
-        .into_iter()
-        .filter(|(h, _)| *h != name)
-        .collect();
+    let Recovery {
+        fenced,
+        healthy,
+        offs,
+        others,
+    } = recover(lab, target, since, started, fenced)?;
     let missing = lab.check_data(&data)?;
     let executor = fence_executor(lab, &name).unwrap_or_else(|| "?".into());
     let ok = offs == 1 && others.is_empty() && missing.is_empty() && executor != name;
@@ -141,6 +123,60 @@ pub fn hang(lab: &mut Lab, target: usize) -> Result<Report> {
             ("failure → verified off".into(), fenced),
             ("failure → healthy".into(), healthy),
         ],
+    })
+}
+
+/// What a fenced host's recovery showed.
+pub(super) struct Recovery {
+    /// Failure → the power-off, by the BMC's own record.
+    pub fenced: Duration,
+    /// Failure → the host healthy again with no remediation active.
+    pub healthy: Duration,
+    /// Power-offs of the target since the failure.
+    pub offs: usize,
+    /// Power events of every other host since the failure.
+    pub others: Vec<(String, String)>,
+}
+
+/// Once a power-off of `target` was seen `waited` after the failure (at `since`, Unix ms;
+/// `started`, the same moment): waits for the host to be healthy again and collects what the
+/// BMCs recorded.
+pub(super) fn recover(
+    lab: &mut Lab,
+    target: usize,
+    since: u64,
+    started: Instant,
+    waited: Duration,
+) -> Result<Recovery> {
+    let name = lab.hosts()[target].name.clone();
+    let fenced = lab.hosts()[target]
+        .power_log()?
+        .iter()
+        .find(|e| e.at_ms >= since && e.is_off())
+        .map_or(waited, |e| Duration::from_millis(e.at_ms - since));
+    let healthy = lab.wait_for(
+        &format!("{name} to be healthy again"),
+        Duration::from_secs(60),
+        |lab| {
+            Ok(lab.host_healthy(target)
+                && lab.active_remediations().is_empty()
+                && lab.hosts()[target].bmc_power_on()?)
+        },
+    )?;
+    let healthy = started.elapsed().min(waited + healthy);
+    lab.timeline
+        .add("lab", format!("{name} is healthy again"), "");
+    let offs = lab.power_offs_since(target, since)?;
+    let others = lab
+        .power_events_since(since)?
+        .into_iter()
+        .filter(|(h, _)| *h != name)
+        .collect();
+    Ok(Recovery {
+        fenced,
+        healthy,
+        offs,
+        others,
     })
 }
 

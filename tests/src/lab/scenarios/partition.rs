@@ -133,30 +133,12 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
             writes.failed_after_grace.len()
         ),
     );
-    // The BMC's own record of when the power went off.
-    let fenced_after = lab.hosts()[target]
-        .power_log()?
-        .iter()
-        .find(|e| e.at_ms >= since && e.is_off())
-        .map_or(waited, |e| Duration::from_millis(e.at_ms - since));
-    let healthy = lab.wait_for(
-        &format!("{name} to be healthy again"),
-        Duration::from_secs(60),
-        |lab| {
-            Ok(lab.host_healthy(target)
-                && lab.active_remediations().is_empty()
-                && lab.hosts()[target].bmc_power_on()?)
-        },
-    )?;
-    let healthy = started.elapsed().min(waited + healthy);
-    lab.timeline
-        .add("lab", format!("{name} is healthy again"), "");
-    let power_offs = lab.power_offs_since(target, since)?;
-    let other_power_events: Vec<(String, String)> = lab
-        .power_events_since(since)?
-        .into_iter()
-        .filter(|(h, _)| *h != name)
-        .collect();
+    let super::Recovery {
+        fenced: fenced_after,
+        healthy,
+        offs: power_offs,
+        others: other_power_events,
+    } = super::recover(lab, target, since, started, waited)?;
     let missing = lab.check_data(&data)?;
     let executor = fence_executor(lab, &name);
     let ok = power_offs == 1
