@@ -30,6 +30,8 @@ mod server;
 mod service;
 mod snapshot;
 mod status;
+#[cfg(test)]
+mod testkit;
 mod tls;
 
 use clap::Parser as _;

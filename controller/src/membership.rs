@@ -182,10 +182,9 @@ fn choose_agent(
 
 #[cfg(test)]
 mod tests {
-    use metalguard_api::protocol::{AgentReport, CommandResult, EtcdMemberView, EtcdView};
+    use metalguard_api::protocol::{CommandResult, EtcdMemberView, EtcdView};
 
     use super::*;
-    use crate::backend::StoredReport;
 
     const HB: Duration = Duration::from_secs(60);
 
@@ -210,26 +209,14 @@ mod tests {
             member(3, false, false),
             member(4, true, true),
         ];
+        let etcd = EtcdView {
+            local_member_id: Some(local),
+            leader_id: Some(leader),
+            members,
+        };
         state.reports.insert(
             host.to_owned(),
-            StoredReport {
-                report: AgentReport {
-                    host: host.to_owned(),
-                    agent_version: "t".into(),
-                    sequence: 1,
-                    boot_id: String::new(),
-                    sent_at: Timestamp(at),
-                    conditions: vec![],
-                    etcd: Some(EtcdView {
-                        local_member_id: Some(local),
-                        leader_id: Some(leader),
-                        members,
-                    }),
-                    bmc_reachability: vec![],
-                    unacknowledged_results: vec![],
-                },
-                received_at: Timestamp(at),
-            },
+            crate::testkit::stored_report(host, at, Some(etcd)),
         );
     }
 

@@ -66,7 +66,7 @@ pub fn render(inventory: &Inventory, state: &State, now: Timestamp) -> String {
 
 #[cfg(test)]
 mod tests {
-    use metalguard_api::protocol::{AgentReport, BmcReachability};
+    use metalguard_api::protocol::BmcReachability;
 
     use super::*;
     use crate::backend::StoredReport;
@@ -98,28 +98,17 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
 "#;
 
     fn stored(host: &str, received_at: u64, probes: &[(&str, Option<&str>)]) -> StoredReport {
-        StoredReport {
-            report: AgentReport {
-                host: host.into(),
-                agent_version: "t".into(),
-                sequence: 1,
-                boot_id: String::new(),
-                sent_at: Timestamp(0),
-                conditions: Vec::new(),
-                etcd: None,
-                bmc_reachability: probes
-                    .iter()
-                    .map(|(target, error)| BmcReachability {
-                        host: (*target).into(),
-                        reachable: error.is_none(),
-                        checked_at: Timestamp(received_at),
-                        error: error.map(str::to_owned),
-                    })
-                    .collect(),
-                unacknowledged_results: Vec::new(),
-            },
-            received_at: Timestamp(received_at),
-        }
+        let mut stored = crate::testkit::stored_report(host, received_at, None);
+        stored.report.bmc_reachability = probes
+            .iter()
+            .map(|(target, error)| BmcReachability {
+                host: (*target).into(),
+                reachable: error.is_none(),
+                checked_at: Timestamp(received_at),
+                error: error.map(str::to_owned),
+            })
+            .collect();
+        stored
     }
 
     #[test]

@@ -100,11 +100,10 @@ pub fn check_cancellable(
 
 #[cfg(test)]
 mod tests {
-    use metalguard_api::protocol::{AgentReport, EtcdMemberView, EtcdView};
+    use metalguard_api::protocol::{EtcdMemberView, EtcdView};
     use metalguard_api::snapshot::Retirement;
 
     use super::*;
-    use crate::backend::StoredReport;
 
     const INVENTORY: &str = r#"
 [etcd]
@@ -131,17 +130,7 @@ role = "worker"
     }
 
     fn member(id: u64, name: &str, learner: bool) -> EtcdMemberView {
-        EtcdMemberView {
-            id,
-            name: name.into(),
-            peer_urls: vec![],
-            client_urls: vec![],
-            learner,
-            healthy: true,
-            alarms: vec![],
-            raft_applied_index: Some(10),
-            error: None,
-        }
+        crate::testkit::member(id, name, learner, true)
     }
 
     fn with_members(members: Vec<EtcdMemberView>) -> State {
@@ -154,26 +143,14 @@ role = "worker"
                 reason: "disk".into(),
             },
         );
+        let etcd = EtcdView {
+            local_member_id: Some(1),
+            leader_id: Some(1),
+            members,
+        };
         state.reports.insert(
             "cp-1".into(),
-            StoredReport {
-                report: AgentReport {
-                    host: "cp-1".into(),
-                    agent_version: "t".into(),
-                    sequence: 1,
-                    boot_id: String::new(),
-                    sent_at: Timestamp(1),
-                    conditions: vec![],
-                    etcd: Some(EtcdView {
-                        local_member_id: Some(1),
-                        leader_id: Some(1),
-                        members,
-                    }),
-                    bmc_reachability: vec![],
-                    unacknowledged_results: vec![],
-                },
-                received_at: Timestamp(9),
-            },
+            crate::testkit::stored_report("cp-1", 9, Some(etcd)),
         );
         state
     }

@@ -208,9 +208,7 @@ fn verified_off_at(state: &State, host: &str) -> Option<Timestamp> {
 #[cfg(test)]
 mod tests {
     use metalguard_api::plan::OperationId;
-    use metalguard_api::protocol::{
-        AgentReport as Report, CommandResult, EtcdMemberView, PowerAction,
-    };
+    use metalguard_api::protocol::{AgentReport as Report, CommandResult, PowerAction};
     use metalguard_api::snapshot::Retirement;
 
     use super::*;
@@ -233,37 +231,16 @@ role = "control-plane"
 "#;
 
     fn report(host: &str, members: &[(u64, &str, bool)]) -> StoredReport {
-        StoredReport {
-            report: Report {
-                host: host.into(),
-                agent_version: "t".into(),
-                sequence: 1,
-                boot_id: String::new(),
-                sent_at: Timestamp(1),
-                conditions: vec![],
-                etcd: Some(EtcdView {
-                    local_member_id: None,
-                    leader_id: Some(2),
-                    members: members
-                        .iter()
-                        .map(|&(id, name, learner)| EtcdMemberView {
-                            id,
-                            name: name.into(),
-                            peer_urls: vec![],
-                            client_urls: vec![],
-                            learner,
-                            healthy: true,
-                            alarms: vec![],
-                            raft_applied_index: Some(10),
-                            error: None,
-                        })
-                        .collect(),
-                }),
-                bmc_reachability: vec![],
-                unacknowledged_results: vec![],
-            },
-            received_at: Timestamp(9),
-        }
+        let members = members
+            .iter()
+            .map(|&(id, name, learner)| crate::testkit::member(id, name, learner, true))
+            .collect();
+        let etcd = EtcdView {
+            local_member_id: None,
+            leader_id: Some(2),
+            members,
+        };
+        crate::testkit::stored_report(host, 9, Some(etcd))
     }
 
     fn condition(type_: &str, status: ConditionStatus) -> metalguard_api::protocol::Condition {

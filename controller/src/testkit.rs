@@ -1,0 +1,40 @@
+//! Builders the unit tests share: stored agent reports and etcd member views with every field
+//! a test does not care about filled in one way.
+
+use metalguard_api::duration::Timestamp;
+use metalguard_api::protocol::{AgentReport, EtcdMemberView, EtcdView};
+
+use crate::backend::StoredReport;
+
+/// A report of `host`, received (and sent) at `at` ms, with `etcd` as its etcd view.
+pub fn stored_report(host: &str, at: u64, etcd: Option<EtcdView>) -> StoredReport {
+    StoredReport {
+        report: AgentReport {
+            host: host.into(),
+            agent_version: "t".into(),
+            sequence: 1,
+            boot_id: String::new(),
+            sent_at: Timestamp(at),
+            conditions: vec![],
+            etcd,
+            bmc_reachability: vec![],
+            unacknowledged_results: vec![],
+        },
+        received_at: Timestamp(at),
+    }
+}
+
+/// An etcd member as an agent sees it, applied index 10.
+pub fn member(id: u64, name: &str, learner: bool, healthy: bool) -> EtcdMemberView {
+    EtcdMemberView {
+        id,
+        name: name.into(),
+        peer_urls: vec![],
+        client_urls: vec![],
+        learner,
+        healthy,
+        alarms: vec![],
+        raft_applied_index: Some(10),
+        error: None,
+    }
+}
