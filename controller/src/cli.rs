@@ -32,14 +32,25 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the controller (standalone backend): agent API, leader election, planner, executor.
+    /// Run the controller: agent API, leader election, planner, executor.
     Run {
-        /// The inventory file.
-        #[arg(long, env = "METALGUARD_INVENTORY")]
-        inventory: PathBuf,
+        /// Where inputs, state and leadership live: `standalone` (an inventory file and the
+        /// guarded etcd) or `kubernetes` (the cluster's resources and a Lease).
+        #[arg(long, value_enum, default_value_t = BackendKind::Standalone)]
+        backend: BackendKind,
+        /// The inventory file (standalone backend).
+        #[arg(
+            long,
+            env = "METALGUARD_INVENTORY",
+            required_if_eq("backend", "standalone")
+        )]
+        inventory: Option<PathBuf>,
         /// This controller's identity in leader election (default: random).
         #[arg(long, env = "METALGUARD_CONTROLLER_ID")]
         id: Option<String>,
+        /// Kubernetes backend settings.
+        #[command(flatten)]
+        kube: KubeArgs,
     },
     /// Dry run: print the plan for a snapshot with its reasons.
     Plan {
@@ -107,6 +118,43 @@ enum Command {
     /// Create the cluster CA and certificates.
     #[command(subcommand)]
     Certs(CertsCommand),
+}
+
+/// The backends of `run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BackendKind {
+    /// An inventory file; state and leadership in the guarded etcd.
+    Standalone,
+    /// The cluster's metalguard resources; state in their status, leadership in a Lease.
+    Kubernetes,
+}
+
+/// Settings of the Kubernetes backend (ignored by the standalone one, whose inventory file has them).
+#[derive(Debug, clap::Args)]
+struct KubeArgs {
+    /// The namespace of the metalguard resources, Secrets, Lease and Events.
+    #[arg(
+        long,
+        env = "METALGUARD_NAMESPACE",
+        default_value = "metalguard-system"
+    )]
+    namespace: String,
+    /// The leader election Lease.
+    #[arg(long, default_value = "metalguard-controller")]
+    lease_name: String,
+    /// The agent API address (mTLS).
+    #[arg(long, env = "METALGUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    listen: std::net::SocketAddr,
+    /// The Prometheus endpoint address.
+    #[arg(long, env = "METALGUARD_METRICS_LISTEN")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// The directory with `controller.pem`, `controller-key.pem` and `ca.pem` (a mounted Secret).
+    #[arg(
+        long,
+        env = "METALGUARD_TLS_DIR",
+        default_value = "/etc/metalguard/tls"
+    )]
+    tls_dir: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -191,7 +239,19 @@ fn random_id() -> String {
 
 async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Run { inventory, id } => run(&inventory, id.unwrap_or_else(random_id)).await,
+        Command::Run {
+            backend,
+            inventory,
+            id,
+            kube,
+        } => {
+            let id = id.unwrap_or_else(random_id);
+            match (backend, inventory) {
+                (BackendKind::Standalone, Some(inventory)) => run(&inventory, id).await,
+                (BackendKind::Standalone, None) => anyhow::bail!("--inventory is required"),
+                (BackendKind::Kubernetes, _) => run_kubernetes(kube, id).await,
+            }
+        }
         Command::Plan { snapshot, policy } => {
             let text = std::fs::read_to_string(&snapshot)
                 .with_context(|| format!("snapshot {} could not be read", snapshot.display()))?;
@@ -368,6 +428,50 @@ async fn retire(
 
 async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()> {
     let inventory = Inventory::load(inventory_path)?;
+    let backend = connect(&inventory, id.clone());
+    serve(backend, inventory, Some(inventory_path), id).await
+}
+
+#[cfg(feature = "kubernetes")]
+async fn run_kubernetes(args: KubeArgs, id: String) -> anyhow::Result<()> {
+    let controller = crate::inventory::ControllerSettings {
+        listen: args.listen,
+        metrics_listen: args.metrics_listen,
+        tls_dir: Some(args.tls_dir),
+        ..crate::inventory::ControllerSettings::default()
+    };
+    let settings = crate::kube::KubeSettings {
+        namespace: args.namespace,
+        identity: id.clone(),
+        lease_name: args.lease_name,
+        controller,
+        timing: crate::inventory::EtcdSettings {
+            endpoints: Vec::new(),
+            prefix: String::new(),
+            lease_ttl: std::time::Duration::from_secs(crate::kube::run::LEASE_SECONDS),
+            timeout: std::time::Duration::from_secs(5),
+        },
+    };
+    let (backend, inventory, watches) = crate::kube::run::backend(settings).await?;
+    let result = serve(backend, inventory, None, id).await;
+    for watch in watches {
+        watch.abort();
+    }
+    result
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn run_kubernetes(_args: KubeArgs, _id: String) -> anyhow::Result<()> {
+    anyhow::bail!("this build has no Kubernetes backend (built without the `kubernetes` feature)")
+}
+
+/// The agent API, the metrics endpoint and the controller loop over `backend`, until a signal.
+async fn serve<B: crate::backend::Backend + 'static>(
+    backend: B,
+    inventory: Inventory,
+    inventory_path: Option<&std::path::Path>,
+    id: String,
+) -> anyhow::Result<()> {
     let settings = inventory.controller.clone();
     let tls_dir = settings
         .tls_dir
@@ -378,7 +482,6 @@ async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()>
         .await
         .with_context(|| format!("agent api address {} could not be bound", settings.listen))?;
     tracing::info!(address = %settings.listen, identity = %id, "agent api listening");
-    let backend = connect(&inventory, id.clone());
     let (hub, inbox) = Hub::new();
     let metrics = Metrics::new();
     let cancel = CancellationToken::new();
@@ -397,8 +500,11 @@ async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()>
             }
         });
     }
-    let controller =
-        Controller::new(backend, inventory, hub, metrics).reloading(inventory_path, id);
+    let controller = Controller::new(backend, inventory, hub, metrics);
+    let controller = match inventory_path {
+        Some(path) => controller.reloading(path, id),
+        None => controller.identified(id),
+    };
     tasks.spawn(controller.run(inbox, cancel.clone()));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("sigterm handler could not be installed")?;

@@ -17,10 +17,10 @@ use metalguard_api::plan::{Action, ActionKind, Plan, RemediationStep};
 use metalguard_api::protocol::{
     Command, CommandKind, CommandResult, FenceCommand, Outcome, PowerAction, ResultAck,
 };
-use metalguard_api::remediation::{Remediation, RemediationPhase};
+use metalguard_api::remediation::{NodeBackup, Remediation, RemediationPhase};
 use metalguard_api::snapshot::QUORUM_HOOK;
 
-use crate::backend::{OperationKind, State, StoredOperation, Write};
+use crate::backend::{NodeWrite, OperationKind, State, StoredOperation, Write};
 use crate::inventory::Inventory;
 
 /// The step name of a retired host's power-off operation.
@@ -146,9 +146,59 @@ fn remediate(
             };
             Some(vec![advance(remediation, next, now)?])
         }
+        RemediationStep::BackupNodeMetadata
+        | RemediationStep::DeleteNode
+        | RemediationStep::TaintOutOfService
+        | RemediationStep::RestoreNodeMetadata
+            if state.nodes.is_some() =>
+        {
+            node_step(remediation, target, step, state, now)
+        }
         // Standalone has no Node objects: node steps complete at once; terminal steps record.
         _ => Some(vec![advance(remediation, step.resulting_phase(), now)?]),
     }
+}
+
+/// A Node step of the Kubernetes backend: the Node request first, then the phase that records
+/// it, so a restart in between repeats the (idempotent) request instead of skipping it.
+/// The backup is taken from the Node as last seen, and persisted before the Node is touched.
+fn node_step(
+    remediation: &Remediation,
+    target: &str,
+    step: &RemediationStep,
+    state: &State,
+    now: Timestamp,
+) -> Option<Vec<Write>> {
+    let host = target.to_owned();
+    let phase = advance(remediation, step.resulting_phase(), now)?;
+    let node_write = match step {
+        RemediationStep::BackupNodeMetadata => {
+            let node = state.nodes.as_ref().and_then(|nodes| nodes.get(target));
+            let Write::PutRemediation(mut record) = phase else {
+                return None;
+            };
+            record.backup = Some(NodeBackup {
+                labels: node.map(|n| n.labels.clone()).unwrap_or_default(),
+                annotations: node.map(|n| n.annotations.clone()).unwrap_or_default(),
+            });
+            return Some(vec![Write::PutRemediation(record)]);
+        }
+        RemediationStep::DeleteNode => NodeWrite::Delete { host },
+        RemediationStep::TaintOutOfService => NodeWrite::TaintOutOfService { host },
+        _ => NodeWrite::Restore {
+            host,
+            backup: remediation.backup.clone().unwrap_or_default(),
+        },
+    };
+    let phase = match phase {
+        // The backup has done its work once merged back.
+        Write::PutRemediation(mut record) if *step == RemediationStep::RestoreNodeMetadata => {
+            record.backup = None;
+            Write::PutRemediation(record)
+        }
+        other => other,
+    };
+    Some(vec![Write::Node(node_write), phase])
 }
 
 /// Every persisted operation without a result, as commands per agent host. Credentials are
@@ -296,6 +346,7 @@ mod tests {
                     state.hooks.insert(h, hooks);
                 }
                 Write::PutNotes(notes) => state.notes = Some(notes),
+                Write::Node(_) => {}
             }
         }
     }

@@ -56,6 +56,14 @@ pub enum InventoryError {
         /// What is wrong, naming the key or host.
         problem: String,
     },
+    /// The Kubernetes backend could not read a host's credentials Secret.
+    #[error("bmc credentials of host {host}: {problem}")]
+    Secret {
+        /// The host.
+        host: String,
+        /// What is wrong (names the Secret and key, never a value).
+        problem: String,
+    },
     /// A credentials file is missing, unreadable or readable by others.
     #[error("bmc credentials file {path} of host {host} {problem}")]
     Credentials {
@@ -185,6 +193,20 @@ pub struct BmcSettings {
     /// How the agent trusts the BMC's certificate.
     #[serde(default)]
     pub tls: TrustSetting,
+    /// The Kubernetes backend's source: credentials read from the host's Secret and the CA
+    /// bundle from its `GuardedHost` (never from a file). Not part of the inventory file.
+    #[serde(skip)]
+    pub from_cluster: Option<ClusterBmc>,
+}
+
+/// A BMC's credentials and CA bundle as the Kubernetes backend read them; a Secret that is
+/// missing or incomplete is kept as the reason, reported when a command needs it.
+#[derive(Debug, Clone)]
+pub struct ClusterBmc {
+    /// The credentials, or why they could not be read.
+    pub credentials: Result<BmcCredentials, String>,
+    /// The CA bundle (PEM) of the `GuardedHost`, if any.
+    pub ca_pem: Option<String>,
 }
 
 /// TLS trust of a BMC as written in the inventory.
@@ -313,6 +335,15 @@ impl Inventory {
 impl BmcSettings {
     /// Reads the credentials of `host`'s BMC, refusing files others may read.
     pub fn credentials(&self, host: &str) -> Result<BmcCredentials, InventoryError> {
+        if let Some(cluster) = &self.from_cluster {
+            return cluster
+                .credentials
+                .clone()
+                .map_err(|problem| InventoryError::Secret {
+                    host: host.to_owned(),
+                    problem,
+                });
+        }
         let username = read_secret_file(host, &self.credentials_dir.join("username"))?;
         let password = read_secret_file(host, &self.credentials_dir.join("password"))?;
         Ok(BmcCredentials {
@@ -330,6 +361,9 @@ impl BmcSettings {
             return Ok(BmcTrust::Fingerprint {
                 sha256: sha256.clone(),
             });
+        }
+        if let Some(pem) = self.from_cluster.as_ref().and_then(|c| c.ca_pem.clone()) {
+            return Ok(BmcTrust::CaPem { pem });
         }
         if let Some(path) = &self.tls.ca_file {
             let pem = fs::read_to_string(path).map_err(|e| InventoryError::Credentials {
@@ -443,6 +477,7 @@ bmc = { address = "ipmi://127.0.0.1:623", credentials_dir = "/nonexistent" }
             address: "ipmi://127.0.0.1".into(),
             credentials_dir: dir.path().to_owned(),
             tls: TrustSetting::default(),
+            from_cluster: None,
         };
         let err = bmc.credentials("cp-1").unwrap_err().to_string();
         assert!(

@@ -17,6 +17,8 @@ mod crd;
 mod executor;
 mod hub;
 mod inventory;
+#[cfg(feature = "kubernetes")]
+mod kube;
 #[cfg(all(test, feature = "kubernetes"))]
 mod manifests;
 mod membership;

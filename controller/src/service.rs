@@ -82,6 +82,12 @@ impl<B: Backend> Controller<B> {
         }
     }
 
+    /// Names this controller in its notes (the backend supplies the inventory).
+    pub fn identified(mut self, identity: String) -> Self {
+        self.identity = identity;
+        self
+    }
+
     /// Re-reads `path` on every tick when it changed; `identity` signs the notes.
     pub fn reloading(mut self, path: &std::path::Path, identity: String) -> Self {
         self.file = Some(InventoryFile::new(path));
@@ -128,8 +134,18 @@ impl<B: Backend> Controller<B> {
     }
 
     /// Applies a changed inventory file, or reports why it was rejected.
-    fn reload_inventory(&mut self) {
+    pub(crate) fn reload_inventory(&mut self) {
         let Some(file) = self.file.as_mut() else {
+            // The Kubernetes backend builds the inventory from its resources.
+            if let Some(inventory) = self.backend.inventory() {
+                self.inventory = inventory;
+                self.count_insecure_bmcs();
+                self.publish_bmc_targets();
+                tracing::info!(
+                    hosts = self.inventory.hosts.len(),
+                    "inventory rebuilt from the cluster's resources"
+                );
+            }
             return;
         };
         match file.check(&self.inventory) {
@@ -206,7 +222,7 @@ impl<B: Backend> Controller<B> {
         self.backend.resign().await;
     }
 
-    async fn campaign(&mut self) {
+    pub(crate) async fn campaign(&mut self) {
         // Every backend call has its own timeout; this is the overall deadline of a round.
         let deadline = self.inventory.etcd.timeout * 3;
         let round_started = tokio::time::Instant::now();
@@ -270,7 +286,7 @@ impl<B: Backend> Controller<B> {
         self.metrics.leader.set(i64::from(leader));
     }
 
-    async fn handle(&mut self, message: Inbound) {
+    pub(crate) async fn handle(&mut self, message: Inbound) {
         match message {
             Inbound::Report(report) => {
                 let stored = StoredReport {
@@ -370,7 +386,7 @@ impl<B: Backend> Controller<B> {
     /// Plans and executes until a round changes nothing (bounded by [`MAX_ROUNDS`]), so chained
     /// steps — start a remediation, then power off — do not wait for the timer; then offers
     /// every in-flight operation to its agent.
-    async fn plan_and_execute(&mut self) {
+    pub(crate) async fn plan_and_execute(&mut self) {
         for _ in 0..MAX_ROUNDS {
             let mut state = match self.backend.load().await {
                 Ok(state) => state,
@@ -397,6 +413,7 @@ impl<B: Backend> Controller<B> {
         let snapshot = crate::snapshot::build(&self.inventory, state, known_since, at);
         let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
         self.observe(&plan, state);
+        self.backend.publish(&plan).await;
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
         let mut waiting = Vec::new();

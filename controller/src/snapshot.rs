@@ -71,8 +71,18 @@ pub fn build(
                 fence_request: state.fence_requests.get(&h.name).cloned(),
                 retirement,
                 phase_failed: false,
-                node: stored.map(|s| node_of(&s.report, known_since)),
-                node_seen: stored.is_some(),
+                // The Kubernetes backend has the real Node (with the agent's conditions
+                // mirrored onto it); a host whose Node is gone but whose agent reports was
+                // seen (the Node was deleted), one with neither gets the startup timeout.
+                node: match &state.nodes {
+                    Some(nodes) => nodes.get(&h.name).cloned(),
+                    None => stored.map(|s| node_of(&s.report, known_since)),
+                },
+                node_seen: stored.is_some()
+                    || state
+                        .nodes
+                        .as_ref()
+                        .is_some_and(|n| n.contains_key(&h.name)),
                 agent: stored.map(|s| AgentReport {
                     // A new leader cannot know whether agents reported while nobody led (or
                     // while the store could not record): each gets one heartbeat timeout from

@@ -444,6 +444,13 @@ impl Backend for EtcdBackend {
                 Write::PutNotes(notes) => {
                     ops.push(TxnOp::put(self.key(NOTES), encode(&notes)?, None));
                 }
+                // Never planned here: the standalone state has no Nodes (`State::nodes`).
+                Write::Node(node) => {
+                    tracing::warn!(
+                        ?node,
+                        "node write ignored: the standalone backend has no Node objects"
+                    );
+                }
             }
         }
         let txn = Txn::new().when(compares).and_then(ops);

@@ -74,6 +74,32 @@ pub enum Write {
     PutHooks(String, std::collections::BTreeSet<String>),
     /// Replace the leader's notes for people.
     PutNotes(ControllerNotes),
+    /// Act on a host's Node (Kubernetes backend only: planned only when [`State::nodes`] is
+    /// set). Written after the intent that justifies it and before the phase that records it.
+    Node(NodeWrite),
+}
+
+/// What is done to a host's Node object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeWrite {
+    /// Delete the host's Node (its power-off is verified).
+    Delete {
+        /// The host.
+        host: String,
+    },
+    /// Taint the host's Node `node.kubernetes.io/out-of-service` (its power-off is verified).
+    TaintOutOfService {
+        /// The host.
+        host: String,
+    },
+    /// Merge the saved labels and annotations into the re-registered Node (keys on the Node
+    /// win) and drop metalguard's out-of-service taint.
+    Restore {
+        /// The host.
+        host: String,
+        /// What was saved.
+        backup: metalguard_api::remediation::NodeBackup,
+    },
 }
 
 /// The store and leadership of one controller. `Send` futures so the loop can be spawned.
@@ -99,6 +125,19 @@ pub trait Backend: Send {
         &mut self,
         writes: Vec<Write>,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// The inventory when the backend's own sources of it changed (the Kubernetes backend
+    /// builds it from its resources); `None` when unchanged or kept in a file.
+    fn inventory(&mut self) -> Option<crate::inventory::Inventory> {
+        None
+    }
+
+    /// Tells people about a plan: the Kubernetes backend writes Events for decisions and
+    /// refusals and the health checks' conditions. The standalone backend logs only.
+    fn publish(&mut self, plan: &metalguard_api::plan::Plan) -> impl Future<Output = ()> + Send {
+        let _ = plan;
+        std::future::ready(())
+    }
 
     /// A task that sends on `wake` whenever an input other than an agent message changes (an
     /// administrator's fence or retirement request), so the leader re-plans at once instead of on its timer.

@@ -100,6 +100,9 @@ pub struct State {
     pub notes: Option<ControllerNotes>,
     /// The current leader's identity, if any.
     pub leader: Option<String>,
+    /// The Kubernetes backend's Node of each host (by host name); `None` for the standalone
+    /// backend, which has no Node objects (an agent's report stands in for its Node).
+    pub nodes: Option<BTreeMap<String, metalguard_api::snapshot::NodeStatus>>,
 }
 
 /// What the leading controller wants people to know, written when it changes and shown by

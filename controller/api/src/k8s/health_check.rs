@@ -139,10 +139,11 @@ pub struct RemediationSpec {
 }
 
 /// A remediation strategy, spelled as the MHC annotation spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum StrategyName {
     /// Power off, remove the Node, power on, restore metadata.
+    #[default]
     ExternalBaremetal,
     /// A plain power cycle.
     Reboot,
@@ -158,12 +159,31 @@ impl From<StrategyName> for Strategy {
 }
 
 /// How the Node of a powered-off host is taken out of service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum NodeAction {
     /// Delete the Node object.
+    #[default]
     Delete,
     /// Taint it `node.kubernetes.io/out-of-service`.
     OutOfServiceTaint,
+}
+
+impl From<Strategy> for StrategyName {
+    fn from(strategy: Strategy) -> StrategyName {
+        match strategy {
+            Strategy::ExternalBaremetal => StrategyName::ExternalBaremetal,
+            Strategy::Reboot => StrategyName::Reboot,
+        }
+    }
+}
+
+impl From<NodeHandling> for NodeAction {
+    fn from(handling: NodeHandling) -> NodeAction {
+        match handling {
+            NodeHandling::Delete => NodeAction::Delete,
+            NodeHandling::OutOfServiceTaint => NodeAction::OutOfServiceTaint,
+        }
+    }
 }
 
 impl From<NodeAction> for NodeHandling {

@@ -9,6 +9,7 @@ use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::k8s::health_check::{NodeAction, StrategyName};
 use crate::k8s::schema;
 use crate::snapshot::Role;
 
@@ -174,6 +175,11 @@ pub struct GuardedHostStatus {
     /// The remediation in flight, or the last one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediation: Option<RemediationStatus>,
+    /// The operations of that remediation and the host's etcd membership operations: the
+    /// intent is written before the command is offered, the agent's result after.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
+    pub operations: Vec<OperationStatus>,
     /// `Healthy`, `Fenceable` (BMC reachable by another agent), `Remediating`, `NeedsPerson`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -249,6 +255,73 @@ pub struct RemediationStatus {
     /// (keys already on the re-registered Node win) once it returns; cleared afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_backup: Option<NodeBackup>,
+    /// The host's remediation number (the last part of `id`).
+    #[serde(default)]
+    pub seq: u32,
+    /// The strategy it follows.
+    #[serde(default)]
+    pub strategy: StrategyName,
+    /// What happens to the Node once the host is off.
+    #[serde(default)]
+    pub node_action: NodeAction,
+    /// True for a control-plane host (its etcd member is guarded).
+    #[serde(default)]
+    pub control_plane: bool,
+    /// Why an administrator forced it past the policy gates, if they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced: Option<String>,
+    /// Why a cancellation was requested, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested: Option<String>,
+}
+
+/// One destructive operation (a BMC power action or an etcd membership change): its intent is
+/// written here before the command is offered to the executing agent, and its result after.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationStatus {
+    /// The plan's stable operation id (an agent executes an id at most once).
+    pub id: String,
+    /// The host whose agent executes it.
+    pub agent: String,
+    /// `fence`, `etcd-promote`, `etcd-remove`, `etcd-join` or `etcd-move-leader`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The host whose BMC is driven (fence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// `off`, `on` or `reboot` (fence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<String>,
+    /// The etcd member id, in hex (membership operations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_id: Option<String>,
+    /// The remediation it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation_id: Option<String>,
+    /// The remediation step (`power-off`, `power-on`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// When the intent was written.
+    pub create_time: Time,
+    /// The agent's verified result, once received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<OperationResult>,
+}
+
+/// The result an agent posted for an operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationResult {
+    /// `succeeded` (done and verified), `failed` or `rejected` (not attempted).
+    pub outcome: String,
+    /// When the agent started.
+    pub start_time: Time,
+    /// When it finished.
+    pub finish_time: Time,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The Node metadata saved during a remediation.

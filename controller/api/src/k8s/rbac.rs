@@ -56,10 +56,17 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
     ),
     rule(
         Scope::Cluster,
+        "",
+        "nodes/status",
+        &["patch"],
+        "mirror the agents' conditions (EtcdMemberHealthy, MetalguardAgentReady, ...) onto their Nodes",
+    ),
+    rule(
+        Scope::Namespace,
         "events.k8s.io",
         "events",
-        &["create", "patch"],
-        "events about Nodes (recorded in namespace default) and the custom resources; patch updates a repeated event's series",
+        &["create"],
+        "an Event for every decision and refusal, regarding the custom resource it is about",
     ),
     rule(
         Scope::Namespace,
@@ -81,13 +88,6 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
         "guardedcontrolplanes",
         &["get", "list", "watch"],
         "read the desired control plane",
-    ),
-    rule(
-        Scope::Namespace,
-        "metalguard.io",
-        "guardedcontrolplanes/status",
-        &["patch"],
-        "replicas, etcd voters and leader, quorum conditions",
     ),
     rule(
         Scope::Namespace,
@@ -121,8 +121,8 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
         Scope::Namespace,
         "",
         "secrets",
-        &["get"],
-        "BMC credentials and etcd client TLS named by the custom resources",
+        &["get", "list", "watch"],
+        "BMC credentials named by the GuardedHosts (a watch of the namespace's Secrets; never written)",
     ),
     rule(
         Scope::Namespace,
@@ -162,7 +162,7 @@ mod tests {
         for p in CONTROLLER_PERMISSIONS {
             assert!(!p.verbs.contains(&"*") && p.resource != "*" && p.api_group != "*");
             if p.resource == "secrets" {
-                assert_eq!(p.verbs, &["get"], "{p:?}");
+                assert_eq!(p.verbs, &["get", "list", "watch"], "{p:?}");
                 assert_eq!(p.scope, Scope::Namespace);
             }
         }
@@ -184,7 +184,10 @@ mod tests {
                 );
             }
             let status = format!("{plural}/status");
-            assert!(all.iter().any(|(_, _, r, v)| *r == status && v == "patch"));
+            // The control plane's status is not written yet (docs/design-kubernetes.md).
+            if plural != "guardedcontrolplanes" {
+                assert!(all.iter().any(|(_, _, r, v)| *r == status && v == "patch"));
+            }
         }
     }
 }

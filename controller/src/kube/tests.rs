@@ -1,0 +1,804 @@
+//! The Kubernetes backend against a scripted fake API server (`tower-test`'s `mock::pair`
+//! behind `kube::Client::new`, as kube-rs' controller-rs tests do): the real controller loop
+//! ([`Controller`]) runs; the fake server answers from a small object table and records every
+//! request (method, path, query, body); each test compares that record with the exact list it
+//! expects. Times in bodies are replaced by `<time>`, generated event names by nothing.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body_util::BodyExt as _;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::Client;
+use kube::client::Body;
+use metalguard_api::k8s::{FenceRequest, GuardedHost, HostHealthCheck};
+use metalguard_api::protocol::{CommandResult, Outcome};
+use serde_json::{Value, json};
+
+use super::world::{World, WorldWriters, apply};
+use super::{KubeBackend, KubeSettings};
+use crate::hub::{Hub, Inbound};
+use crate::inventory::{ControllerSettings, EtcdSettings};
+use crate::metrics::Metrics;
+use crate::service::Controller;
+
+const NS: &str = "metalguard-system";
+const ME: &str = "controller-0";
+
+/// One recorded request: `METHOD path?query` and the body with times masked.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    call: String,
+    body: Value,
+}
+
+/// The fake API server's objects (by path) and whom the Lease names.
+#[derive(Default)]
+struct Server {
+    objects: BTreeMap<String, Value>,
+    lease_holder: String,
+    version: u64,
+    seen: Vec<Seen>,
+}
+
+fn mask(value: &mut Value) {
+    let time = regex::Regex::new(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$").unwrap();
+    match value {
+        Value::String(s) if time.is_match(s) => *s = "<time>".to_owned(),
+        Value::Array(items) => items.iter_mut().for_each(mask),
+        Value::Object(map) => map.values_mut().for_each(mask),
+        _ => {}
+    }
+}
+
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+impl Server {
+    fn answer(&mut self, method: &str, path: &str, body: &Value) -> (u16, Value) {
+        assert_granted(method, path);
+        self.version += 1;
+        let version = self.version.to_string();
+        if path.ends_with("/leases/metalguard-controller") {
+            let renew = k8s_openapi::jiff::Timestamp::now().to_string();
+            return (
+                200,
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": "metalguard-controller", "namespace": NS, "resourceVersion": "1"},
+                    "spec": {"holderIdentity": self.lease_holder, "leaseDurationSeconds": 15, "renewTime": renew}}),
+            );
+        }
+        if method == "POST" && path.ends_with("/events") {
+            let mut event = body.clone();
+            event["metadata"]["name"] = json!(format!("e{version}"));
+            return (201, event);
+        }
+        let key = path.trim_end_matches("/status").to_owned();
+        let Some(object) = self.objects.get_mut(&key) else {
+            return (
+                404,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+            );
+        };
+        match method {
+            "DELETE" => {
+                let gone = object.clone();
+                self.objects.remove(&key);
+                (200, gone)
+            }
+            "PATCH" => {
+                let mut change = body.clone();
+                if let Some(map) = change.as_object_mut() {
+                    map.remove("apiVersion");
+                    map.remove("kind");
+                }
+                if path.ends_with("/status") && path.contains("/nodes/") {
+                    // Strategic merge of conditions by type.
+                    let mut conditions = object["status"]["conditions"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
+                    for c in change["status"]["conditions"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                    {
+                        conditions.retain(|old| old["type"] != c["type"]);
+                        conditions.push(c);
+                    }
+                    object["status"]["conditions"] = json!(conditions);
+                } else {
+                    if let Some(meta) = change.get_mut("metadata").and_then(Value::as_object_mut) {
+                        meta.remove("resourceVersion");
+                    }
+                    merge(object, &change);
+                }
+                object["metadata"]["resourceVersion"] = json!(version);
+                (200, object.clone())
+            }
+            _ => (200, object.clone()),
+        }
+    }
+}
+
+/// Every request the backend makes must be granted by `CONTROLLER_PERMISSIONS` (and so by
+/// `packaging/kubernetes/rbac.yaml`, which a manifest test compares with it).
+fn assert_granted(method: &str, path: &str) {
+    use metalguard_api::k8s::rbac::{CONTROLLER_PERMISSIONS, grants};
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => panic!("unexpected path {path}"),
+    };
+    let rest = match rest {
+        ["namespaces", _ns, rest @ ..] => rest,
+        rest => rest,
+    };
+    let resource = match rest {
+        [resource] | [resource, _] => (*resource).to_owned(),
+        [resource, _, sub] => format!("{resource}/{sub}"),
+        _ => panic!("unexpected path {path}"),
+    };
+    let verb = match method {
+        "GET" => "get",
+        "POST" => "create",
+        "PATCH" => "patch",
+        "DELETE" => "delete",
+        other => panic!("unexpected method {other}"),
+    };
+    assert!(
+        grants(CONTROLLER_PERMISSIONS)
+            .iter()
+            .any(|(_, g, r, v)| g == group && *r == resource && v == verb),
+        "{method} {path} needs {verb} on {group}/{resource}, which the ClusterRole/Role do not grant"
+    );
+}
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+async fn serve(mut handle: Handle, server: Arc<Mutex<Server>>) {
+    while let Some((request, respond)) = handle.next_request().await {
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        let method = parts.method.to_string();
+        let path = parts.uri.path().to_owned();
+        let (status, answer) = {
+            let mut s = server.lock().unwrap();
+            let mut shown = body.clone();
+            mask(&mut shown);
+            if let Some(meta) = shown.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.remove("name").filter(|_| method != "POST");
+            }
+            s.seen.push(Seen {
+                call: format!("{method} {}", parts.uri.path_and_query().unwrap()),
+                body: shown,
+            });
+            s.answer(&method, &path, &body)
+        };
+        respond.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap(),
+        );
+    }
+}
+
+/// A cluster of three workers `w-1..3` with BMCs, one health check and a controller.
+struct Lab {
+    server: Arc<Mutex<Server>>,
+    writers: WorldWriters,
+    controller: Controller<KubeBackend>,
+    _inbox: tokio::sync::mpsc::Receiver<Inbound>,
+}
+
+fn node(name: &str, ready: &str, since: k8s_openapi::jiff::Timestamp) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "resourceVersion": "1", "creationTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {"kubernetes.io/hostname": name, "team": "storage"},
+            "annotations": {"rack": "r7"}},
+        "spec": {"taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]},
+        "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "KubeletReady",
+            "lastTransitionTime": since.to_string(), "lastHeartbeatTime": since.to_string()}]}})
+}
+
+fn guarded_host(name: &str) -> Value {
+    json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "GuardedHost",
+        "metadata": {"name": name, "namespace": NS, "resourceVersion": "1",
+            "labels": {"pool": "workers"}},
+        "spec": {"nodeName": name, "role": "Worker",
+            "bmc": {"address": format!("redfish+https://bmc-{name}:8000/redfish/v1/Systems/1"),
+                "credentialsSecret": {"name": format!("bmc-{name}")}, "insecure": true}}})
+}
+
+fn check(max_unhealthy: &Value, action: &str) -> Value {
+    json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "HostHealthCheck",
+        "metadata": {"name": "workers", "namespace": NS, "resourceVersion": "1"},
+        "spec": {"selector": {"matchLabels": {"pool": "workers"}},
+            "unhealthyConditions": [{"type": "Ready", "status": "False", "timeout": "5m"}],
+            "maxUnhealthy": max_unhealthy,
+            "remediation": {"nodeAction": action}}})
+}
+
+fn secret(name: &str) -> Secret {
+    serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("bmc-{name}"), "namespace": NS, "resourceVersion": "1"},
+        "data": {"username": "YWRtaW4=", "password": "aHVudGVyMg=="}}))
+    .unwrap()
+}
+
+const HOSTS: [&str; 3] = ["w-1", "w-2", "w-3"];
+
+impl Lab {
+    /// `unhealthy` hosts' Nodes have been NotReady for 10 minutes.
+    fn new(unhealthy: &[&str], max_unhealthy: &Value, action: &str) -> Lab {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, NS);
+        let server = Arc::new(Mutex::new(Server {
+            lease_holder: ME.to_owned(),
+            ..Server::default()
+        }));
+        tokio::spawn(serve(handle, server.clone()));
+        let (world, mut writers) = World::new();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let long_ago = now - k8s_openapi::jiff::SignedDuration::from_secs(600);
+        {
+            let mut s = server.lock().unwrap();
+            for h in HOSTS {
+                let ready = if unhealthy.contains(&h) {
+                    "False"
+                } else {
+                    "True"
+                };
+                let since = if unhealthy.contains(&h) {
+                    long_ago
+                } else {
+                    now
+                };
+                s.objects
+                    .insert(format!("/api/v1/nodes/{h}"), node(h, ready, since));
+                s.objects.insert(
+                    format!("/apis/metalguard.io/v1alpha1/namespaces/{NS}/guardedhosts/{h}"),
+                    guarded_host(h),
+                );
+                apply(&mut writers.secrets, secret(h));
+            }
+            s.objects.insert(
+                format!("/apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers"),
+                check(max_unhealthy, action),
+            );
+        }
+        let mut lab_writers = writers;
+        sync(&server, &mut lab_writers);
+        let backend = KubeBackend::new(
+            client,
+            KubeSettings {
+                namespace: NS.to_owned(),
+                identity: ME.to_owned(),
+                lease_name: "metalguard-controller".to_owned(),
+                controller: ControllerSettings::default(),
+                timing: EtcdSettings {
+                    endpoints: Vec::new(),
+                    prefix: String::new(),
+                    lease_ttl: Duration::from_secs(15),
+                    timeout: Duration::from_secs(5),
+                },
+            },
+            world,
+        );
+        let inventory = backend.build_inventory().unwrap();
+        let (hub, inbox) = Hub::new();
+        let controller =
+            Controller::new(backend, inventory, hub, Metrics::new()).identified(ME.to_owned());
+        Lab {
+            server,
+            writers: lab_writers,
+            controller,
+            _inbox: inbox,
+        }
+    }
+
+    /// The requests seen since the last call.
+    fn take(&self) -> Vec<(String, Value)> {
+        std::mem::take(&mut self.server.lock().unwrap().seen)
+            .into_iter()
+            .map(|s| (s.call, s.body))
+            .collect()
+    }
+
+    /// The watch catches up with the fake server.
+    fn sync(&mut self) {
+        sync(&self.server, &mut self.writers);
+    }
+
+    async fn report(&mut self, host: &str) {
+        let report = serde_json::from_value(json!({
+            "host": host, "agent_version": "0.1.0", "sequence": 1, "boot_id": "b",
+            "sent_at": crate::clock::now(),
+            "conditions": [{"type": "KubeletHealthy", "status": "True", "reason": "Healthy",
+                "message": "", "last_transition": 1_700_000_000_000_u64}],
+            "bmc_reachability": HOSTS.iter().filter(|h| **h != host).map(|h| json!({
+                "host": h, "reachable": true, "checked_at": crate::clock::now()})).collect::<Vec<_>>(),
+        }))
+        .unwrap();
+        self.controller.handle(Inbound::Report(report)).await;
+    }
+
+    async fn result(&mut self, host: &str, operation: &str) {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let now = crate::clock::now();
+        self.controller
+            .handle(Inbound::Result {
+                host: host.to_owned(),
+                result: CommandResult {
+                    operation_id: metalguard_api::plan::OperationId(operation.to_owned()),
+                    outcome: Outcome::Succeeded,
+                    started_at: now,
+                    finished_at: now,
+                    timeline: Vec::new(),
+                    error: None,
+                },
+                reply,
+            })
+            .await;
+        answer.await.unwrap().unwrap();
+    }
+
+    async fn round(&mut self) {
+        self.controller.campaign().await;
+        self.controller.plan_and_execute().await;
+    }
+}
+
+fn sync(server: &Arc<Mutex<Server>>, writers: &mut WorldWriters) {
+    use kube::runtime::watcher::Event;
+    let s = server.lock().unwrap();
+    let mut nodes = Vec::new();
+    let mut hosts = Vec::new();
+    let mut checks = Vec::new();
+    let mut fences = Vec::new();
+    for (path, object) in &s.objects {
+        if path.starts_with("/api/v1/nodes/") {
+            nodes.push(serde_json::from_value::<Node>(object.clone()).unwrap());
+        } else if path.contains("/guardedhosts/") {
+            hosts.push(serde_json::from_value::<GuardedHost>(object.clone()).unwrap());
+        } else if path.contains("/hosthealthchecks/") {
+            checks.push(serde_json::from_value::<HostHealthCheck>(object.clone()).unwrap());
+        } else if path.contains("/fencerequests/") {
+            fences.push(serde_json::from_value::<FenceRequest>(object.clone()).unwrap());
+        }
+    }
+    writers.nodes.apply_watcher_event(&Event::Init);
+    for n in nodes {
+        writers.nodes.apply_watcher_event(&Event::InitApply(n));
+    }
+    writers.nodes.apply_watcher_event(&Event::InitDone);
+    for h in hosts {
+        apply(&mut writers.hosts, h);
+    }
+    for c in checks {
+        apply(&mut writers.checks, c);
+    }
+    for f in fences {
+        apply(&mut writers.fences, f);
+    }
+}
+
+fn calls(seen: &[(String, Value)]) -> Vec<&str> {
+    seen.iter().map(|(c, _)| c.as_str()).collect()
+}
+
+const GH: &str = "/apis/metalguard.io/v1alpha1/namespaces/metalguard-system/guardedhosts";
+const APPLY: &str = "?&force=true&fieldManager=metalguard-controller";
+const LEASE: &str =
+    "GET /apis/coordination.k8s.io/v1/namespaces/metalguard-system/leases/metalguard-controller";
+const EVENT: &str = "POST /apis/events.k8s.io/v1/namespaces/metalguard-system/events?";
+
+/// Asserts the calls exactly, printing all of them on a mismatch.
+fn assert_calls(seen: &[(String, Value)], expected: &[String]) {
+    let got = calls(seen);
+    if got != expected.iter().map(String::as_str).collect::<Vec<_>>() {
+        let dump: Vec<String> = seen.iter().map(|(c, b)| format!("{c}\n    {b}")).collect();
+        panic!(
+            "requests differ\nexpected:\n  {}\ngot:\n  {}",
+            expected.join("\n  "),
+            dump.join("\n  ")
+        );
+    }
+}
+
+fn status_of(host: &str) -> String {
+    format!("PATCH {GH}/{host}/status{APPLY}")
+}
+
+/// The remediation phase and operations a status apply wrote.
+fn written_phase(body: &Value) -> (&str, Vec<(&str, bool)>) {
+    let phase = body["status"]["remediation"]["phase"]
+        .as_str()
+        .unwrap_or("-");
+    let ops = body["status"]["operations"]
+        .as_array()
+        .map(|ops| {
+            ops.iter()
+                .map(|op| (op["id"].as_str().unwrap(), op.get("result").is_some()))
+                .collect()
+        })
+        .unwrap_or_default();
+    (phase, ops)
+}
+
+fn event(seen: &(String, Value)) -> (&str, &str, &str) {
+    let b = &seen.1;
+    (
+        b["regarding"]["name"].as_str().unwrap_or("-"),
+        b["type"].as_str().unwrap_or("-"),
+        b["reason"].as_str().unwrap_or("-"),
+    )
+}
+
+#[tokio::test]
+async fn an_unhealthy_node_is_fenced_deleted_and_restored_request_by_request() {
+    let mut lab = Lab::new(&["w-3"], &json!(1), "Delete");
+    // Agents report: their conditions are mirrored onto their Nodes.
+    lab.report("w-1").await;
+    lab.report("w-2").await;
+    lab.round().await;
+    let seen = lab.take();
+    assert_calls(
+        &seen,
+        &[
+            "PATCH /api/v1/nodes/w-1/status?".to_owned(),
+            "PATCH /api/v1/nodes/w-2/status?".to_owned(),
+            LEASE.to_owned(),
+            EVENT.to_owned(),
+            format!(
+                "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers/status{APPLY}"
+            ),
+            status_of("w-3"),
+            EVENT.to_owned(),
+            status_of("w-3"),
+            EVENT.to_owned(),
+        ],
+    );
+    assert_eq!(
+        seen[0].1,
+        json!({"status": {"conditions": [
+            {"type": "KubeletHealthy", "status": "True", "reason": "Healthy", "message": "",
+             "lastHeartbeatTime": "<time>", "lastTransitionTime": "<time>"},
+            {"type": "MetalguardAgentReady", "status": "True", "reason": "AgentReporting",
+             "message": "metalguard agent 0.1.0 reports",
+             "lastHeartbeatTime": "<time>", "lastTransitionTime": "<time>"}]}})
+    );
+    assert_eq!(event(&seen[3]), ("w-3", "Normal", "StartRemediation"));
+    assert_eq!(seen[4].1["status"]["conditions"][0]["status"], "True");
+    assert_eq!(written_phase(&seen[5].1), ("Gated", vec![]));
+    assert_eq!(event(&seen[6]), ("w-3", "Normal", "PowerOff"));
+    // Intent first: the power-off operation and PoweringOff in one apply, before any command.
+    assert_eq!(
+        seen[7].1,
+        json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "GuardedHost", "status": {
+            "operations": [{"id": "remediation/w-3/1/power-off", "agent": "w-1", "type": "fence",
+                "target": "w-3", "power": "off", "remediationId": "remediation/w-3/1",
+                "step": "power-off", "createTime": "<time>"}],
+            "remediation": {"id": "remediation/w-3/1", "phase": "PoweringOff", "attempt": 1,
+                "executor": "w-1", "cause": "Ready=False for at least 5m (check workers)",
+                "startTime": "<time>", "phaseTransitionTime": "<time>", "seq": 1,
+                "strategy": "external-baremetal", "nodeAction": "Delete", "controlPlane": false}}})
+    );
+    assert_eq!(event(&seen[8]), ("w-3", "Normal", "VerifyPowerOff"));
+    // Nothing is done to the Node while the power-off is unverified.
+    lab.sync();
+    lab.round().await;
+    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+
+    // The agent's verified-off result: recorded, then backup → delete → power on.
+    lab.result("w-1", "remediation/w-3/1/power-off").await;
+    lab.round().await;
+    let seen = lab.take();
+    assert_calls(
+        &seen,
+        &[
+            status_of("w-3"),
+            LEASE.to_owned(),
+            status_of("w-3"),
+            EVENT.to_owned(),
+            status_of("w-3"),
+            EVENT.to_owned(),
+            "DELETE /api/v1/nodes/w-3?".to_owned(),
+            status_of("w-3"),
+            EVENT.to_owned(),
+            status_of("w-3"),
+            EVENT.to_owned(),
+        ],
+    );
+    assert_eq!(
+        written_phase(&seen[0].1),
+        ("PoweringOff", vec![("remediation/w-3/1/power-off", true)])
+    );
+    // VerifyPowerOff was announced in the round that planned it: not repeated.
+    assert_eq!(written_phase(&seen[2].1).0, "VerifiedOff");
+    assert_eq!(event(&seen[3]).2, "BackupNodeMetadata");
+    // The backup is persisted before the Node is touched.
+    assert_eq!(written_phase(&seen[4].1).0, "BackedUp");
+    assert_eq!(
+        seen[4].1["status"]["remediation"]["nodeBackup"],
+        json!({"labels": {"kubernetes.io/hostname": "w-3", "team": "storage"},
+               "annotations": {"rack": "r7"}})
+    );
+    assert_eq!(event(&seen[5]).2, "DeleteNode");
+    assert_eq!(seen[6].1, json!({}));
+    assert_eq!(written_phase(&seen[7].1).0, "NodeRemoved");
+    assert_eq!(event(&seen[8]).2, "PowerOn");
+    assert_eq!(
+        written_phase(&seen[9].1),
+        (
+            "PoweringOn",
+            vec![
+                ("remediation/w-3/1/power-off", true),
+                ("remediation/w-3/1/power-on", false)
+            ]
+        )
+    );
+    assert_eq!(event(&seen[10]).2, "VerifyPowerOn");
+
+    lab.sync();
+    lab.result("w-1", "remediation/w-3/1/power-on").await;
+    lab.round().await;
+    let seen = lab.take();
+    assert_calls(
+        &seen,
+        &[status_of("w-3"), LEASE.to_owned(), status_of("w-3")],
+    );
+    assert_eq!(written_phase(&seen[2].1).0, "WaitingForNode");
+
+    // The host re-registers with a new Node: one saved annotation is already set there.
+    {
+        let mut s = lab.server.lock().unwrap();
+        let mut fresh = node("w-3", "True", k8s_openapi::jiff::Timestamp::now());
+        fresh["metadata"]["labels"] = json!({"kubernetes.io/hostname": "w-3"});
+        fresh["metadata"]["annotations"] = json!({"rack": "r9"});
+        fresh["metadata"]["resourceVersion"] = json!("500");
+        s.objects.insert("/api/v1/nodes/w-3".to_owned(), fresh);
+    }
+    lab.sync();
+    lab.round().await;
+    let seen = lab.take();
+    assert_calls(
+        &seen,
+        &[
+            LEASE.to_owned(),
+            EVENT.to_owned(),
+            "PATCH /api/v1/nodes/w-3?".to_owned(),
+            status_of("w-3"),
+            EVENT.to_owned(),
+            status_of("w-3"),
+            format!(
+                "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers/status{APPLY}"
+            ),
+        ],
+    );
+    assert_eq!(seen[6].1["status"]["currentHealthy"], 3);
+    assert_eq!(event(&seen[1]).2, "RestoreNodeMetadata");
+    // Only what the new Node lacks, conditional on the version it was computed from.
+    assert_eq!(
+        seen[2].1,
+        json!({"metadata": {"labels": {"team": "storage"}, "resourceVersion": "500"}})
+    );
+    assert_eq!(written_phase(&seen[3].1).0, "Restored");
+    assert!(
+        seen[3].1["status"]["remediation"]
+            .get("nodeBackup")
+            .is_none()
+    );
+    assert_eq!(event(&seen[4]).2, "Complete");
+    assert_eq!(written_phase(&seen[5].1).0, "Done");
+}
+
+#[tokio::test]
+async fn a_short_circuit_touches_no_node_and_says_why() {
+    let mut lab = Lab::new(&["w-2", "w-3"], &json!(1), "Delete");
+    lab.report("w-1").await;
+    let _ = lab.take();
+    lab.round().await;
+    let seen = lab.take();
+    assert_calls(
+        &seen,
+        &[
+            LEASE.to_owned(),
+            EVENT.to_owned(),
+            EVENT.to_owned(),
+            format!(
+                "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers/status{APPLY}"
+            ),
+            EVENT.to_owned(),
+        ],
+    );
+    for (i, host) in [(1, "w-2"), (2, "w-3")] {
+        assert_eq!(event(&seen[i]), (host, "Warning", "Refused"));
+        assert!(
+            seen[i].1["note"]
+                .as_str()
+                .unwrap()
+                .contains("short-circuited")
+        );
+    }
+    let seen = &seen[2..];
+    let condition = &seen[1].1["status"]["conditions"][0];
+    assert_eq!(condition["type"], "RemediationAllowed");
+    assert_eq!(condition["status"], "False");
+    assert_eq!(condition["reason"], "TooManyUnhealthy");
+    assert_eq!(seen[1].1["status"]["remediationsAllowed"], 0);
+    assert_eq!(
+        (seen[2].1["regarding"]["kind"].as_str(), event(&seen[2])),
+        (
+            Some("HostHealthCheck"),
+            ("workers", "Warning", "RemediationShortCircuited")
+        )
+    );
+    assert!(
+        seen[2].1["note"].as_str().unwrap().contains("maxUnhealthy"),
+        "{}",
+        seen[2].1
+    );
+    // Said once: the next round only reads the Lease.
+    lab.round().await;
+    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+}
+
+#[tokio::test]
+async fn an_admin_fence_request_is_processed_once_with_its_timeline() {
+    let mut lab = Lab::new(&[], &json!("100%"), "OutOfServiceTaint");
+    lab.server.lock().unwrap().objects.insert(
+        format!("/apis/metalguard.io/v1alpha1/namespaces/{NS}/fencerequests/fence-w-2"),
+        json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "FenceRequest",
+            "metadata": {"name": "fence-w-2", "namespace": NS, "resourceVersion": "1",
+                "creationTimestamp": "2026-11-23T10:00:00Z"},
+            "spec": {"target": "w-2", "reason": "kernel hung, console frozen", "force": true}}),
+    );
+    lab.sync();
+    lab.report("w-1").await;
+    let _ = lab.take();
+    lab.round().await;
+    let seen = lab.take();
+    let fence_status = format!(
+        "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/fencerequests/fence-w-2/status{APPLY}"
+    );
+    let hhc = format!(
+        "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers/status{APPLY}"
+    );
+    assert_calls(
+        &seen,
+        &[
+            LEASE.to_owned(),
+            EVENT.to_owned(),
+            hhc.clone(),
+            status_of("w-2"),
+            fence_status.clone(),
+            EVENT.to_owned(),
+            hhc,
+            status_of("w-2"),
+            fence_status.clone(),
+            EVENT.to_owned(),
+        ],
+    );
+    let seen: Vec<_> = seen
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 6)
+        .map(|(_, s)| s)
+        .collect();
+    assert_eq!(written_phase(&seen[3].1).0, "Gated");
+    assert_eq!(
+        seen[3].1["status"]["remediation"]["forced"],
+        "kernel hung, console frozen"
+    );
+    let accepted = &seen[4].1["status"];
+    assert_eq!(accepted["phase"], "InProgress");
+    assert_eq!(accepted["remediationId"], "remediation/w-2/1");
+    assert_eq!(accepted["timeline"].as_array().unwrap().len(), 1);
+    assert_eq!(written_phase(&seen[6].1).0, "PoweringOff");
+    let timeline = seen[7].1["status"]["timeline"].as_array().unwrap();
+    assert_eq!(
+        timeline
+            .iter()
+            .map(|t| t["remediationPhase"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["Gated", "PoweringOff"]
+    );
+    // Processed once: later rounds (before and after the watch catches up) start nothing.
+    lab.round().await;
+    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+    lab.sync();
+    lab.round().await;
+    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+    // The power-off is verified: the Node is tainted out-of-service (other taints kept).
+    lab.result("w-1", "remediation/w-2/1/power-off").await;
+    lab.round().await;
+    let seen = lab.take();
+    let taint = seen
+        .iter()
+        .find(|(c, _)| c == "PATCH /api/v1/nodes/w-2?")
+        .expect("the Node is tainted");
+    assert_eq!(
+        taint.1,
+        json!({"metadata": {"resourceVersion": "1"}, "spec": {"taints": [
+            {"key": "dedicated", "value": "db", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}]}})
+    );
+    assert!(!calls(&seen).iter().any(|c| c.starts_with("DELETE")));
+    let last = seen.iter().rev().find(|(c, _)| *c == fence_status).unwrap();
+    assert_eq!(
+        last.1["status"]["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["remediationPhase"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        [
+            "Gated",
+            "PoweringOff",
+            "VerifiedOff",
+            "BackedUp",
+            "NodeRemoved",
+            "PoweringOn"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn after_leadership_is_lost_nothing_more_is_written() {
+    let mut lab = Lab::new(&["w-3"], &json!(1), "Delete");
+    lab.report("w-1").await;
+    lab.round().await;
+    let seen = lab.take();
+    assert_eq!(written_phase(&seen[seen.len() - 2].1).0, "PoweringOff");
+    // Another controller holds the Lease now.
+    lab.server.lock().unwrap().lease_holder = "controller-1".to_owned();
+    lab.sync();
+    lab.round().await;
+    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+    // The agent's result arrives: it is not written (the agent will retry with the leader).
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    lab.controller
+        .handle(Inbound::Result {
+            host: "w-1".to_owned(),
+            result: CommandResult {
+                operation_id: metalguard_api::plan::OperationId(
+                    "remediation/w-3/1/power-off".to_owned(),
+                ),
+                outcome: Outcome::Succeeded,
+                started_at: crate::clock::now(),
+                finished_at: crate::clock::now(),
+                timeline: Vec::new(),
+                error: None,
+            },
+            reply,
+        })
+        .await;
+    assert!(answer.await.unwrap().is_err());
+    lab.controller.plan_and_execute().await;
+    lab.report("w-2").await;
+    let seen = lab.take();
+    // Only the agent's own conditions are mirrored (not a decision: any replica does it).
+    assert_calls(&seen, &["PATCH /api/v1/nodes/w-2/status?".to_owned()]);
+}

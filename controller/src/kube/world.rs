@@ -1,0 +1,466 @@
+//! What the watches see (Nodes, the four custom resources and the namespace's Secrets) and how
+//! it becomes the controller's [`Inventory`] and [`State`]. Pure: no request is made here, so
+//! the tests fill the stores by hand and the reflectors fill them in production.
+//!
+//! Mapping, per `GuardedHost` (the core's host name is the object's name):
+//! - `spec.nodeName` → the Node whose conditions, labels and annotations the core reads;
+//! - `spec.bmc` + its credentials Secret (`username`, `password`) → the fence command's BMC;
+//! - `status.remediation` / `status.operations` → the persisted remediation and operations;
+//! - annotations `pre-drain.hook.metalguard.io/<name>` and `spec.lifecycleHooks.preDrain` →
+//!   the host's preDrain hooks (the quorum guard's hook is such an annotation; deleting it
+//!   is the administrator's escape hatch, as deleting the etcd key is in standalone mode).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt as _;
+use kube::runtime::reflector::{Store, store::Writer};
+use metalguard_api::duration::{Timestamp, parse_duration};
+use metalguard_api::k8s::fence::{FenceAction, FencePhase};
+use metalguard_api::k8s::health_check::ConditionStatus as KubeStatus;
+use metalguard_api::k8s::host::HostRole;
+use metalguard_api::k8s::{FenceRequest, GuardedControlPlane, GuardedHost, HostHealthCheck};
+use metalguard_api::policy::{
+    HealthCheck, MaxUnhealthy, Policy, RemediationSettings, Selector, UnhealthyCondition,
+};
+use metalguard_api::protocol::{BmcCredentials, Secret as SecretText};
+use metalguard_api::snapshot::{
+    ConditionStatus, ControlPlaneSpec, NodeCondition, NodeStatus, Role,
+};
+
+use super::record;
+use crate::backend::{State, StoredReport};
+use crate::inventory::{
+    BmcSettings, ClusterBmc, ControllerSettings, EtcdSettings, Inventory, InventoryHost,
+    TrustSetting,
+};
+
+/// The prefix of hook annotations on a `GuardedHost`.
+pub const HOOK_ANNOTATION_PREFIX: &str = "pre-drain.hook.metalguard.io/";
+/// The taint metalguard puts on the Node of a host that is verified off.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+/// The watched objects (read side).
+#[derive(Clone)]
+pub struct World {
+    /// Nodes (cluster-scoped).
+    pub nodes: Store<Node>,
+    /// `GuardedHost`s of the namespace.
+    pub hosts: Store<GuardedHost>,
+    /// `GuardedControlPlane`s of the namespace (at most one is used).
+    pub control_planes: Store<GuardedControlPlane>,
+    /// `HostHealthCheck`s of the namespace.
+    pub checks: Store<HostHealthCheck>,
+    /// `FenceRequest`s of the namespace.
+    pub fences: Store<FenceRequest>,
+    /// Secrets of the namespace (BMC credentials).
+    pub secrets: Store<Secret>,
+}
+
+/// The write side of [`World`]: the reflectors' (or a test's).
+pub struct WorldWriters {
+    /// Nodes.
+    pub nodes: Writer<Node>,
+    /// `GuardedHost`s.
+    pub hosts: Writer<GuardedHost>,
+    /// `GuardedControlPlane`s.
+    pub control_planes: Writer<GuardedControlPlane>,
+    /// `HostHealthCheck`s.
+    pub checks: Writer<HostHealthCheck>,
+    /// `FenceRequest`s.
+    pub fences: Writer<FenceRequest>,
+    /// Secrets.
+    pub secrets: Writer<Secret>,
+}
+
+impl World {
+    /// Empty stores and their writers.
+    pub fn new() -> (World, WorldWriters) {
+        let writers = WorldWriters {
+            nodes: Writer::default(),
+            hosts: Writer::default(),
+            control_planes: Writer::default(),
+            checks: Writer::default(),
+            fences: Writer::default(),
+            secrets: Writer::default(),
+        };
+        let world = World {
+            nodes: writers.nodes.as_reader(),
+            hosts: writers.hosts.as_reader(),
+            control_planes: writers.control_planes.as_reader(),
+            checks: writers.checks.as_reader(),
+            fences: writers.fences.as_reader(),
+            secrets: writers.secrets.as_reader(),
+        };
+        (world, writers)
+    }
+
+    /// The `GuardedHost`s sorted by name.
+    pub fn sorted_hosts(&self) -> Vec<std::sync::Arc<GuardedHost>> {
+        let mut hosts = self.hosts.state();
+        hosts.sort_by_key(|h| h.name_any());
+        hosts
+    }
+
+    /// The `GuardedHost` named `host`.
+    pub fn host(&self, host: &str) -> Option<std::sync::Arc<GuardedHost>> {
+        self.hosts
+            .state()
+            .into_iter()
+            .find(|h| h.name_any() == host)
+    }
+
+    /// The Node of `host` (by `spec.nodeName`).
+    pub fn node_of(&self, host: &str) -> Option<std::sync::Arc<Node>> {
+        let node_name = self.host(host)?.spec.node_name.clone();
+        self.nodes
+            .state()
+            .into_iter()
+            .find(|n| n.name_any() == node_name)
+    }
+
+    /// A fingerprint of everything the inventory is built from (resource versions): the
+    /// inventory is rebuilt only when it changes.
+    pub fn inventory_fingerprint(&self) -> String {
+        let mut parts: Vec<String> = Vec::new();
+        let mut add = |kind: &str, name: String, version: Option<String>| {
+            parts.push(format!("{kind}/{name}@{}", version.unwrap_or_default()));
+        };
+        for h in self.hosts.state() {
+            add("gh", h.name_any(), h.resource_version());
+        }
+        for c in self.control_planes.state() {
+            add("gcp", c.name_any(), c.resource_version());
+        }
+        for c in self.checks.state() {
+            add("hhc", c.name_any(), c.resource_version());
+        }
+        for s in self.secrets.state() {
+            add("secret", s.name_any(), s.resource_version());
+        }
+        parts.sort();
+        parts.join(",")
+    }
+}
+
+/// Builds the inventory from the resources; `base` supplies the process settings (agent API
+/// address, TLS directory, lease timing). An error names the object and field at fault; the
+/// caller keeps the previous inventory, as with a rejected inventory file.
+pub fn inventory(
+    world: &World,
+    namespace: &str,
+    controller: &ControllerSettings,
+    etcd: &EtcdSettings,
+) -> Result<Inventory, String> {
+    let control_planes = world.control_planes.state();
+    let hosts: Vec<InventoryHost> = world
+        .sorted_hosts()
+        .iter()
+        .map(|h| inventory_host(world, namespace, h))
+        .collect();
+    let control_plane = match control_planes.as_slice() {
+        [] => ControlPlaneSpec {
+            desired_replicas: u32::try_from(
+                hosts
+                    .iter()
+                    .filter(|h| h.role == Role::ControlPlane)
+                    .count(),
+            )
+            .unwrap_or(u32::MAX),
+            failure_domains: Vec::new(),
+        },
+        [one] => one.spec.to_core(),
+        _ => {
+            return Err(format!(
+                "namespace {namespace} has {} GuardedControlPlanes; exactly one is used",
+                control_planes.len()
+            ));
+        }
+    };
+    let mut checks = world.checks.state();
+    checks.sort_by_key(|c| c.name_any());
+    let mut policy = Policy::default();
+    let mut settings_from: Option<String> = None;
+    for check in &checks {
+        policy.health_checks.push(health_check(check)?);
+        if settings_from.is_none() {
+            policy.remediation = remediation_settings(check)?;
+            settings_from = Some(check.name_any());
+        }
+    }
+    Ok(Inventory {
+        controller: controller.clone(),
+        etcd: etcd.clone(),
+        control_plane,
+        hosts,
+        policy,
+    })
+}
+
+fn inventory_host(world: &World, namespace: &str, h: &GuardedHost) -> InventoryHost {
+    let bmc = h.spec.bmc.as_ref().map(|b| BmcSettings {
+        address: b.address.clone(),
+        credentials_dir: std::path::PathBuf::new(),
+        tls: TrustSetting {
+            ca_file: None,
+            fingerprint_sha256: b.fingerprint_sha256.clone(),
+            insecure: b.insecure,
+        },
+        from_cluster: Some(ClusterBmc {
+            credentials: credentials(world, namespace, &b.credentials_secret.name),
+            ca_pem: b.ca_bundle.clone(),
+        }),
+    });
+    InventoryHost {
+        name: h.name_any(),
+        role: match h.spec.role {
+            HostRole::ControlPlane => Role::ControlPlane,
+            HostRole::Worker => Role::Worker,
+        },
+        failure_domain: h.spec.failure_domain.clone(),
+        labels: h.labels().clone(),
+        bmc,
+    }
+}
+
+/// The BMC credentials in Secret `name`: keys `username` and `password`. The error names the
+/// Secret and key, never a value.
+fn credentials(world: &World, namespace: &str, name: &str) -> Result<BmcCredentials, String> {
+    let secret = world
+        .secrets
+        .state()
+        .into_iter()
+        .find(|s| s.name_any() == name)
+        .ok_or_else(|| format!("Secret {namespace}/{name} was not found"))?;
+    let key = |key: &str| -> Result<String, String> {
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .ok_or_else(|| format!("Secret {namespace}/{name} has no key {key:?}"))?;
+        String::from_utf8(bytes.0.clone())
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
+            .map_err(|_| format!("Secret {namespace}/{name} key {key:?} is not UTF-8"))
+    };
+    Ok(BmcCredentials {
+        username: key("username")?,
+        password: SecretText::new(key("password")?),
+    })
+}
+
+fn duration(check: &str, field: &str, text: &str) -> Result<std::time::Duration, String> {
+    parse_duration(text).map_err(|e| format!("HostHealthCheck {check}: {field} {text:?}: {e}"))
+}
+
+fn health_check(check: &HostHealthCheck) -> Result<HealthCheck, String> {
+    let name = check.name_any();
+    let spec = &check.spec;
+    if spec
+        .selector
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
+        return Err(format!(
+            "HostHealthCheck {name}: selector.matchExpressions is not supported; use matchLabels"
+        ));
+    }
+    let unhealthy_conditions = spec
+        .unhealthy_conditions
+        .iter()
+        .map(|c| {
+            Ok(UnhealthyCondition {
+                type_: c.type_.clone(),
+                status: match c.status {
+                    KubeStatus::True => ConditionStatus::True,
+                    KubeStatus::False => ConditionStatus::False,
+                    KubeStatus::Unknown => ConditionStatus::Unknown,
+                },
+                timeout: duration(&name, "unhealthyConditions.timeout", &c.timeout)?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(HealthCheck {
+        name: name.clone(),
+        selector: Selector {
+            match_labels: spec.selector.match_labels.clone().unwrap_or_default(),
+            role: None,
+        },
+        unhealthy_conditions,
+        // Kept as written: the core parses it and a bad value blocks remediation (MAO).
+        max_unhealthy: spec.max_unhealthy.as_ref().map(|m| match m {
+            IntOrString::Int(n) => MaxUnhealthy::Count(u32::try_from(*n).unwrap_or(0)),
+            IntOrString::String(s) => MaxUnhealthy::Text(s.clone()),
+        }),
+        node_startup_timeout: spec
+            .node_startup_timeout
+            .as_deref()
+            .map(|t| duration(&name, "nodeStartupTimeout", t))
+            .transpose()?,
+        agent_heartbeat_timeout: spec
+            .agent_heartbeat_timeout
+            .as_deref()
+            .map(|t| duration(&name, "agentHeartbeatTimeout", t))
+            .transpose()?,
+    })
+}
+
+/// Remediation settings come from the first check by name (the core has one set).
+fn remediation_settings(check: &HostHealthCheck) -> Result<RemediationSettings, String> {
+    let name = check.name_any();
+    let mut settings = RemediationSettings {
+        strategy: check.effective_strategy().map_err(|e| e.to_string())?,
+        ..RemediationSettings::default()
+    };
+    if let Some(r) = &check.spec.remediation {
+        if let Some(action) = r.node_action {
+            settings.node_handling = action.into();
+        }
+        if let Some(retries) = r.max_retries {
+            settings.max_retry = retries;
+        }
+        if let Some(p) = &r.retry_period {
+            settings.retry_period = duration(&name, "remediation.retryPeriod", p)?;
+        }
+        if let Some(p) = &r.min_healthy_period {
+            settings.min_healthy_period = duration(&name, "remediation.minHealthyPeriod", p)?;
+        }
+    }
+    Ok(settings)
+}
+
+/// The Node as the core reads it.
+pub fn node_status(node: &Node) -> NodeStatus {
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|conditions| {
+            conditions
+                .iter()
+                .map(|c| NodeCondition {
+                    type_: c.type_.clone(),
+                    status: match c.status.as_str() {
+                        "True" => ConditionStatus::True,
+                        "False" => ConditionStatus::False,
+                        _ => ConditionStatus::Unknown,
+                    },
+                    last_transition: c
+                        .last_transition_time
+                        .as_ref()
+                        .map_or(Timestamp(0), record::timestamp),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    NodeStatus {
+        created_at: node
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(Timestamp(0), record::timestamp),
+        conditions,
+        labels: node.labels().clone(),
+        annotations: node.annotations().clone(),
+        out_of_service: node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT)),
+    }
+}
+
+/// The preDrain hooks of a host: its spec's and its hook annotations'.
+pub fn hooks(h: &GuardedHost) -> BTreeSet<String> {
+    let mut hooks: BTreeSet<String> = h
+        .spec
+        .lifecycle_hooks
+        .pre_drain
+        .iter()
+        .map(|hook| hook.name.clone())
+        .collect();
+    for key in h.annotations().keys() {
+        if let Some(name) = key.strip_prefix(HOOK_ANNOTATION_PREFIX) {
+            hooks.insert(name.to_owned());
+        }
+    }
+    hooks
+}
+
+/// A fence request the leader has not answered yet, if `request` is one.
+pub fn pending_fence(request: &FenceRequest) -> bool {
+    request
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_none_or(|p| p == FencePhase::Pending)
+        && request.spec.action == FenceAction::Remediate
+}
+
+/// The persisted state: records from the hosts' status, pending fence requests, Nodes;
+/// `reports` are the agents' latest (kept in memory, mirrored onto Nodes). A malformed
+/// operation entry is left out and returned as a problem.
+pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State, Vec<String>) {
+    let mut state = State {
+        reports: reports.clone(),
+        nodes: Some(BTreeMap::new()),
+        ..State::default()
+    };
+    let mut problems = Vec::new();
+    for h in world.sorted_hosts() {
+        let name = h.name_any();
+        if let (Some(node), Some(nodes)) = (world.node_of(&name), state.nodes.as_mut()) {
+            nodes.insert(name.clone(), node_status(&node));
+        }
+        let hooks = hooks(&h);
+        if !hooks.is_empty() {
+            state.hooks.insert(name.clone(), hooks);
+        }
+        let Some(status) = &h.status else {
+            continue;
+        };
+        if let Some(r) = &status.remediation {
+            state
+                .remediations
+                .insert(r.id.clone(), record::remediation(&name, r));
+        }
+        for entry in &status.operations {
+            match record::operation(entry) {
+                Ok(op) => {
+                    state.operations.insert(op.id.clone(), op);
+                }
+                Err(problem) => problems.push(format!(
+                    "GuardedHost {name}: operation {}: {problem}",
+                    entry.id
+                )),
+            }
+        }
+    }
+    let mut requests = world.fences.state();
+    requests.sort_by_key(|r| (r.creation_timestamp().map(|t| t.0), r.name_any()));
+    for request in requests.iter().filter(|r| pending_fence(r)) {
+        let target = request.spec.target.clone();
+        state.fence_requests.entry(target).or_insert_with(|| {
+            metalguard_api::snapshot::FenceRequest {
+                requested_at: request
+                    .creation_timestamp()
+                    .as_ref()
+                    .map_or(Timestamp(0), record::timestamp),
+                requested_by: Some(format!("FenceRequest/{}", request.name_any())),
+                force_reason: request.spec.force.then(|| request.spec.reason.clone()),
+            }
+        });
+    }
+    (state, problems)
+}
+
+/// Feeds one object into a writer, as a watch event would (tests).
+#[cfg(test)]
+pub fn apply<K>(writer: &mut Writer<K>, object: K)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(object));
+}
