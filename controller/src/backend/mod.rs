@@ -1,9 +1,8 @@
 //! The backend interface: where the controller's inputs, persisted intent and leadership live.
 //!
-//! Two implementations are planned behind [`Backend`]: [`etcd::EtcdBackend`] (standalone: an
-//! inventory file plus state and a lease-guarded leader key in the guarded etcd) and a
-//! Kubernetes backend (next issue: state in custom resources' status, leadership through a
-//! `Lease` object). The controller loop only ever: campaigns for leadership, loads the
+//! Two implementations: [`etcd::EtcdBackend`] (standalone: an inventory file plus state and a
+//! lease-guarded leader key in the guarded etcd) and `crate::kube::KubeBackend` (state in the
+//! custom resources' status, leadership through a `Lease` object). The controller loop only ever: campaigns for leadership, loads the
 //! [`State`], records reports, and applies atomic batches of [`Write`]s that succeed only
 //! while it still leads — so two controllers never both act.
 

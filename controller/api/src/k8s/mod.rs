@@ -12,7 +12,7 @@
 //! `MachineHealthCheck` and `ControlPlaneMachineSet`, KCP's `KubeadmControlPlane` and medik8s'
 //! `NodeHealthCheck` / `FenceAgentsRemediation`, so `kubectl get` never has to guess.
 //!
-//! Data flow (Kubernetes backend, not built yet): watches of these objects, Nodes and Secrets
+//! Data flow (the Kubernetes backend, `controller/src/kube/`): watches of these objects, Nodes and Secrets
 //! → a [`crate::snapshot::Snapshot`] and [`crate::policy::Policy`] → the core's plan →
 //! the executor, which writes status here. `metalguard-controller crd` renders [`crds`] into
 //! `packaging/kubernetes/crds.yaml`.
