@@ -48,12 +48,21 @@ async fn learner_join_and_promotion_on_50_mib_lose_no_acknowledged_write() {
     let done = flow.run().await.unwrap();
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let (acked, errors) = writer.finish().await;
+    let Written {
+        acked,
+        errors,
+        unanswered,
+        ..
+    } = writer.finish().await;
 
     assert!(matches!(done, JoinState::Member { .. }), "{done:?}");
     assert!(
         errors.is_empty(),
         "writer saw errors during the join: {errors:?}"
+    );
+    assert!(
+        unanswered.is_empty(),
+        "writes got no answer during the join: {unanswered:?}"
     );
     assert!(
         acked.len() > 10,

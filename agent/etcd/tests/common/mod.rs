@@ -12,13 +12,15 @@
 use etcd_client::{Client, ConnectOptions};
 use metalguard_e2e::etcd::{EtcdCluster, HostSlot};
 use metalguard_etcd::ClientSettings;
+use metalguard_etcd::EtcdErrorKind;
+use metalguard_etcd::error::classify;
 use metalguard_etcd::join::launcher::{ExecLauncher, Launcher};
 use metalguard_etcd::join::{DEFAULT_POLL_INTERVAL, JoinConfig};
 use metalguard_etcd::ops::DEFAULT_PROMOTE_RETRY;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Probe timeout used in the tests: a hung member must show within it.
 pub const PROBE: Duration = Duration::from_secs(1);
@@ -118,35 +120,143 @@ pub async fn fill(endpoints: &[String], mib: usize) {
     }
 }
 
-/// A writer that puts `/writer/<n>` = `<n>` in a loop, recording acknowledged writes and errors.
+/// A writer that puts `/writer/<n>` = `<n>`, recording acknowledged writes, failed writes, and
+/// writes whose first attempt got no answer.
+///
+/// A put that gets no answer within the client timeout (tonic's deadline or etcd's own
+/// `request timed out`) has an unknown outcome: etcd may have dropped the proposal before it
+/// was committed. etcd's contract is that the client sends such a write again; the writer does
+/// so once, with the same key and value (idempotent), and records it in
+/// [`Written::unanswered`] so that each test decides how many it tolerates. Any other error,
+/// or no answer to the resend either, is a failed write.
 pub struct Writer {
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<(Vec<u64>, Vec<String>)>,
+    task: tokio::task::JoinHandle<Written>,
+}
+
+/// What a [`Writer`] saw.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// Writes etcd acknowledged.
+    pub acked: Vec<u64>,
+    /// When each acknowledgement arrived, in order.
+    pub acked_at: Vec<Instant>,
+    /// Writes that failed: a definite error, or no answer to the resend either.
+    pub errors: Vec<String>,
+    /// Writes whose first attempt got no answer and were sent again, with when that first
+    /// attempt was sent.
+    pub unanswered: Vec<(u64, Instant)>,
+}
+
+impl Written {
+    /// The longest time between `from` and `to` in which no write was acknowledged.
+    pub fn longest_without_ack(&self, from: Instant, to: Instant) -> Duration {
+        let inside = self
+            .acked_at
+            .iter()
+            .copied()
+            .filter(|t| *t > from && *t < to);
+        let times: Vec<Instant> = std::iter::once(from)
+            .chain(inside)
+            .chain(std::iter::once(to))
+            .collect();
+        times
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or_default()
+    }
+
+    fn add(&mut self, other: Written) {
+        self.acked.extend(other.acked);
+        self.acked_at.extend(other.acked_at);
+        self.errors.extend(other.errors);
+        self.unanswered.extend(other.unanswered);
+    }
+
+    fn sorted(mut self) -> Self {
+        self.acked.sort_unstable();
+        self.acked_at.sort();
+        self.unanswered.sort_by_key(|(_, sent)| *sent);
+        self
+    }
+}
+
+/// Whether a put's outcome is unknown: no answer in time (the proposal may have been dropped).
+fn got_no_answer(err: &etcd_client::Error) -> bool {
+    matches!(err, etcd_client::Error::GRpcStatus(status)
+        if classify(i32::from(status.code()), status.message()) == EtcdErrorKind::Timeout)
+}
+
+/// Puts write `n`, sends it once more if it got no answer, and records what happened.
+async fn put_recorded(mut c: Client, n: u64) -> Written {
+    let mut written = Written::default();
+    let (key, value) = (format!("/writer/{n}"), n.to_string());
+    let sent = Instant::now();
+    let result = match c.put(key.clone(), value.clone(), None).await {
+        Err(e) if got_no_answer(&e) => {
+            written.unanswered.push((n, sent));
+            c.put(key, value, None)
+                .await
+                .map_err(|e| format!("{n} (sent again): {e}"))
+        }
+        other => other.map_err(|e| format!("{n}: {e}")),
+    };
+    match result {
+        Ok(_) => {
+            written.acked.push(n);
+            written.acked_at.push(Instant::now());
+        }
+        Err(e) => written.errors.push(e),
+    }
+    written
 }
 
 impl Writer {
+    /// One put at a time: the next is sent 5 ms after the previous one was answered.
     pub async fn start(endpoints: &[String]) -> Self {
-        let mut c = client(endpoints).await;
+        let c = client(endpoints).await;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let task = tokio::spawn(async move {
-            let (mut acked, mut errors) = (Vec::new(), Vec::new());
+            let mut written = Written::default();
             let mut n = 0u64;
             while !flag.load(Ordering::SeqCst) {
-                match c.put(format!("/writer/{n}"), n.to_string(), None).await {
-                    Ok(_) => acked.push(n),
-                    Err(e) => errors.push(e.to_string()),
-                }
+                written.add(put_recorded(c.clone(), n).await);
                 n += 1;
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            (acked, errors)
+            written.sorted()
         });
         Self { stop, task }
     }
 
-    /// Stops the writer; returns (acknowledged writes, errors).
-    pub async fn finish(self) -> (Vec<u64>, Vec<String>) {
+    /// A put every `every`, without waiting for earlier ones to be answered: a put that etcd
+    /// dropped waits out the client timeout without holding up the next ones.
+    pub async fn start_paced(endpoints: &[String], every: Duration) -> Self {
+        let c = client(endpoints).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut puts = tokio::task::JoinSet::new();
+            let mut tick = tokio::time::interval(every);
+            let mut n = 0u64;
+            while !flag.load(Ordering::SeqCst) {
+                tick.tick().await;
+                puts.spawn(put_recorded(c.clone(), n));
+                n += 1;
+            }
+            let mut written = Written::default();
+            while let Some(put) = puts.join_next().await {
+                written.add(put.unwrap());
+            }
+            written.sorted()
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the writer, waits for the puts in flight and returns what it saw.
+    pub async fn finish(self) -> Written {
         self.stop.store(true, Ordering::SeqCst);
         self.task.await.unwrap()
     }
