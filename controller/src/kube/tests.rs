@@ -344,7 +344,12 @@ impl Lab {
         self.controller.handle(Inbound::Report(report)).await;
     }
 
-    async fn result(&mut self, host: &str, operation: &str) {
+    /// The agent of `host` posts a succeeded result; the answer it would get.
+    async fn result(
+        &mut self,
+        host: &str,
+        operation: &str,
+    ) -> Result<metalguard_api::protocol::ResultAck, crate::hub::ResultError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let now = crate::clock::now();
         self.controller
@@ -361,7 +366,7 @@ impl Lab {
                 reply,
             })
             .await;
-        answer.await.unwrap().unwrap();
+        answer.await.unwrap()
     }
 
     async fn round(&mut self) {
@@ -512,7 +517,9 @@ async fn an_unhealthy_node_is_fenced_deleted_and_restored_request_by_request() {
     assert_calls(&lab.take(), &[LEASE.to_owned()]);
 
     // The agent's verified-off result: recorded, then backup → delete → power on.
-    lab.result("w-1", "remediation/w-3/1/power-off").await;
+    lab.result("w-1", "remediation/w-3/1/power-off")
+        .await
+        .unwrap();
     lab.round().await;
     let seen = lab.take();
     assert_calls(
@@ -562,7 +569,9 @@ async fn an_unhealthy_node_is_fenced_deleted_and_restored_request_by_request() {
     assert_eq!(event(&seen[10]).2, "VerifyPowerOn");
 
     lab.sync();
-    lab.result("w-1", "remediation/w-3/1/power-on").await;
+    lab.result("w-1", "remediation/w-3/1/power-on")
+        .await
+        .unwrap();
     lab.round().await;
     let seen = lab.take();
     assert_calls(
@@ -732,7 +741,9 @@ async fn an_admin_fence_request_is_processed_once_with_its_timeline() {
     lab.round().await;
     assert_calls(&lab.take(), &[LEASE.to_owned()]);
     // The power-off is verified: the Node is tainted out-of-service (other taints kept).
-    lab.result("w-1", "remediation/w-2/1/power-off").await;
+    lab.result("w-1", "remediation/w-2/1/power-off")
+        .await
+        .unwrap();
     lab.round().await;
     let seen = lab.take();
     let taint = seen
@@ -778,24 +789,11 @@ async fn after_leadership_is_lost_nothing_more_is_written() {
     lab.round().await;
     assert_calls(&lab.take(), &[LEASE.to_owned()]);
     // The agent's result arrives: it is not written (the agent will retry with the leader).
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    lab.controller
-        .handle(Inbound::Result {
-            host: "w-1".to_owned(),
-            result: CommandResult {
-                operation_id: metalguard_api::plan::OperationId(
-                    "remediation/w-3/1/power-off".to_owned(),
-                ),
-                outcome: Outcome::Succeeded,
-                started_at: crate::clock::now(),
-                finished_at: crate::clock::now(),
-                timeline: Vec::new(),
-                error: None,
-            },
-            reply,
-        })
-        .await;
-    assert!(answer.await.unwrap().is_err());
+    assert!(
+        lab.result("w-1", "remediation/w-3/1/power-off")
+            .await
+            .is_err()
+    );
     lab.controller.plan_and_execute().await;
     lab.report("w-2").await;
     let seen = lab.take();
