@@ -461,6 +461,7 @@ async fn run_kubernetes(args: KubeArgs, id: String) -> anyhow::Result<()> {
 }
 
 #[cfg(not(feature = "kubernetes"))]
+#[allow(clippy::unused_async)] // the same signature as the real one
 async fn run_kubernetes(_args: KubeArgs, _id: String) -> anyhow::Result<()> {
     anyhow::bail!("this build has no Kubernetes backend (built without the `kubernetes` feature)")
 }
