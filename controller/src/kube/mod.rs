@@ -234,19 +234,20 @@ impl KubeBackend {
         remediation: Option<Remediation>,
         operations: Vec<StoredOperation>,
     ) -> Result<(), BackendError> {
-        let current = self.current_state();
+        // Only this host's status holds its records (and every operation kept there is
+        // at home there): no need to rebuild the whole state for one write.
+        let status = self.host(host).and_then(|h| h.status).unwrap_or_default();
         let remediation = remediation.or_else(|| {
-            current
-                .remediations
-                .values()
-                .find(|r| r.target == host)
-                .cloned()
+            status
+                .remediation
+                .as_ref()
+                .map(|r| record::remediation(host, r))
         });
-        let mut ops: BTreeMap<String, StoredOperation> = current
+        let mut ops: BTreeMap<String, StoredOperation> = status
             .operations
-            .values()
-            .filter(|op| record::home_of(op) == host)
-            .map(|op| (op.id.to_string(), op.clone()))
+            .iter()
+            .filter_map(|entry| record::operation(entry).ok())
+            .map(|op| (op.id.to_string(), op))
             .collect();
         for op in operations {
             ops.insert(op.id.to_string(), op);
@@ -920,7 +921,8 @@ impl Backend for KubeBackend {
         &self,
         wake: tokio::sync::mpsc::Sender<()>,
     ) -> impl Future<Output = ()> + Send + 'static {
-        // Any change of a fence request or a Node re-plans at once.
+        // A new or changed fence request re-plans at once (Nodes change on every kubelet
+        // heartbeat; they are read on the plan timer).
         let world = self.world.clone();
         async move {
             let mut last = String::new();

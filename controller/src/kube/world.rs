@@ -408,10 +408,19 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
         ..State::default()
     };
     let mut problems = Vec::new();
+    // One pass over the Nodes per round, not one per host.
+    let nodes_by_name: BTreeMap<String, std::sync::Arc<Node>> = world
+        .nodes
+        .state()
+        .into_iter()
+        .map(|n| (n.name_any(), n))
+        .collect();
     for h in world.sorted_hosts() {
         let name = h.name_any();
-        if let (Some(node), Some(nodes)) = (world.node_of(&name), state.nodes.as_mut()) {
-            nodes.insert(name.clone(), node_status(&node));
+        if let (Some(node), Some(nodes)) =
+            (nodes_by_name.get(&h.spec.node_name), state.nodes.as_mut())
+        {
+            nodes.insert(name.clone(), node_status(node));
         }
         let hooks = hooks(&h);
         if !hooks.is_empty() {
