@@ -50,21 +50,7 @@ async fn reports_carry_the_bmc_targets_and_the_fence_goes_to_an_agent_that_reach
 
     // cp-1 is told the BMCs of w-1 and w-2 (cp-1 has none), with no credentials.
     let mut cp1 = report("cp-1", 1);
-    cp1.etcd = Some(EtcdView {
-        local_member_id: Some(1),
-        leader_id: Some(1),
-        members: vec![EtcdMemberView {
-            id: 1,
-            name: "cp-1".to_owned(),
-            peer_urls: Vec::new(),
-            client_urls: Vec::new(),
-            learner: false,
-            healthy: true,
-            alarms: Vec::new(),
-            raft_applied_index: Some(10),
-            error: None,
-        }],
-    });
+    cp1.etcd = Some(single_voter_view());
     let answer = post(&lab, port.port(), &cp1).await;
     assert!(
         !answer.contains("hunter2") && !answer.contains("password"),

@@ -369,6 +369,12 @@ impl Lab {
         answer.await.unwrap()
     }
 
+    /// A round that must only read the Lease (nothing to decide, or not leading).
+    async fn quiet_round(&mut self) {
+        self.round().await;
+        assert_calls(&self.take(), &[LEASE.to_owned()]);
+    }
+
     async fn round(&mut self) {
         self.controller.campaign().await;
         self.controller.plan_and_execute().await;
@@ -432,6 +438,12 @@ fn assert_calls(seen: &[(String, Value)], expected: &[String]) {
     }
 }
 
+fn hhc_status() -> String {
+    format!(
+        "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers/status{APPLY}"
+    )
+}
+
 fn status_of(host: &str) -> String {
     format!("PATCH {GH}/{host}/status{APPLY}")
 }
@@ -476,9 +488,7 @@ async fn an_unhealthy_node_is_fenced_deleted_and_restored_request_by_request() {
             "PATCH /api/v1/nodes/w-2/status?".to_owned(),
             LEASE.to_owned(),
             EVENT.to_owned(),
-            format!(
-                "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers/status{APPLY}"
-            ),
+            hhc_status(),
             status_of("w-3"),
             EVENT.to_owned(),
             status_of("w-3"),
@@ -513,8 +523,7 @@ async fn an_unhealthy_node_is_fenced_deleted_and_restored_request_by_request() {
     assert_eq!(event(&seen[8]), ("w-3", "Normal", "VerifyPowerOff"));
     // Nothing is done to the Node while the power-off is unverified.
     lab.sync();
-    lab.round().await;
-    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+    lab.quiet_round().await;
 
     // The agent's verified-off result: recorded, then backup → delete → power on.
     lab.result("w-1", "remediation/w-3/1/power-off")
@@ -601,9 +610,7 @@ async fn an_unhealthy_node_is_fenced_deleted_and_restored_request_by_request() {
             status_of("w-3"),
             EVENT.to_owned(),
             status_of("w-3"),
-            format!(
-                "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers/status{APPLY}"
-            ),
+            hhc_status(),
         ],
     );
     assert_eq!(seen[6].1["status"]["currentHealthy"], 3);
@@ -636,9 +643,7 @@ async fn a_short_circuit_touches_no_node_and_says_why() {
             LEASE.to_owned(),
             EVENT.to_owned(),
             EVENT.to_owned(),
-            format!(
-                "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers/status{APPLY}"
-            ),
+            hhc_status(),
             EVENT.to_owned(),
         ],
     );
@@ -670,8 +675,7 @@ async fn a_short_circuit_touches_no_node_and_says_why() {
         seen[2].1
     );
     // Said once: the next round only reads the Lease.
-    lab.round().await;
-    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+    lab.quiet_round().await;
 }
 
 #[tokio::test]
@@ -692,9 +696,7 @@ async fn an_admin_fence_request_is_processed_once_with_its_timeline() {
     let fence_status = format!(
         "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/fencerequests/fence-w-2/status{APPLY}"
     );
-    let hhc = format!(
-        "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/hosthealthchecks/workers/status{APPLY}"
-    );
+    let hhc = hhc_status();
     assert_calls(
         &seen,
         &[
@@ -735,11 +737,9 @@ async fn an_admin_fence_request_is_processed_once_with_its_timeline() {
         ["Gated", "PoweringOff"]
     );
     // Processed once: later rounds (before and after the watch catches up) start nothing.
-    lab.round().await;
-    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+    lab.quiet_round().await;
     lab.sync();
-    lab.round().await;
-    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+    lab.quiet_round().await;
     // The power-off is verified: the Node is tainted out-of-service (other taints kept).
     lab.result("w-1", "remediation/w-2/1/power-off")
         .await
@@ -786,8 +786,7 @@ async fn after_leadership_is_lost_nothing_more_is_written() {
     // Another controller holds the Lease now.
     lab.server.lock().unwrap().lease_holder = "controller-1".to_owned();
     lab.sync();
-    lab.round().await;
-    assert_calls(&lab.take(), &[LEASE.to_owned()]);
+    lab.quiet_round().await;
     // The agent's result arrives: it is not written (the agent will retry with the leader).
     assert!(
         lab.result("w-1", "remediation/w-3/1/power-off")

@@ -232,10 +232,9 @@ pub async fn poll(client: &reqwest::Client, port: u16, host: &str, wait: Duratio
     response.json().await.unwrap()
 }
 
-/// cp-1's agent reports a healthy single-voter etcd (the quorum guard needs a known voter).
-pub async fn report_etcd_voter(lab: &Lab, port: u16) {
-    let mut cp = report("cp-1", 1);
-    cp.etcd = Some(EtcdView {
+/// cp-1's view of a healthy etcd whose only member, cp-1 (id 1), votes and leads.
+pub fn single_voter_view() -> EtcdView {
+    EtcdView {
         local_member_id: Some(1),
         leader_id: Some(1),
         members: vec![EtcdMemberView {
@@ -249,7 +248,13 @@ pub async fn report_etcd_voter(lab: &Lab, port: u16) {
             raft_applied_index: Some(10),
             error: None,
         }],
-    });
+    }
+}
+
+/// cp-1's agent reports a healthy single-voter etcd (the quorum guard needs a known voter).
+pub async fn report_etcd_voter(lab: &Lab, port: u16) {
+    let mut cp = report("cp-1", 1);
+    cp.etcd = Some(single_voter_view());
     let status = client(&lab.tls(), Some("cp-1"))
         .post(url(port, &report_path("cp-1")))
         .json(&cp)
