@@ -101,15 +101,26 @@ pub async fn client(endpoints: &[String]) -> Client {
 
 /// Writes about `mib` MiB in 100 KiB values with 8 concurrent writers.
 pub async fn fill(endpoints: &[String], mib: usize) {
+    fill_under(endpoints, "/fill", mib).await;
+}
+
+/// Writes `mib` more MiB under keys of their own (`round` keeps rounds apart).
+#[allow(dead_code)] // not every test binary tops up
+pub async fn fill_more(endpoints: &[String], round: usize, mib: usize) {
+    fill_under(endpoints, &format!("/fill-more/{round}"), mib).await;
+}
+
+async fn fill_under(endpoints: &[String], prefix: &str, mib: usize) {
     let value = vec![b'x'; 100 * 1024];
     let per_task = mib * 10 / 8 + 1;
     let mut tasks = Vec::new();
     for t in 0..8 {
         let mut c = client(endpoints).await;
         let value = value.clone();
+        let prefix = prefix.to_owned();
         tasks.push(tokio::spawn(async move {
             for i in 0..per_task {
-                c.put(format!("/fill/{t}/{i}"), value.clone(), None)
+                c.put(format!("{prefix}/{t}/{i}"), value.clone(), None)
                     .await
                     .unwrap();
             }
