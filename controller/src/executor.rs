@@ -307,6 +307,7 @@ mod tests {
             forced: None,
             cancel_requested: None,
             backup: None,
+            powered_on_at: None,
         }
     }
 

@@ -97,6 +97,7 @@ pub fn build(
                         .collect(),
                 }),
                 etcd: member_of(&h.name, &views),
+                hold: state.holds.get(&h.name).cloned(),
             }
         })
         .collect();

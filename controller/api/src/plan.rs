@@ -221,6 +221,67 @@ pub struct Action {
     pub reason: String,
 }
 
+/// The kind of reason behind a refusal, for scripts and metrics (the text says the rest).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReasonKind {
+    /// It would cost etcd quorum, or quorum is lost and the etcd view cannot be trusted.
+    Quorum,
+    /// The control plane is degraded (quorum lost, invalid desired replicas): nothing is done.
+    Degraded,
+    /// A health check short-circuited (more unhealthy than `maxUnhealthy`, or it is invalid).
+    ShortCircuit,
+    /// The control plane is busy: another control-plane remediation, a membership change, a
+    /// host provisioning or being deleted, machines and members that disagree.
+    ControlPlaneBusy,
+    /// Retry accounting: `retryPeriod` not over, `maxRetry` spent, a person must look.
+    Retry,
+    /// Worker `maxConcurrent` reached.
+    Concurrency,
+    /// No agent can carry it out (none healthy, or none reaches the BMC).
+    Executor,
+    /// A person holds the host after a break-glass fence.
+    Hold,
+    /// Waiting for something under way (a learner catching up, a hook, a result).
+    Waiting,
+    /// A policy rule or a missing prerequisite (healthy host without `--force`, no BMC,
+    /// being deleted).
+    Policy,
+    /// The snapshot is invalid.
+    Invalid,
+    /// Anything else (and refusals recorded before kinds existed).
+    #[default]
+    Other,
+}
+
+impl ReasonKind {
+    /// The kebab-case name (as in JSON).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReasonKind::Quorum => "quorum",
+            ReasonKind::Degraded => "degraded",
+            ReasonKind::ShortCircuit => "short-circuit",
+            ReasonKind::ControlPlaneBusy => "control-plane-busy",
+            ReasonKind::Retry => "retry",
+            ReasonKind::Concurrency => "concurrency",
+            ReasonKind::Executor => "executor",
+            ReasonKind::Hold => "hold",
+            ReasonKind::Waiting => "waiting",
+            ReasonKind::Policy => "policy",
+            ReasonKind::Invalid => "invalid",
+            ReasonKind::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for ReasonKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Something the planner decided not to do, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -232,6 +293,9 @@ pub struct Refusal {
     pub subject: String,
     /// Why.
     pub reason: String,
+    /// The kind of reason.
+    #[serde(default)]
+    pub kind: ReasonKind,
 }
 
 fn default_refused() -> String {
@@ -268,7 +332,8 @@ pub struct Plan {
     pub health: Vec<CheckSummary>,
     /// Set when the cluster is degraded beyond what the guard repairs; it then does nothing.
     pub degraded: Option<String>,
-    /// Voluntary disruption budget: etcd members that must stay available (voters − 1).
+    /// Voluntary disruption budget (seed 001's quorum-guard PDB): control-plane machines that
+    /// must stay available, machines − 1.
     pub min_available_members: Option<usize>,
     /// The earliest time a verdict can change by time alone (requeue no later than this).
     pub requeue_at: Option<Timestamp>,
@@ -300,7 +365,10 @@ impl fmt::Display for Plan {
             writeln!(f)?;
         }
         if let Some(m) = self.min_available_members {
-            writeln!(f, "disruption budget: {m} etcd members must stay available")?;
+            writeln!(
+                f,
+                "disruption budget: {m} control-plane machines must stay available"
+            )?;
         }
         if self.actions.is_empty() {
             writeln!(f, "no actions")?;

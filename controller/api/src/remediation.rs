@@ -213,6 +213,11 @@ pub struct Remediation {
     /// The Node metadata backup, once taken.
     #[serde(default)]
     pub backup: Option<NodeBackup>,
+    /// When the target was verified powered on again (the remediation entered
+    /// `waiting-for-node`): the host's boot. Health evidence older than this describes the
+    /// host before its fence and is not held against it (see `metalguard-core::health`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub powered_on_at: Option<Timestamp>,
 }
 
 /// Builds the stable id of a remediation.
@@ -230,6 +235,9 @@ impl Remediation {
         let current = std::mem::replace(&mut self.phase, RemediationPhase::Detected);
         match current.clone().transition(next) {
             Ok(p) => {
+                if p == RemediationPhase::WaitingForNode {
+                    self.powered_on_at = Some(at);
+                }
                 self.phase = p;
                 self.phase_since = at;
                 Ok(())
@@ -333,6 +341,7 @@ mod tests {
             forced: None,
             cancel_requested: None,
             backup: None,
+            powered_on_at: None,
         };
         assert!(r.advance(P::Done, Timestamp(5)).is_err());
         assert_eq!(r.phase, P::Gated);
@@ -340,6 +349,15 @@ mod tests {
         assert_eq!(
             (r.phase.clone(), r.phase_since),
             (P::PoweringOff, Timestamp(7))
+        );
+        assert_eq!(r.powered_on_at, None);
+        r.advance(P::PoweringOn, Timestamp(8)).unwrap();
+        r.advance(P::WaitingForNode, Timestamp(9)).unwrap();
+        r.advance(P::Done, Timestamp(12)).unwrap();
+        assert_eq!(
+            r.powered_on_at,
+            Some(Timestamp(9)),
+            "the boot is remembered past done"
         );
     }
 }

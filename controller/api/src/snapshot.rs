@@ -113,6 +113,10 @@ pub struct Host {
     /// The etcd member running on the host, if any.
     #[serde(default)]
     pub etcd: Option<EtcdMember>,
+    /// A break-glass fence left the host as a person wants it: metalguard does not touch its
+    /// power, does not remediate it and does not use its agent, until a person releases it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
 }
 
 fn default_true() -> bool {
@@ -158,6 +162,28 @@ pub struct FenceRequest {
     /// this reason is recorded. Safety rules (quorum, one per target) are never skipped.
     #[serde(default)]
     pub force_reason: Option<String>,
+}
+
+/// A break-glass hold: a person fenced a host directly through its BMC
+/// (`metalguard-agent fence --direct`), bypassing the controller. Until a person releases it,
+/// the host is left alone: no remediation, no power step, no executor duty, and its etcd
+/// member counts as down whatever it reports.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hold {
+    /// Unique id of the hold (`<executing host>/<milliseconds>`); a released id is never
+    /// honoured again, however often an agent still reports it.
+    pub id: String,
+    /// The held host.
+    pub target: String,
+    /// When the break-glass fence ran.
+    pub since: Timestamp,
+    /// Who ran it: the user (and the host the command ran on).
+    pub by: String,
+    /// Why, as the person gave it.
+    pub reason: String,
+    /// What the fence did: `off`, `reboot` or `on`.
+    pub action: String,
 }
 
 /// An administrator's request to retire a host: replace its etcd member, then power it off.

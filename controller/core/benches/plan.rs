@@ -60,6 +60,7 @@ fn host(name: String, role: Role, domain: &str, ready: bool) -> Host {
             bmc_reachable: BTreeMap::new(),
         }),
         etcd: None,
+        hold: None,
     }
 }
 

@@ -128,6 +128,7 @@ fn snapshot(desired: u32, hosts: &[HostBits], rems: &[(usize, u8, u8)]) -> Snaps
             forced: None,
             cancel_requested: (ph & 0x40 != 0).then(|| "fuzz".to_owned()),
             backup: None,
+            powered_on_at: None,
         });
     }
     Snapshot {

@@ -1,7 +1,7 @@
 //! Plans quorum-hook changes, at most one etcd membership change, and control-plane scaling
 //! (seeds 001, 002, 004), using the rules in [`crate::quorum`] and [`crate::domains`].
 
-use metalguard_api::plan::{Action, ActionKind, OperationId, Refusal};
+use metalguard_api::plan::{Action, ActionKind, OperationId, ReasonKind, Refusal};
 use metalguard_api::snapshot::{Host, Snapshot};
 
 use crate::domains::{choose_failure_domain, choose_host_to_remove, propose_rebalance};
@@ -29,7 +29,7 @@ impl GuardOutput {
         });
     }
 
-    fn refuse(&mut self, subject: &str, reason: String) {
+    fn refuse(&mut self, subject: &str, kind: ReasonKind, reason: String) {
         let refused = if subject == "etcd" {
             "changing the membership of"
         } else {
@@ -39,6 +39,7 @@ impl GuardOutput {
             refused: refused.to_owned(),
             subject: subject.to_owned(),
             reason,
+            kind,
         });
     }
 
@@ -159,7 +160,7 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
                     ),
                 );
             }
-            Err(e) => out.refuse("etcd", e.to_string()),
+            Err(e) => out.refuse("etcd", ReasonKind::Quorum, e.to_string()),
         }
     }
     // (c) At most one learner: promote it when it may be promoted, else wait.
@@ -176,18 +177,21 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
             let p = l.member.progress_permille;
             return out.refuse(
                 "etcd",
+                ReasonKind::Waiting,
                 format!("learner {name} is catching up ({p}‰ of the leader, needs 900‰)"),
             );
         }
         if !l.host.is_some_and(Host::has_quorum_hook) {
             return out.refuse(
                 "etcd",
+                ReasonKind::Waiting,
                 format!("learner {name} waits for its preDrain hook before promotion"),
             );
         }
         if voters + 1 > desired + 1 {
             return out.refuse(
                 "etcd",
+                ReasonKind::Quorum,
                 format!(
                     "promoting {name} would make {} voters > desired {desired} + 1",
                     voters + 1
@@ -197,6 +201,7 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
         if view.healthy_voter_count() + 1 < quorum(voters + 1) {
             return out.refuse(
                 "etcd",
+                ReasonKind::Quorum,
                 format!(
                     "promoting {name} would leave quorum of {} unmet",
                     voters + 1
@@ -233,6 +238,7 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
                     ),
                     None => out.refuse(
                         "etcd",
+                        ReasonKind::Quorum,
                         format!("{} leads and no healthy voter can take over", v.label()),
                     ),
                 }
@@ -249,11 +255,12 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
                         ),
                     );
                 }
-                Err(e) => return out.refuse("etcd", e.to_string()),
+                Err(e) => return out.refuse("etcd", ReasonKind::Quorum, e.to_string()),
             }
         }
         out.refuse(
             "etcd",
+            ReasonKind::Waiting,
             format!(
                 "keeping {} until its replacement is promoted ({voters} voters, desired {desired})",
                 v.label()
@@ -265,6 +272,7 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
         if let Some(down) = view.voters().find(|m| !m.member.healthy) {
             return out.refuse(
                 "etcd",
+                ReasonKind::Quorum,
                 format!(
                     "not adding a learner while voter {} is down (etcd rejects it)",
                     down.label()
@@ -299,6 +307,7 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
             ),
             None => out.refuse(
                 "etcd",
+                ReasonKind::Waiting,
                 format!("{keep_voters} voters stay, desired {desired}: no ready control-plane host without a member"),
             ),
         }
@@ -312,6 +321,21 @@ fn plan_scaling(
     activity: ControlPlaneActivity,
     out: &mut GuardOutput,
 ) {
+    // A scale-down may go while the surge host still waits for its member: it gets one
+    // through the replacement of the host removed (learner, promotion), never before.
+    let scale_down = view
+        .control_plane
+        .iter()
+        .filter(|h| !h.is_deleting())
+        .count()
+        > desired;
+    if let Some(why) = machines_and_members_disagree(snapshot, view, scale_down) {
+        return out.refuse(
+            "control-plane",
+            ReasonKind::ControlPlaneBusy,
+            format!("scaling waits until control-plane machines and etcd members agree: {why}"),
+        );
+    }
     let domains = &snapshot.control_plane.failure_domains;
     let keep: Vec<&Host> = view
         .control_plane
@@ -365,7 +389,11 @@ fn plan_scaling(
                 format!("scale up: {} hosts, desired {desired}", keep.len()),
             ),
             (Err(e), false) => {
-                out.refuse("control-plane", format!("scale-up short-circuited: {e}"));
+                out.refuse(
+                    "control-plane",
+                    ReasonKind::ControlPlaneBusy,
+                    format!("scale-up short-circuited: {e}"),
+                );
             }
         }
     } else if keep.len() > desired {
@@ -373,7 +401,11 @@ fn plan_scaling(
             return;
         }
         if let Err(e) = &preflight {
-            return out.refuse("control-plane", format!("scale-down short-circuited: {e}"));
+            return out.refuse(
+                "control-plane",
+                ReasonKind::ControlPlaneBusy,
+                format!("scale-down short-circuited: {e}"),
+            );
         }
         if let Some(victim) = choose_host_to_remove(domains, &keep) {
             out.act(
@@ -414,4 +446,36 @@ fn plan_scaling(
             );
         }
     }
+}
+
+/// Seed 004's preflight: as many control-plane machines as etcd members. Set, with the
+/// first disagreement, when a member belongs to no host, a staying control-plane host has
+/// no member yet (still provisioning), or a host that is not control-plane runs a member.
+/// A host being deleted whose member is already gone is on its way out and does not count;
+/// for a scale-down (`scale_down`), neither does a staying host still without its member
+/// (the surge host of a rollout gets its member by replacing the host removed).
+pub fn machines_and_members_disagree(
+    snapshot: &Snapshot,
+    view: &EtcdView<'_>,
+    scale_down: bool,
+) -> Option<String> {
+    if let Some(m) = view.members.iter().find(|m| m.host.is_none()) {
+        return Some(format!("etcd member {:x} belongs to no host", m.member.id));
+    }
+    snapshot.hosts.iter().find_map(|h| {
+        let cp = h.role == metalguard_api::snapshot::Role::ControlPlane;
+        if cp && !h.is_deleting() && h.etcd.is_none() && !scale_down {
+            Some(format!(
+                "control-plane host {} has no etcd member yet",
+                h.name
+            ))
+        } else if !cp && h.etcd.is_some() {
+            Some(format!(
+                "{} runs an etcd member but is not a control-plane host",
+                h.name
+            ))
+        } else {
+            None
+        }
+    })
 }

@@ -8,8 +8,17 @@
 //!
 //! Rounding: a percentage is rounded **down** (MAO and seed 003: 40% of 6 is 2). medik8s NHC
 //! rounds up; metalguard follows MAO because it is the stricter of the two.
+//!
+//! Control-plane checks: `maxUnhealthy` defaults to, and is capped at, what etcd tolerates —
+//! (voters − 1) / 2, so 1 for 3 members and 2 for 5 (seed 002).
+//!
+//! A grace after every fence: from the moment a remediation verified the host powered on
+//! (its boot), evidence older than the boot — a condition that last changed before it, a
+//! heartbeat from before it, a Node missing since before it — is not held against the host
+//! until `nodeStartupTimeout` after the boot (or the evidence's own timeout, if longer): the
+//! host is starting, as MHC treats a machine without a Node yet.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -18,7 +27,9 @@ use metalguard_api::policy::{
     DEFAULT_CONTROL_PLANE_MAX_UNHEALTHY, DEFAULT_NODE_STARTUP_TIMEOUT, HealthCheck, MaxUnhealthy,
     Selector,
 };
-use metalguard_api::snapshot::{Host, Role};
+use metalguard_api::snapshot::{Host, Role, Snapshot};
+
+use crate::quorum::EtcdView;
 
 /// `maxUnhealthy` could not be understood; remediation is blocked for the check.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,18 +39,28 @@ pub enum MaxUnhealthyError {
     Malformed(String),
 }
 
+/// How many unhealthy control-plane hosts etcd with `voters` voting members tolerates:
+/// (voters − 1) / 2 — 1 for 3, 2 for 5 (seed 002). With no voter known, the seed-000 default.
+pub fn control_plane_tolerance(voters: usize) -> usize {
+    if voters == 0 {
+        DEFAULT_CONTROL_PLANE_MAX_UNHEALTHY as usize
+    } else {
+        (voters - 1) / 2
+    }
+}
+
 /// Resolves `maxUnhealthy` against the number of targets.
 ///
-/// `None` means the default: 100% of targets, or [`DEFAULT_CONTROL_PLANE_MAX_UNHEALTHY`] when
-/// `control_plane` is set (seed 000). Percentages round down.
+/// `None` means the default: 100% of targets, or, when `control_plane` is
+/// `Some(tolerance)`, that tolerance (see [`control_plane_tolerance`]). Percentages round
+/// down. The caller caps a control-plane value at the tolerance.
 pub fn resolve_max_unhealthy(
     value: Option<&MaxUnhealthy>,
     targets: usize,
-    control_plane: bool,
+    control_plane: Option<usize>,
 ) -> Result<usize, MaxUnhealthyError> {
     let text = match value {
-        None if control_plane => return Ok(DEFAULT_CONTROL_PLANE_MAX_UNHEALTHY as usize),
-        None => return Ok(targets),
+        None => return Ok(control_plane.unwrap_or(targets)),
         Some(MaxUnhealthy::Count(n)) => return Ok(*n as usize),
         Some(MaxUnhealthy::Text(t)) => t.trim(),
     };
@@ -138,12 +159,66 @@ fn earliest(a: Option<Timestamp>, b: Timestamp) -> Option<Timestamp> {
     Some(a.map_or(b, |a| a.min(b)))
 }
 
+/// What every check's verdict depends on besides the check: the hosts, which are under
+/// remediation, when each was last booted by a remediation, and what etcd tolerates.
+#[derive(Debug, Clone)]
+pub struct HealthInputs<'a> {
+    /// Every host.
+    pub hosts: &'a [Host],
+    /// Targets of active remediations.
+    pub remediating: BTreeSet<&'a str>,
+    /// The latest verified power-on of each host by a remediation (its boot).
+    pub boots: BTreeMap<&'a str, Timestamp>,
+    /// How many unhealthy control-plane hosts etcd tolerates now.
+    pub control_plane_tolerance: usize,
+}
+
+impl<'a> HealthInputs<'a> {
+    /// The inputs of `snapshot`.
+    pub fn from_snapshot(snapshot: &'a Snapshot, view: &EtcdView<'_>) -> Self {
+        let mut boots: BTreeMap<&str, Timestamp> = BTreeMap::new();
+        for r in &snapshot.remediations {
+            if let Some(at) = r.powered_on_at {
+                let e = boots.entry(r.target.as_str()).or_insert(at);
+                *e = (*e).max(at);
+            }
+        }
+        HealthInputs {
+            hosts: &snapshot.hosts,
+            remediating: snapshot
+                .remediations
+                .iter()
+                .filter(|r| r.phase.is_active())
+                .map(|r| r.target.as_str())
+                .collect(),
+            boots,
+            control_plane_tolerance: control_plane_tolerance(view.voter_count()),
+        }
+    }
+}
+
+/// When evidence dated `at` with timeout `timeout` makes a host unhealthy, given its last
+/// `boot`: evidence from before the boot counts only from `boot + max(timeout, startup)`.
+fn evidence_due(
+    at: Timestamp,
+    timeout: Duration,
+    boot: Option<Timestamp>,
+    startup: Duration,
+) -> Timestamp {
+    match boot {
+        Some(b) if at < b => b.after(timeout.max(startup)),
+        _ => at.after(timeout),
+    }
+}
+
 /// Judges one host against one check. Returns the unhealthy reason and since-time, and the
-/// earliest future time the verdict could flip.
+/// earliest future time the verdict could flip. `boot` is the host's last verified power-on
+/// by a remediation (see the module's grace rule).
 pub fn judge_host(
     check: &HealthCheck,
     host: &Host,
     under_remediation: bool,
+    boot: Option<Timestamp>,
     now: Timestamp,
 ) -> (Option<(UnhealthyReason, Timestamp)>, Option<Timestamp>) {
     let mut next: Option<Timestamp> = None;
@@ -153,8 +228,20 @@ pub fn judge_host(
     if host.phase_failed {
         return (Some((UnhealthyReason::PhaseFailed, now)), None);
     }
+    let startup = check
+        .node_startup_timeout
+        .unwrap_or(DEFAULT_NODE_STARTUP_TIMEOUT);
     match &host.node {
-        None if host.node_seen => return (Some((UnhealthyReason::NodeMissing, now)), None),
+        None if host.node_seen => {
+            // Missing since before the boot at the latest: the host is starting.
+            if let Some(b) = boot {
+                let at = b.after(startup);
+                if now < at {
+                    return (None, Some(at));
+                }
+            }
+            return (Some((UnhealthyReason::NodeMissing, now)), None);
+        }
         None => {
             let timeout = check
                 .node_startup_timeout
@@ -177,7 +264,7 @@ pub fn judge_host(
                     .iter()
                     .find(|c| c.type_ == uc.type_ && c.status == uc.status);
                 if let Some(c) = held {
-                    let at = c.last_transition.after(uc.timeout);
+                    let at = evidence_due(c.last_transition, uc.timeout, boot, startup);
                     if now >= at {
                         let reason = UnhealthyReason::Condition {
                             type_: uc.type_.clone(),
@@ -198,7 +285,7 @@ pub fn judge_host(
             .agent
             .as_ref()
             .map_or(host.created_at, |a| a.last_heartbeat);
-        let at = last.after(timeout);
+        let at = evidence_due(last, timeout, boot, startup);
         if now >= at {
             return (Some((UnhealthyReason::HeartbeatLost(timeout), at)), None);
         }
@@ -207,20 +294,25 @@ pub fn judge_host(
     (None, next)
 }
 
-/// Evaluates one check over all hosts. `remediating` holds targets with an active remediation.
+/// Evaluates one check over all hosts.
 pub fn evaluate_check<'a>(
     check: &'a HealthCheck,
-    hosts: &'a [Host],
-    remediating: &BTreeSet<&str>,
+    inputs: &HealthInputs<'a>,
     now: Timestamp,
 ) -> CheckVerdict<'a> {
     let mut targets = 0usize;
     let mut unhealthy = Vec::new();
     let mut next_change: Option<Timestamp> = None;
-    for host in hosts.iter().filter(|h| selects(&check.selector, h)) {
+    for host in inputs.hosts.iter().filter(|h| selects(&check.selector, h)) {
         targets += 1;
-        let (verdict, next) =
-            judge_host(check, host, remediating.contains(host.name.as_str()), now);
+        let name = host.name.as_str();
+        let (verdict, next) = judge_host(
+            check,
+            host,
+            inputs.remediating.contains(name),
+            inputs.boots.get(name).copied(),
+            now,
+        );
         if let Some((reason, since)) = verdict {
             unhealthy.push(Unhealthy {
                 host,
@@ -233,12 +325,20 @@ pub fn evaluate_check<'a>(
         }
     }
     unhealthy.sort_by(|a, b| a.host.name.cmp(&b.host.name));
-    let control_plane = check.selector.role == Some(Role::ControlPlane);
-    let max_unhealthy = resolve_max_unhealthy(check.max_unhealthy.as_ref(), targets, control_plane);
+    let tolerance =
+        (check.selector.role == Some(Role::ControlPlane)).then_some(inputs.control_plane_tolerance);
+    let written = resolve_max_unhealthy(check.max_unhealthy.as_ref(), targets, tolerance);
+    let max_unhealthy = written.clone().map(|m| tolerance.map_or(m, |t| m.min(t)));
+    let capped = match (&written, tolerance) {
+        (Ok(w), Some(t)) if *w > t => {
+            format!(" (maxUnhealthy {w} capped at {t}, what etcd's voters tolerate)")
+        }
+        _ => String::new(),
+    };
     let short_circuit = match &max_unhealthy {
         Err(e) => Some(format!("{e}; remediation is blocked")),
         Ok(max) if unhealthy.len() > *max => Some(format!(
-            "{} unhealthy > maxUnhealthy {max} ({})",
+            "{} unhealthy > maxUnhealthy {max}{capped} ({})",
             unhealthy.len(),
             unhealthy
                 .iter()
@@ -269,26 +369,39 @@ mod tests {
 
     #[test]
     fn seed_003_max_unhealthy_40_percent_of_25_is_10() {
-        assert_eq!(resolve_max_unhealthy(mu("40%").as_ref(), 25, false), Ok(10));
+        assert_eq!(resolve_max_unhealthy(mu("40%").as_ref(), 25, None), Ok(10));
     }
 
     #[test]
     fn seed_003_max_unhealthy_40_percent_of_6_rounds_down_to_2() {
-        assert_eq!(resolve_max_unhealthy(mu("40%").as_ref(), 6, false), Ok(2));
+        assert_eq!(resolve_max_unhealthy(mu("40%").as_ref(), 6, None), Ok(2));
     }
 
     #[test]
     fn seed_003_max_unhealthy_absolute_2_is_independent_of_pool_size() {
         let two = Some(MaxUnhealthy::Count(2));
-        assert_eq!(resolve_max_unhealthy(two.as_ref(), 25, false), Ok(2));
-        assert_eq!(resolve_max_unhealthy(two.as_ref(), 3, false), Ok(2));
-        assert_eq!(resolve_max_unhealthy(mu("2").as_ref(), 100, false), Ok(2));
+        assert_eq!(resolve_max_unhealthy(two.as_ref(), 25, None), Ok(2));
+        assert_eq!(resolve_max_unhealthy(two.as_ref(), 3, None), Ok(2));
+        assert_eq!(resolve_max_unhealthy(mu("2").as_ref(), 100, None), Ok(2));
     }
 
     #[test]
-    fn seed_003_default_is_100_percent_and_seed_000_control_plane_default_is_1() {
-        assert_eq!(resolve_max_unhealthy(None, 7, false), Ok(7));
-        assert_eq!(resolve_max_unhealthy(None, 3, true), Ok(1));
+    fn seed_003_default_is_100_percent_and_seed_002_control_plane_default_is_the_tolerance() {
+        assert_eq!(resolve_max_unhealthy(None, 7, None), Ok(7));
+        assert_eq!(
+            resolve_max_unhealthy(None, 3, Some(control_plane_tolerance(3))),
+            Ok(1)
+        );
+        assert_eq!(
+            resolve_max_unhealthy(None, 5, Some(control_plane_tolerance(5))),
+            Ok(2)
+        );
+        assert_eq!(control_plane_tolerance(1), 0);
+        assert_eq!(
+            control_plane_tolerance(0),
+            1,
+            "no voter known: seed 000's 1"
+        );
     }
 
     fn check(timeout_s: u64) -> HealthCheck {
@@ -323,10 +436,10 @@ mod tests {
             status: ConditionStatus::True,
             last_transition: Timestamp(NOW.0 - 10_000),
         });
-        let (verdict, next) = judge_host(&check(30), &h, false, NOW);
+        let (verdict, next) = judge_host(&check(30), &h, false, None, NOW);
         assert_eq!(verdict, None);
         assert_eq!(next, Some(Timestamp(NOW.0 + 20_000)));
-        let (verdict, _) = judge_host(&check(5), &h, false, NOW);
+        let (verdict, _) = judge_host(&check(5), &h, false, None, NOW);
         assert!(
             matches!(verdict, Some((UnhealthyReason::Condition { .. }, t)) if t == Timestamp(NOW.0 - 5_000))
         );
@@ -337,7 +450,7 @@ mod tests {
         use crate::testkit::{NOW, worker};
         let mut h = worker("w", 0);
         h.agent.as_mut().unwrap().last_heartbeat = Timestamp(NOW.0 - 61_000);
-        let (verdict, _) = judge_host(&check(300), &h, false, NOW);
+        let (verdict, _) = judge_host(&check(300), &h, false, None, NOW);
         assert!(matches!(
             verdict,
             Some((UnhealthyReason::HeartbeatLost(_), _))
@@ -345,7 +458,7 @@ mod tests {
         h.node = None;
         h.node_seen = false;
         h.created_at = Timestamp(NOW.0 - 120_000);
-        let (verdict, next) = judge_host(&check(300), &h, false, NOW);
+        let (verdict, next) = judge_host(&check(300), &h, false, None, NOW);
         assert_eq!(
             verdict, None,
             "a starting host waits for nodeStartupTimeout"
@@ -373,7 +486,7 @@ mod tests {
     fn malformed_max_unhealthy_is_an_error() {
         for bad in ["forty%", "4.5%", "-1", "", "%"] {
             assert!(
-                resolve_max_unhealthy(mu(bad).as_ref(), 10, false).is_err(),
+                resolve_max_unhealthy(mu(bad).as_ref(), 10, None).is_err(),
                 "{bad}"
             );
         }

@@ -8,8 +8,9 @@
 //! Data flow: [`health`] judges hosts per check → [`quorum`] builds the etcd view and its
 //! safety rules → [`guard`] plans hooks, one membership change and scaling (placing hosts with
 //! [`domains`]) → [`retire`] powers off retired hosts once etcd is off them → [`remediation`]
-//! drives remediations through their gates → [`plan::plan`]
-//! assembles the [`metalguard_api::plan::Plan`], whose `Display` explains it.
+//! drives remediations through their gates → [`judge`] judges the assembled plan as a whole
+//! and drops what it rejects → [`plan::plan`] returns the
+//! [`metalguard_api::plan::Plan`], whose `Display` explains it.
 //!
 //! May depend on: `metalguard-api`, `serde`, `thiserror`. No I/O, no clock, no async runtime:
 //! never tokio, hyper, reqwest, the kube client crates or etcd-client (enforced by
@@ -18,6 +19,7 @@
 pub mod domains;
 pub mod guard;
 pub mod health;
+pub mod judge;
 pub mod plan;
 pub mod quorum;
 pub mod remediation;

@@ -4,17 +4,20 @@
 //! the power-off of retired hosts with nothing of etcd left, then the next step of every
 //! running remediation, then new remediations. Each part sees
 //! what the earlier parts planned (a planned membership change holds control-plane fences).
+//! Last, the whole plan goes through the safety judgement ([`crate::judge`]): every action
+//! it rejects is dropped and becomes a refusal that names the rule.
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
 
 use metalguard_api::duration::Timestamp;
-use metalguard_api::plan::{CheckSummary, Plan};
+use metalguard_api::plan::{Action, CheckSummary, Plan, ReasonKind, Refusal};
 use metalguard_api::policy::Policy;
-use metalguard_api::snapshot::{Role, Snapshot};
+use metalguard_api::snapshot::Snapshot;
 
 use crate::guard::{ControlPlaneActivity, plan_guard};
-use crate::health::{CheckVerdict, evaluate_check};
-use crate::quorum::EtcdView;
+use crate::health::{CheckVerdict, HealthInputs, evaluate_check};
+use crate::judge::{Judge, record_guards_quorum};
+use crate::quorum::{EtcdView, guards_quorum};
 use crate::remediation::{Inputs, plan_remediations};
 use crate::retire::{RetireInputs, plan_decommissions};
 use crate::validate::validate_snapshot;
@@ -29,36 +32,57 @@ fn summarize(v: &CheckVerdict<'_>) -> CheckSummary {
     }
 }
 
+/// The snapshot as the planner sees it: the etcd member of a host held after a break-glass
+/// fence counts as down (the host is off, or a person is working on it), whatever the last
+/// report said.
+fn with_holds_applied(snapshot: &Snapshot) -> Cow<'_, Snapshot> {
+    if snapshot.hosts.iter().all(|h| h.hold.is_none()) {
+        return Cow::Borrowed(snapshot);
+    }
+    let mut s = snapshot.clone();
+    for h in s.hosts.iter_mut().filter(|h| h.hold.is_some()) {
+        if let Some(m) = h.etcd.as_mut() {
+            m.healthy = false;
+            m.leader = false;
+        }
+    }
+    Cow::Owned(s)
+}
+
 /// Plans what to do now. Pure: the same inputs always give the same plan.
 pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
     if let Err(e) = validate_snapshot(snapshot) {
         return Plan {
             now,
             degraded: Some(format!("snapshot is invalid: {e}; nothing is planned")),
+            refusals: vec![Refusal {
+                refused: "planning for".to_owned(),
+                subject: "the cluster".to_owned(),
+                reason: e.to_string(),
+                kind: ReasonKind::Invalid,
+            }],
             ..Plan::default()
         };
     }
-    let remediating: BTreeSet<&str> = snapshot
-        .remediations
-        .iter()
-        .filter(|r| r.phase.is_active())
-        .map(|r| r.target.as_str())
-        .collect();
+    let seen = with_holds_applied(snapshot);
+    let snapshot: &Snapshot = &seen;
+    let view = EtcdView::from_snapshot(snapshot);
+    let inputs = HealthInputs::from_snapshot(snapshot, &view);
     let verdicts: Vec<CheckVerdict<'_>> = policy
         .health_checks
         .iter()
-        .map(|c| evaluate_check(c, &snapshot.hosts, &remediating, now))
+        .map(|c| evaluate_check(c, &inputs, now))
         .collect();
-    let view = EtcdView::from_snapshot(snapshot);
+    let host_of = |name: &str| snapshot.hosts.iter().find(|h| h.name == name);
     let activity = ControlPlaneActivity {
         remediation_active: snapshot
             .remediations
             .iter()
-            .any(|r| r.control_plane && r.phase.is_active()),
+            .any(|r| r.phase.is_active() && record_guards_quorum(r, host_of(&r.target))),
         unhealthy: verdicts
             .iter()
             .flat_map(|v| &v.unhealthy)
-            .any(|u| u.host.role == Role::ControlPlane),
+            .any(|u| guards_quorum(u.host)),
     };
     let guard = plan_guard(snapshot, &view, activity);
     let retire = plan_decommissions(RetireInputs {
@@ -82,12 +106,13 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
         .filter_map(|v| v.next_change)
         .chain(rem.next)
         .min();
-    let mut actions = guard.actions;
-    actions.extend(retire.actions);
-    actions.extend(rem.actions);
+    let mut candidates = guard.actions;
+    candidates.extend(retire.actions);
+    candidates.extend(rem.actions);
     let mut refusals = guard.refusals;
     refusals.extend(retire.refusals);
     refusals.extend(rem.refusals);
+    let actions = admit_safe(snapshot, policy, now, candidates, &mut refusals);
     Plan {
         now,
         actions,
@@ -97,4 +122,34 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
         min_available_members: guard.min_available,
         requeue_at,
     }
+}
+
+/// The planner's last step: the actions the safety judgement admits, in order; each rejected
+/// one becomes a refusal naming the rule and its source.
+fn admit_safe(
+    snapshot: &Snapshot,
+    policy: &Policy,
+    now: Timestamp,
+    candidates: Vec<Action>,
+    refusals: &mut Vec<Refusal>,
+) -> Vec<Action> {
+    let mut judge = Judge::new(snapshot, policy, now);
+    let mut admitted = Vec::with_capacity(candidates.len());
+    for action in candidates {
+        match judge.admit(&action) {
+            Ok(()) => admitted.push(action),
+            Err(v) => refusals.push(Refusal {
+                refused: "carrying out".to_owned(),
+                subject: v.subject.clone(),
+                reason: format!(
+                    "{} was planned and is rejected by the safety judgement: {} ({})",
+                    v.action,
+                    v.reason,
+                    v.rule.source()
+                ),
+                kind: v.rule.kind(),
+            }),
+        }
+    }
+    admitted
 }

@@ -12,7 +12,7 @@
 //! - the leader is moved off a voter before that voter is removed;
 //! - a host's hook is removed only after its member is gone, and is never re-added to a host
 //!   being deleted (the escape hatch);
-//! - a voluntary disruption budget of voters − 1;
+//! - a voluntary disruption budget of control-plane machines − 1 (seed 001);
 //! - a control-plane fence is allowed only if it cannot cost quorum, and one at a time.
 //!
 //! When healthy voters are already below quorum the guard reports "degraded" and does nothing.
@@ -65,6 +65,12 @@ pub enum QuorumError {
     /// The desired replica count is not odd.
     #[error("desired control-plane replicas {0} is not an odd number ≥ 1")]
     DesiredNotOdd(u32),
+}
+
+/// True when `host` guards etcd quorum: a control-plane host, or any host that carries an
+/// etcd member (a "worker" label does not make a voter safe to fence).
+pub fn guards_quorum(host: &Host) -> bool {
+    host.role == Role::ControlPlane || host.etcd.is_some()
 }
 
 /// The quorum of a cluster of `voters` voting members.
@@ -233,9 +239,11 @@ impl<'a> EtcdView<'a> {
         Ok(())
     }
 
-    /// The voluntary disruption budget: members that must stay available (voters − 1).
+    /// The voluntary disruption budget (seed 001's quorum-guard PDB): control-plane machines
+    /// that must stay available, `machines − 1`. During a replacement (one machine more) it
+    /// keeps every healthy old member until the new one is healthy.
     pub fn min_available(&self) -> usize {
-        self.voter_count().saturating_sub(1)
+        self.control_plane.len().saturating_sub(1)
     }
 }
 

@@ -320,13 +320,27 @@ fn an_agent_that_cannot_reach_the_targets_bmc_is_passed_over_while_another_might
         report_bmc(w, "cp-0", "w-1", true);
     });
     assert_eq!(started_executor(&mut w).as_deref(), Some("cp-1"));
-    // Every candidate says it cannot: nothing better is known, the choice is as before.
+}
+
+/// Issue 15: a fence that no agent can carry out is not started (it would spend a retry and
+/// hide the cause); the refusal names the cause.
+#[test]
+fn a_fence_no_agent_can_carry_out_is_not_started_and_the_refusal_says_why() {
     let mut w = world(2, &["w-0"], |w| {
         for agent in ["cp-0", "cp-1", "cp-2", "w-1"] {
             report_bmc(w, agent, "w-0", false);
         }
     });
-    assert_eq!(started_executor(&mut w).as_deref(), Some("cp-0"));
+    let p = w.step().unwrap();
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a.kind, ActionKind::StartRemediation { .. })),
+        "{p}"
+    );
+    let r = p.refusals.iter().find(|r| r.subject == "w-0").unwrap();
+    assert_eq!(r.kind, metalguard_api::plan::ReasonKind::Executor, "{p}");
+    assert!(r.reason.contains("cannot reach w-0's BMC"), "{}", r.reason);
 }
 
 #[test]

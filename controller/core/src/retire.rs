@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use metalguard_api::duration::Timestamp;
-use metalguard_api::plan::{Action, ActionKind, OperationId, Refusal};
+use metalguard_api::plan::{Action, ActionKind, OperationId, ReasonKind, Refusal};
 use metalguard_api::snapshot::{Host, Snapshot};
 
 use crate::health::CheckVerdict;
@@ -39,11 +39,12 @@ pub struct RetireOutput {
 }
 
 impl RetireOutput {
-    fn refuse(&mut self, host: &str, reason: String) {
+    fn refuse(&mut self, host: &str, kind: ReasonKind, reason: String) {
         self.refusals.push(Refusal {
             refused: REFUSED.to_owned(),
             subject: host.to_owned(),
             reason,
+            kind,
         });
     }
 }
@@ -74,6 +75,7 @@ pub fn plan_decommissions(inp: RetireInputs<'_>) -> RetireOutput {
         if let Some(reason) = inp.view.quorum_lost() {
             out.refuse(
                 name,
+                ReasonKind::Degraded,
                 format!("the etcd view cannot be trusted ({reason}) to show its member is gone"),
             );
             continue;
@@ -82,6 +84,7 @@ pub fn plan_decommissions(inp: RetireInputs<'_>) -> RetireOutput {
             let what = if m.member.learner { "learner" } else { "voter" };
             out.refuse(
                 name,
+                ReasonKind::Waiting,
                 format!(
                     "its etcd {what} {:x} is still in the cluster (waiting for its replacement and removal)",
                     m.member.id
@@ -93,12 +96,17 @@ pub fn plan_decommissions(inp: RetireInputs<'_>) -> RetireOutput {
             let hooks: Vec<&str> = host.pre_drain_hooks.iter().map(String::as_str).collect();
             out.refuse(
                 name,
+                ReasonKind::Waiting,
                 format!("preDrain hooks are left: {}", hooks.join(", ")),
             );
             continue;
         }
         if !host.bmc_configured {
-            out.refuse(name, "it has no BMC: power it off by hand".to_owned());
+            out.refuse(
+                name,
+                ReasonKind::Policy,
+                "it has no BMC: power it off by hand".to_owned(),
+            );
             continue;
         }
         if let Some(r) = inp
@@ -107,15 +115,30 @@ pub fn plan_decommissions(inp: RetireInputs<'_>) -> RetireOutput {
             .iter()
             .find(|r| r.target == name && r.phase.is_active())
         {
-            out.refuse(name, format!("remediation {} is still active", r.id));
-            continue;
-        }
-        let Some(executor) = choose_executor(&inp, host) else {
             out.refuse(
                 name,
-                "no healthy agent other than its own can drive its BMC".to_owned(),
+                ReasonKind::Waiting,
+                format!("remediation {} is still active", r.id),
             );
             continue;
+        }
+        if let Some(hold) = &host.hold {
+            out.refuse(
+                name,
+                ReasonKind::Hold,
+                format!(
+                    "held since {} by {} after a break-glass fence ({})",
+                    hold.since, hold.by, hold.reason
+                ),
+            );
+            continue;
+        }
+        let executor = match choose_executor(&inp, host) {
+            Ok(e) => e,
+            Err(why) => {
+                out.refuse(name, ReasonKind::Executor, why);
+                continue;
+            }
         };
         let why = if retirement.reason.is_empty() {
             String::new()
@@ -139,8 +162,8 @@ pub fn plan_decommissions(inp: RetireInputs<'_>) -> RetireOutput {
 
 /// The first host by name whose agent may drive `target`'s BMC: reported within the
 /// heartbeat, can fence, Node ready, not deleting, not unhealthy, not under remediation, not
-/// `target` itself, and not reporting that it cannot reach the BMC while another might.
-fn choose_executor<'a>(inp: &RetireInputs<'a>, target: &Host) -> Option<&'a Host> {
+/// `target` itself, not held, and not reporting that it cannot reach the BMC.
+fn choose_executor<'a>(inp: &RetireInputs<'a>, target: &Host) -> Result<&'a Host, String> {
     let unhealthy: BTreeSet<&str> = inp
         .verdicts
         .iter()
@@ -163,13 +186,16 @@ fn choose_executor<'a>(inp: &RetireInputs<'a>, target: &Host) -> Option<&'a Host
                     a.can_fence && a.last_heartbeat.after(inp.executor_heartbeat) > inp.now
                 })
                 && h.node_ready()
+                && h.hold.is_none()
                 && !h.is_deleting()
                 && !unhealthy.contains(h.name.as_str())
                 && !busy.contains(h.name.as_str())
         })
         .collect();
     candidates.sort_by(|a, b| a.name.cmp(&b.name));
+    let count = candidates.len();
     crate::remediation::prefer_bmc_reachers(candidates, &target.name)
         .first()
         .copied()
+        .ok_or_else(|| crate::remediation::no_executor_reason(count, &target.name))
 }

@@ -47,11 +47,29 @@ fn seed_004_scenario_1_three_replicas_one_machine_marked_for_remediation() {
     assert_eq!(starts(&p), ["cp-0"], "{p}");
 }
 
+/// Seed 004 scenario 2 with seed 002's limit: on 3 members, maxUnhealthy is capped at 1 (what
+/// 3 voters tolerate), so two marked machines short-circuit even when written as 2; on 5
+/// members (tolerance 2) they are remediated one at a time.
 #[test]
-fn seed_004_scenario_2_three_replicas_two_machines_marked_one_at_a_time() {
+fn seed_004_scenario_2_two_machines_marked_one_at_a_time_within_seed_002s_limit() {
     let mut pol = policy();
     pol.health_checks[0].max_unhealthy = Some(MaxUnhealthy::Count(2));
     let mut s = cluster(3, 1);
+    break_host(find(&mut s, "cp-0"), ten_minutes_ago());
+    break_host(find(&mut s, "cp-1"), ten_minutes_ago());
+    find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = true;
+    let p = crate::plan(&s, &pol, NOW);
+    assert!(starts(&p).is_empty(), "{p}");
+    assert!(
+        refused(
+            &p,
+            "cp-1",
+            "maxUnhealthy 2 capped at 1, what etcd's voters tolerate"
+        ),
+        "{p}"
+    );
+
+    let mut s = cluster(5, 1);
     break_host(find(&mut s, "cp-0"), ten_minutes_ago());
     break_host(find(&mut s, "cp-1"), ten_minutes_ago());
     find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = true;
@@ -61,8 +79,10 @@ fn seed_004_scenario_2_three_replicas_two_machines_marked_one_at_a_time() {
         refused(&p, "cp-1", "one control-plane remediation at a time"),
         "{p}"
     );
-    // More than one unhealthy etcd member: no remediation, a person must act.
-    find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = false;
+    // Three unhealthy etcd members of five: no remediation, a person must act.
+    for h in ["cp-1", "cp-2"] {
+        find(&mut s, h).etcd.as_mut().unwrap().healthy = false;
+    }
     let p = crate::plan(&s, &pol, NOW);
     assert!(starts(&p).is_empty(), "{p}");
     assert!(
@@ -251,7 +271,7 @@ fn plan_renders_actions_refusals_and_reasons_as_text() {
 plan at t=100000000ms
 check control-plane: 0 of 3 unhealthy (maxUnhealthy 1)
 check workers: 2 of 3 unhealthy (maxUnhealthy 3) [w-0, w-1]
-disruption budget: 2 etcd members must stay available
+disruption budget: 2 control-plane machines must stay available
 1. [quorum/add-hook/cp-0] cp-0 hosts etcd voter 1: protect it with the preDrain hook before it votes
 2. [remediation/w-0/1/start] w-0: Ready=False for at least 5m (check workers); attempt 1; executor cp-0
 not remediating w-1: 1 worker remediations running, maxConcurrent 1

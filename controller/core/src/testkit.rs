@@ -51,6 +51,7 @@ pub(crate) fn host(name: &str, role: Role, domain: Option<&str>, created: u64) -
             bmc_reachable: BTreeMap::new(),
         }),
         etcd: None,
+        hold: None,
     }
 }
 

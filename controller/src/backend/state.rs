@@ -96,6 +96,9 @@ pub struct State {
     pub retirements: BTreeMap<String, Retirement>,
     /// preDrain hooks per host.
     pub hooks: BTreeMap<String, BTreeSet<String>>,
+    /// Break-glass holds by held host: a person fenced it directly, and metalguard leaves it
+    /// alone until a person releases it.
+    pub holds: BTreeMap<String, metalguard_api::snapshot::Hold>,
     /// What the leader last told people (inventory generation, what it needs, what waits).
     pub notes: Option<ControllerNotes>,
     /// The current leader's identity, if any.

@@ -47,6 +47,7 @@ pub fn remediation_status(r: &Remediation) -> RemediationStatus {
         control_plane: r.control_plane,
         forced: r.forced.clone(),
         cancel_requested: r.cancel_requested.clone(),
+        power_on_time: r.powered_on_at.map(time),
     }
 }
 
@@ -89,6 +90,7 @@ pub fn remediation(target: &str, s: &RemediationStatus) -> Remediation {
             labels: b.labels.clone(),
             annotations: b.annotations.clone(),
         }),
+        powered_on_at: s.power_on_time.as_ref().map(timestamp),
     }
 }
 
@@ -219,6 +221,7 @@ mod tests {
                 labels: [("a".to_owned(), "b".to_owned())].into(),
                 annotations: std::collections::BTreeMap::default(),
             }),
+            powered_on_at: Some(Timestamp(1_700_000_050_000)),
         };
         assert_eq!(remediation("cp-2", &remediation_status(&r)), r);
         let op = StoredOperation {

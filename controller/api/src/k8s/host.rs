@@ -273,6 +273,10 @@ pub struct RemediationStatus {
     /// Why a cancellation was requested, if it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_requested: Option<String>,
+    /// When the host was verified powered on again (its boot): health evidence from before
+    /// it is not held against the host during its startup grace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_on_time: Option<Time>,
 }
 
 /// One destructive operation (a BMC power action or an etcd membership change): its intent is

@@ -8,13 +8,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use metalguard_api::duration::Timestamp;
-use metalguard_api::plan::{Action, ActionKind, OperationId, Refusal, RemediationStep};
+use metalguard_api::plan::{Action, ActionKind, OperationId, ReasonKind, Refusal, RemediationStep};
 use metalguard_api::policy::{DEFAULT_NODE_REREGISTER_DEADLINE, Policy};
-use metalguard_api::remediation::Remediation;
+use metalguard_api::remediation::{Remediation, RemediationPhase as P};
 use metalguard_api::snapshot::{Host, Snapshot};
 
 use crate::health::{CheckVerdict, judge_host, selects};
-use crate::quorum::EtcdView;
+use crate::judge::record_guards_quorum;
+use crate::quorum::{EtcdView, guards_quorum};
 
 /// Prefix of the cause of an administrator-requested fence.
 pub const ADMIN_CAUSE: &str = "fence requested by";
@@ -51,11 +52,12 @@ pub struct RemediationOutput {
 
 impl RemediationOutput {
     /// Records that `subject` is not remediated (or a running remediation holds), and why.
-    fn refuse(&mut self, subject: &str, reason: String) {
+    fn refuse(&mut self, subject: &str, kind: ReasonKind, reason: String) {
         self.refusals.push(Refusal {
             refused: "remediating".to_owned(),
             subject: subject.to_owned(),
             reason,
+            kind,
         });
     }
     fn wake_at(&mut self, t: Timestamp) {
@@ -68,7 +70,7 @@ struct Candidate<'a> {
     cause: String,
     since: Timestamp,
     forced: Option<String>,
-    blocked_by: Option<String>,
+    blocked_by: Option<(ReasonKind, String)>,
 }
 
 struct Planner<'a> {
@@ -76,6 +78,11 @@ struct Planner<'a> {
     hosts: HashMap<&'a str, &'a Host>,
     latest: BTreeMap<&'a str, &'a Remediation>,
     executors: Vec<&'a Host>,
+    /// Guarded targets whose remediation is in progress past its gate (power touched), or
+    /// failed and awaiting its retry (seed 004: the previous remediation MUST have completed).
+    control_plane_in_progress: Vec<String>,
+    /// A guarded power-off is already planned in this plan.
+    guarded_power_off_planned: bool,
     out: RemediationOutput,
 }
 
@@ -114,17 +121,35 @@ pub fn plan_remediations(inp: Inputs<'_>) -> RemediationOutput {
                 .as_ref()
                 .is_some_and(|a| a.can_fence && a.last_heartbeat.after(hb) > inp.now)
                 && h.node_ready()
+                && h.hold.is_none()
                 && !h.is_deleting()
                 && !busy.contains(h.name.as_str())
                 && !unhealthy.contains(h.name.as_str())
         })
         .collect();
     executors.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut control_plane_in_progress: Vec<String> = snapshot
+        .remediations
+        .iter()
+        .filter(|r| r.phase.is_active() && !matches!(r.phase, P::Detected | P::Gated))
+        .chain(
+            latest
+                .values()
+                .copied()
+                .filter(|r| matches!(r.phase, P::Failed { .. })),
+        )
+        .filter(|r| record_guards_quorum(r, hosts.get(r.target.as_str()).copied()))
+        .map(|r| r.target.clone())
+        .collect();
+    control_plane_in_progress.sort();
+    control_plane_in_progress.dedup();
     let mut p = Planner {
         inp,
         hosts,
         latest,
         executors,
+        control_plane_in_progress,
+        guarded_power_off_planned: false,
         out: RemediationOutput::default(),
     };
     let mut active: Vec<&Remediation> = snapshot
@@ -141,43 +166,81 @@ pub fn plan_remediations(inp: Inputs<'_>) -> RemediationOutput {
 }
 
 /// The candidates that may drive `target`'s BMC, in their order: those whose agent's latest
-/// report says it cannot reach that BMC are left out while any other candidate remains (it
-/// reaches it, or has not said). When every candidate says it cannot, or none says anything
-/// (older agents, nothing probed yet), the candidates are kept as they are.
+/// report says it cannot reach that BMC are left out (a candidate that has not said is
+/// kept: older agents, nothing probed yet). When every candidate says it cannot, none is
+/// left, and the caller says so instead of sending a fence that cannot work.
 pub(crate) fn prefer_bmc_reachers<'a>(candidates: Vec<&'a Host>, target: &str) -> Vec<&'a Host> {
-    let unable = |h: &Host| {
-        h.agent
-            .as_ref()
-            .is_some_and(|a| a.cannot_reach_bmc_of(target))
-    };
-    if candidates.iter().all(|h| unable(h)) {
-        return candidates;
+    candidates
+        .into_iter()
+        .filter(|h| {
+            !h.agent
+                .as_ref()
+                .is_some_and(|a| a.cannot_reach_bmc_of(target))
+        })
+        .collect()
+}
+
+/// Why no executor was found.
+pub(crate) fn no_executor_reason(candidates: usize, target: &str) -> String {
+    if candidates == 0 {
+        "no healthy agent other than the target can drive its BMC".to_owned()
+    } else {
+        format!(
+            "every healthy agent ({candidates}) reports it cannot reach {target}'s BMC: check the BMC's network and address"
+        )
     }
-    candidates.into_iter().filter(|h| !unable(h)).collect()
 }
 
 impl<'a> Planner<'a> {
     /// The executor of a remediation of `target`: the current one while it is eligible,
     /// else preferably one in another failure domain; never the target, and never an agent
-    /// that reports it cannot reach the target's BMC while another might.
-    fn choose_executor(&self, target: &Host, current: Option<&str>) -> Option<&'a Host> {
+    /// that reports it cannot reach the target's BMC. `Err` says why there is none.
+    fn choose_executor(&self, target: &Host, current: Option<&str>) -> Result<&'a Host, String> {
         let others: Vec<&'a Host> = self
             .executors
             .iter()
             .copied()
             .filter(|h| h.name != target.name)
             .collect();
+        let candidates = others.len();
         let eligible = prefer_bmc_reachers(others, &target.name);
         if let Some(c) = current
             && let Some(h) = eligible.iter().find(|h| h.name == c)
         {
-            return Some(h);
+            return Ok(h);
         }
         eligible
             .iter()
             .find(|h| target.failure_domain.is_some() && h.failure_domain != target.failure_domain)
             .or_else(|| eligible.first())
             .copied()
+            .ok_or_else(|| no_executor_reason(candidates, &target.name))
+    }
+
+    /// The short-circuit of a check covering `target`, if any.
+    fn short_circuit_of(&self, target: &Host) -> Option<String> {
+        self.inp.verdicts.iter().find_map(|v| {
+            v.short_circuit
+                .as_ref()
+                .filter(|_| selects(&v.check.selector, target))
+                .map(|sc| format!("check {} short-circuited: {sc}", v.check.name))
+        })
+    }
+
+    /// True when `host` guards etcd quorum (by role or by membership).
+    fn guarded(host: &Host) -> bool {
+        guards_quorum(host)
+    }
+
+    /// The last verified power-on of `target` by a remediation.
+    fn boot_of(&self, target: &str) -> Option<metalguard_api::duration::Timestamp> {
+        self.inp
+            .snapshot
+            .remediations
+            .iter()
+            .filter(|r| r.target == target)
+            .filter_map(|r| r.powered_on_at)
+            .max()
     }
 
     fn node_deadline(&self, target: &Host) -> Duration {
@@ -196,7 +259,11 @@ impl<'a> Planner<'a> {
             .health_checks
             .iter()
             .filter(|c| selects(&c.selector, target))
-            .all(|c| judge_host(c, target, false, self.inp.now).0.is_none())
+            .all(|c| {
+                judge_host(c, target, false, self.boot_of(&target.name), self.inp.now)
+                    .0
+                    .is_none()
+            })
     }
 
     fn emit(&mut self, r: &Remediation, executor: &str, step: RemediationStep, reason: String) {

@@ -3,12 +3,13 @@
 use std::collections::{BTreeMap, HashSet};
 
 use metalguard_api::duration::format_duration;
-use metalguard_api::plan::{Action, ActionKind, OperationId, RemediationStep};
+use metalguard_api::plan::{Action, ActionKind, OperationId, ReasonKind, RemediationStep};
 use metalguard_api::remediation::{Remediation, RemediationPhase as P, remediation_id};
 use metalguard_api::snapshot::{Host, Role};
 
 use super::{ADMIN_CAUSE, Candidate, Planner, RemediationOutput};
-use crate::health::{UnhealthyReason, selects};
+use crate::health::UnhealthyReason;
+use crate::judge::record_guards_quorum;
 
 impl<'a> Planner<'a> {
     fn candidates(&self) -> Vec<Candidate<'a>> {
@@ -28,7 +29,10 @@ impl<'a> Planner<'a> {
                         blocked_by: None,
                     });
                 if let (None, Some(sc)) = (&c.blocked_by, &v.short_circuit) {
-                    c.blocked_by = Some(format!("check {} short-circuited: {sc}", v.check.name));
+                    c.blocked_by = Some((
+                        ReasonKind::ShortCircuit,
+                        format!("check {} short-circuited: {sc}", v.check.name),
+                    ));
                 }
             }
         }
@@ -45,21 +49,17 @@ impl<'a> Planner<'a> {
             if served || by_host.contains_key(h.name.as_str()) && req.force_reason.is_none() {
                 continue;
             }
-            let blocked_by = self.inp.verdicts.iter().find_map(|v| {
-                let covers = selects(&v.check.selector, h);
-                v.short_circuit
-                    .as_ref()
-                    .filter(|_| covers)
-                    .map(|sc| format!("check {} short-circuited: {sc}", v.check.name))
-            });
+            let blocked_by = self
+                .short_circuit_of(h)
+                .map(|sc| (ReasonKind::ShortCircuit, sc));
             // Not unhealthy by any check (unhealthy hosts are candidates already): fencing a
             // healthy host is a person's call, made explicit with --force and a reason.
             let unhealthy = by_host.contains_key(h.name.as_str());
             let blocked_by = blocked_by.or_else(|| {
-                (!unhealthy).then(|| format!(
+                (!unhealthy).then(|| (ReasonKind::Policy, format!(
                     "{} is healthy by every health check: fencing a healthy host needs --force with a reason",
                     h.name
-                ))
+                )))
             });
             let who = req.requested_by.as_deref().unwrap_or("an administrator");
             by_host.insert(
@@ -86,23 +86,46 @@ impl<'a> Planner<'a> {
         let settings = &self.inp.policy.remediation;
         let now = self.inp.now;
         let busy: HashSet<&str> = active.iter().map(|r| r.target.as_str()).collect();
+        let guarded_record =
+            |r: &Remediation| record_guards_quorum(r, self.hosts.get(r.target.as_str()).copied());
+        // Seed 004: the previous remediation MUST have completed; one that failed and waits
+        // for its retry has not (its host may still be off).
         let mut cp_running: Vec<String> = active
             .iter()
-            .filter(|r| r.control_plane)
+            .copied()
+            .filter(|r| guarded_record(r))
             .map(|r| r.target.clone())
+            .chain(self.control_plane_in_progress.iter().cloned())
             .collect();
-        let mut workers_running = active.iter().filter(|r| !r.control_plane).count();
+        cp_running.sort();
+        cp_running.dedup();
+        let mut workers_running = active.iter().filter(|r| !guarded_record(r)).count();
         for c in self.candidates() {
             let host = c.host;
             let name = host.name.as_str();
             if busy.contains(name) {
                 continue;
             }
-            let refuse = |out: &mut RemediationOutput, why: String| {
-                out.refuse(name, why);
+            let refuse = |out: &mut RemediationOutput, kind: ReasonKind, why: String| {
+                out.refuse(name, kind, why);
             };
+            if let Some(hold) = &host.hold {
+                refuse(
+                    &mut self.out,
+                    ReasonKind::Hold,
+                    format!(
+                        "held since {} by {} after a break-glass fence ({}); `metalguard-controller release {name}` hands it back",
+                        hold.since, hold.by, hold.reason
+                    ),
+                );
+                continue;
+            }
             if host.is_deleting() {
-                refuse(&mut self.out, "the host is being deleted".into());
+                refuse(
+                    &mut self.out,
+                    ReasonKind::Policy,
+                    "the host is being deleted".into(),
+                );
                 continue;
             }
             let latest = self.latest.get(name).copied();
@@ -110,12 +133,17 @@ impl<'a> Planner<'a> {
                 None => (1, 1, None),
                 Some(l) => match &l.phase {
                     P::NeedsPerson { reason } => {
-                        refuse(&mut self.out, format!("{} needs a person: {reason}", l.id));
+                        refuse(
+                            &mut self.out,
+                            ReasonKind::Retry,
+                            format!("{} needs a person: {reason}", l.id),
+                        );
                         continue;
                     }
                     P::Reprovisioning => {
                         refuse(
                             &mut self.out,
+                            ReasonKind::Policy,
                             format!("{} handed the host to the provisioner", l.id),
                         );
                         continue;
@@ -125,12 +153,22 @@ impl<'a> Planner<'a> {
                         l.attempt.saturating_add(1),
                         Some(l.phase_since.after(settings.retry_period)),
                     ),
-                    P::Cancelled { .. } => (l.seq.saturating_add(1), l.attempt, None),
-                    _ if now < l.phase_since.after(settings.min_healthy_period) => (
-                        l.seq.saturating_add(1),
-                        l.attempt.saturating_add(1),
-                        Some(l.phase_since.after(settings.retry_period)),
-                    ),
+                    // Cancelled before power was touched: the same attempt, again.
+                    P::Cancelled { .. } if l.powered_on_at.is_none() => {
+                        (l.seq.saturating_add(1), l.attempt, None)
+                    }
+                    // Within minHealthyPeriod or retryPeriod of the last one: its retry, never
+                    // a fresh start.
+                    _ if now
+                        < l.phase_since
+                            .after(settings.min_healthy_period.max(settings.retry_period)) =>
+                    {
+                        (
+                            l.seq.saturating_add(1),
+                            l.attempt.saturating_add(1),
+                            Some(l.phase_since.after(settings.retry_period)),
+                        )
+                    }
                     _ => (l.seq.saturating_add(1), 1, None),
                 },
             };
@@ -143,13 +181,14 @@ impl<'a> Planner<'a> {
                     format_duration(settings.min_healthy_period),
                     settings.max_retry
                 );
-                let may_reprovision = settings.allow_reprovision
-                    && host.role == Role::Worker
-                    && !host.externally_provisioned;
+                let guarded = Self::guarded(host);
+                let may_reprovision =
+                    settings.allow_reprovision && !guarded && !host.externally_provisioned;
                 if let Some(l) = l_failed {
-                    let Some(executor) = self.choose_executor(host, Some(&l.executor)) else {
+                    let Ok(executor) = self.choose_executor(host, Some(&l.executor)) else {
                         refuse(
                             &mut self.out,
+                            ReasonKind::Retry,
                             format!("{why}; no healthy agent other than the target can record it"),
                         );
                         continue;
@@ -165,6 +204,8 @@ impl<'a> Planner<'a> {
                     } else {
                         let rule = if host.role == Role::ControlPlane {
                             "a control-plane host is never reprovisioned automatically"
+                        } else if guarded {
+                            "a host with an etcd member is never reprovisioned automatically"
                         } else if host.externally_provisioned {
                             "an externally provisioned host is never reprovisioned automatically"
                         } else {
@@ -188,7 +229,11 @@ impl<'a> Planner<'a> {
                         );
                     }
                 } else {
-                    refuse(&mut self.out, format!("{why}; a person must look at it"));
+                    refuse(
+                        &mut self.out,
+                        ReasonKind::Retry,
+                        format!("{why}; a person must look at it"),
+                    );
                 }
                 continue;
             }
@@ -198,20 +243,21 @@ impl<'a> Planner<'a> {
             {
                 refuse(
                     &mut self.out,
+                    ReasonKind::Retry,
                     format!("attempt {attempt} waits for retryPeriod until {w}"),
                 );
                 self.out.wake_at(w);
                 continue;
             }
             if !forced {
-                if let Some(b) = &c.blocked_by {
-                    refuse(&mut self.out, b.clone());
+                if let Some((kind, b)) = &c.blocked_by {
+                    refuse(&mut self.out, *kind, b.clone());
                     continue;
                 }
-                if host.role == Role::Worker && workers_running >= settings.max_concurrent as usize
-                {
+                if !Self::guarded(host) && workers_running >= settings.max_concurrent as usize {
                     refuse(
                         &mut self.out,
+                        ReasonKind::Concurrency,
                         format!(
                             "{workers_running} worker remediations running, maxConcurrent {}",
                             settings.max_concurrent
@@ -221,28 +267,36 @@ impl<'a> Planner<'a> {
                 }
             }
             if !host.bmc_configured {
-                refuse(&mut self.out, "no BMC is configured for it".into());
+                refuse(
+                    &mut self.out,
+                    ReasonKind::Policy,
+                    "no BMC is configured for it".into(),
+                );
                 continue;
             }
-            if host.role == Role::ControlPlane {
-                if let Some(other) = cp_running.first() {
+            let guarded = Self::guarded(host);
+            if guarded {
+                if let Some(other) = cp_running.iter().find(|o| *o != name) {
                     refuse(
                         &mut self.out,
-                        format!("one control-plane remediation at a time ({other} is running)"),
+                        ReasonKind::ControlPlaneBusy,
+                        format!(
+                            "one control-plane remediation at a time ({other}'s is in progress or awaits its retry)"
+                        ),
                     );
                     continue;
                 }
-                if let Err(e) = self.control_plane_gate(host) {
-                    refuse(&mut self.out, e);
+                if let Err((kind, e)) = self.control_plane_gate(host) {
+                    refuse(&mut self.out, kind, e);
                     continue;
                 }
             }
-            let Some(executor) = self.choose_executor(host, None) else {
-                refuse(
-                    &mut self.out,
-                    "no healthy agent other than the target can drive its BMC".into(),
-                );
-                continue;
+            let executor = match self.choose_executor(host, None) {
+                Ok(e) => e,
+                Err(why) => {
+                    refuse(&mut self.out, ReasonKind::Executor, why);
+                    continue;
+                }
             };
             let r = Remediation {
                 id: remediation_id(name, seq),
@@ -255,11 +309,12 @@ impl<'a> Planner<'a> {
                 phase: P::Gated,
                 started_at: now,
                 phase_since: now,
-                control_plane: host.role == Role::ControlPlane,
+                control_plane: guarded,
                 cause: c.cause.clone(),
                 forced: c.forced.clone(),
                 cancel_requested: None,
                 backup: None,
+                powered_on_at: None,
             };
             let mut reason = format!(
                 "{name}: {}; attempt {attempt}; executor {}",
@@ -268,7 +323,7 @@ impl<'a> Planner<'a> {
             if let Some(f) = &c.forced {
                 reason = format!("{reason}; FORCED past policy gates: {f}");
             }
-            if host.role == Role::ControlPlane {
+            if guarded {
                 cp_running.push(name.to_owned());
             } else {
                 workers_running += 1;
@@ -282,16 +337,20 @@ impl<'a> Planner<'a> {
     }
 
     /// KCP and quorum rules for starting a control-plane remediation.
-    fn control_plane_gate(&self, host: &Host) -> Result<(), String> {
+    fn control_plane_gate(&self, host: &Host) -> Result<(), (ReasonKind, String)> {
         let view = self.inp.view;
+        let busy = |why: String| Err((ReasonKind::ControlPlaneBusy, why));
         if self.inp.control_plane_degraded {
-            return Err("the control plane is degraded".into());
+            return Err((ReasonKind::Degraded, "the control plane is degraded".into()));
         }
         if view.control_plane.len() < 2 {
-            return Err("a control plane needs at least two hosts to be remediated".into());
+            return Err((
+                ReasonKind::Policy,
+                "a control plane needs at least two hosts to be remediated".into(),
+            ));
         }
         if self.inp.membership_change_planned || view.membership_in_flux() {
-            return Err(
+            return busy(
                 "an etcd membership change or control-plane deletion is in progress".into(),
             );
         }
@@ -300,11 +359,12 @@ impl<'a> Planner<'a> {
             .iter()
             .find(|h| h.name != host.name && h.etcd.is_none())
         {
-            return Err(format!(
+            return busy(format!(
                 "control-plane host {} is still provisioning",
                 h.name
             ));
         }
-        view.may_fence(host).map_err(|e| e.to_string())
+        view.may_fence(host)
+            .map_err(|e| (ReasonKind::Quorum, e.to_string()))
     }
 }

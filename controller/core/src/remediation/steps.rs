@@ -1,9 +1,9 @@
 //! The next step of a running remediation, and the last gate before power-off.
 
 use metalguard_api::duration::format_duration;
-use metalguard_api::plan::{Action, ActionKind, OperationId, RemediationStep};
+use metalguard_api::plan::{Action, ActionKind, OperationId, ReasonKind, RemediationStep};
 use metalguard_api::remediation::{Remediation, RemediationPhase as P};
-use metalguard_api::snapshot::{Host, Role};
+use metalguard_api::snapshot::Host;
 
 use metalguard_api::policy::{NodeHandling, Strategy};
 
@@ -24,15 +24,37 @@ impl Planner<'_> {
                 reason,
             );
         };
+        if let Some(hold) = &target.hold {
+            // A person fenced the host by hand: nothing of this remediation touches it. One
+            // that has not touched power yet is cancelled; one that has waits for the release.
+            if matches!(r.phase, P::Detected | P::Gated) {
+                let c = format!(
+                    "{} is held after a break-glass fence by {} ({})",
+                    r.target, hold.by, hold.reason
+                );
+                return self.emit(
+                    r,
+                    &r.executor,
+                    RemediationStep::Cancel { reason: c.clone() },
+                    format!("cancel {}: {c}", r.id),
+                );
+            }
+            return self.out.refuse(
+                &r.target,
+                ReasonKind::Hold,
+                format!(
+                    "{} holds: {} is held since {} by {} after a break-glass fence ({}); `metalguard-controller release {}` hands it back",
+                    r.id, r.target, hold.since, hold.by, hold.reason, r.target
+                ),
+            );
+        }
         let executor = match self.choose_executor(target, Some(&r.executor)) {
-            Some(e) => e.name.clone(),
-            None => {
+            Ok(e) => e.name.clone(),
+            Err(why) => {
                 return self.out.refuse(
                     &r.target,
-                    format!(
-                        "{} holds: no healthy agent other than the target can drive its BMC",
-                        r.id
-                    ),
+                    ReasonKind::Executor,
+                    format!("{} holds: {why}", r.id),
                 );
             }
         };
@@ -153,30 +175,48 @@ impl Planner<'_> {
         target: &Host,
     ) -> Option<(RemediationStep, String)> {
         let name = &r.target;
-        if target.role == Role::ControlPlane {
-            if self.inp.control_plane_degraded {
-                self.out.refuse(
-                    name,
-                    format!(
-                        "{} holds before power-off: the control plane is degraded",
-                        r.id
-                    ),
-                );
-                return None;
-            }
-            if self.inp.membership_change_planned {
-                self.out.refuse(
-                    name,
-                    format!(
-                        "{} holds before power-off: an etcd membership change goes first",
-                        r.id
-                    ),
-                );
-                return None;
-            }
-            if let Err(e) = self.inp.view.may_fence(target) {
-                self.out
-                    .refuse(name, format!("{} holds before power-off: {e}", r.id));
+        if r.forced.is_none()
+            && let Some(sc) = self.short_circuit_of(target)
+        {
+            self.out.refuse(
+                name,
+                ReasonKind::ShortCircuit,
+                format!("{} holds before power-off: {sc}", r.id),
+            );
+            return None;
+        }
+        if Self::guarded(target) || r.control_plane {
+            let held =
+                |kind, why: String| (kind, format!("{} holds before power-off: {why}", r.id));
+            let refusal = if self.inp.control_plane_degraded {
+                Some(held(
+                    ReasonKind::Degraded,
+                    "the control plane is degraded".to_owned(),
+                ))
+            } else if self.inp.membership_change_planned {
+                Some(held(
+                    ReasonKind::ControlPlaneBusy,
+                    "an etcd membership change goes first".to_owned(),
+                ))
+            } else if let Some(other) = self.control_plane_in_progress.iter().find(|o| *o != name) {
+                Some(held(
+                    ReasonKind::ControlPlaneBusy,
+                    format!("the remediation of control-plane host {other} is still in progress"),
+                ))
+            } else if self.guarded_power_off_planned {
+                Some(held(
+                    ReasonKind::ControlPlaneBusy,
+                    "another control-plane host is powered off in this plan".to_owned(),
+                ))
+            } else {
+                self.inp
+                    .view
+                    .may_fence(target)
+                    .err()
+                    .map(|e| held(ReasonKind::Quorum, e.to_string()))
+            };
+            if let Some((kind, why)) = refusal {
+                self.out.refuse(name, kind, why);
                 return None;
             }
             if let Some(m) = self.inp.view.member_of(name)
@@ -203,6 +243,8 @@ impl Planner<'_> {
                 }
                 return None;
             }
+            self.guarded_power_off_planned = true;
+            self.control_plane_in_progress.push(name.clone());
         }
         let how = r
             .forced
