@@ -27,6 +27,8 @@ pub mod retire;
 pub mod validate;
 
 #[cfg(test)]
+mod arbitrary;
+#[cfg(test)]
 mod fuzz;
 #[cfg(test)]
 mod props;
@@ -38,6 +40,8 @@ mod scenarios;
 mod scenarios_quorum;
 #[cfg(test)]
 mod scenarios_retire;
+#[cfg(test)]
+mod scenarios_safety;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]

@@ -152,3 +152,44 @@ pub(crate) fn break_host(h: &mut Host, since: Timestamp) {
 pub(crate) fn find<'a>(s: &'a mut Snapshot, name: &str) -> &'a mut Host {
     s.hosts.iter_mut().find(|h| h.name == name).unwrap()
 }
+
+/// A remediation record of `target` (sequence `seq`) in `phase`, driven by `executor`,
+/// started and in its phase for ten minutes.
+pub(crate) fn remediation(
+    target: &str,
+    seq: u32,
+    phase: metalguard_api::remediation::RemediationPhase,
+    executor: &str,
+    control_plane: bool,
+) -> metalguard_api::remediation::Remediation {
+    metalguard_api::remediation::Remediation {
+        id: metalguard_api::remediation::remediation_id(target, seq),
+        target: target.to_owned(),
+        seq,
+        attempt: 1,
+        executor: executor.to_owned(),
+        strategy: metalguard_api::policy::Strategy::ExternalBaremetal,
+        node_handling: metalguard_api::policy::NodeHandling::Delete,
+        phase,
+        started_at: Timestamp(NOW.0 - 600_000),
+        phase_since: Timestamp(NOW.0 - 600_000),
+        control_plane,
+        cause: "test".to_owned(),
+        forced: None,
+        cancel_requested: None,
+        backup: None,
+        powered_on_at: None,
+    }
+}
+
+/// A break-glass hold of `target` by `by`.
+pub(crate) fn hold(target: &str, by: &str) -> metalguard_api::snapshot::Hold {
+    metalguard_api::snapshot::Hold {
+        id: format!("cp-1/{}", NOW.0 - 60_000),
+        target: target.to_owned(),
+        since: Timestamp(NOW.0 - 60_000),
+        by: by.to_owned(),
+        reason: "disk replacement".to_owned(),
+        action: "off".to_owned(),
+    }
+}
