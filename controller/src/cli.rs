@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use metalguard_api::snapshot::{FenceRequest, Retirement, Snapshot};
+use metalguard_api::snapshot::{FenceRequest, Retirement};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend as _;
@@ -52,15 +52,9 @@ enum Command {
         #[command(flatten)]
         kube: KubeArgs,
     },
-    /// Dry run: print the plan for a snapshot with its reasons.
-    Plan {
-        /// A snapshot (JSON).
-        #[arg(long)]
-        snapshot: PathBuf,
-        /// The policy (JSON); default: no health checks, default remediation settings.
-        #[arg(long)]
-        policy: Option<PathBuf>,
-    },
+    /// Dry run: print the plan for a snapshot with its reasons (text or JSON); exit 2 when
+    /// an input cannot be read, 3 when the snapshot is inconsistent.
+    Plan(crate::plan_cmd::PlanArgs),
     /// Print the leader, agents' last reports, remediations and operations from the store,
     /// and what the planner would decide now, with its reasons.
     Status {
@@ -193,6 +187,9 @@ pub fn chain(error: &dyn std::error::Error) -> String {
 
 /// Runs the parsed command line.
 pub fn main(cli: Cli) -> ExitCode {
+    if let Command::Plan(args) = &cli.command {
+        return crate::plan_cmd::run(args);
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
@@ -252,22 +249,8 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 (BackendKind::Kubernetes, _) => run_kubernetes(kube, id).await,
             }
         }
-        Command::Plan { snapshot, policy } => {
-            let text = std::fs::read_to_string(&snapshot)
-                .with_context(|| format!("snapshot {} could not be read", snapshot.display()))?;
-            let snap: Snapshot = serde_json::from_str(&text)
-                .with_context(|| format!("snapshot {} is invalid", snapshot.display()))?;
-            let policy = match policy {
-                Some(path) => serde_json::from_str(
-                    &std::fs::read_to_string(&path)
-                        .with_context(|| format!("policy {} could not be read", path.display()))?,
-                )
-                .with_context(|| format!("policy {} is invalid", path.display()))?,
-                None => metalguard_api::policy::Policy::default(),
-            };
-            print!("{}", metalguard_core::plan(&snap, &policy, now()));
-            Ok(())
-        }
+        // Handled in `main` before the runtime starts (it has its own exit statuses).
+        Command::Plan(_) => Ok(()),
         Command::Status { inventory, json } => {
             let inventory = Inventory::load(&inventory)?;
             let mut backend = connect(&inventory, "status".to_owned());

@@ -25,6 +25,7 @@ mod membership;
 mod metrics;
 mod notes;
 mod openapi;
+mod plan_cmd;
 mod reachability;
 mod reload;
 mod retire;

@@ -417,7 +417,14 @@ impl<B: Backend> Controller<B> {
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
         let mut waiting = Vec::new();
+        // The executor judges again before it persists anything: the plan must still be
+        // safe as a whole over the state it is carried out on.
+        let mut judge = metalguard_core::judge::Judge::new(&snapshot, &self.inventory.policy, at);
         for action in executor::actions(&plan) {
+            if let Err(violation) = judge.admit(action) {
+                tracing::error!(operation = %action.id, rule = %violation.rule, reason = %violation.reason, "action rejected by the safety judgement at execution");
+                continue;
+            }
             let heartbeat = self.inventory.policy.remediation.executor_heartbeat_timeout;
             let writes = match executor::writes_for(action, state, at) {
                 Some(writes) => Some(writes),
