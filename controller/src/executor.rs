@@ -203,11 +203,17 @@ fn node_step(
 
 /// Every persisted operation without a result, as commands per agent host. Credentials are
 /// read from the inventory's files now; an operation whose BMC cannot be described is left
-/// out (and logged) rather than sent half-built.
+/// out (and logged) rather than sent half-built. A fence of a held host is not offered: the
+/// hold may have arrived after its intent was persisted, and a person now owns its power
+/// (offered again once released; `status` says it waits).
 pub fn pending_commands(inventory: &Inventory, state: &State) -> BTreeMap<String, Vec<Command>> {
     let mut pending: BTreeMap<String, Vec<Command>> = BTreeMap::new();
     for op in state.operations.values().filter(|op| op.in_flight()) {
         let kind = match &op.kind {
+            OperationKind::Fence { target, .. } if state.holds.contains_key(target) => {
+                tracing::debug!(operation = %op.id, %target, "fence not offered: its target is held");
+                continue;
+            }
             OperationKind::Fence { target, action } => {
                 let Some(bmc) = inventory.host(target).and_then(|h| h.bmc.as_ref()) else {
                     tracing::warn!(operation = %op.id, %target, "fence target has no bmc in the inventory");
@@ -347,6 +353,9 @@ mod tests {
                     state.hooks.insert(h, hooks);
                 }
                 Write::PutNotes(notes) => state.notes = Some(notes),
+                Write::CreateHold(record) => {
+                    state.hold_records.insert(record.hold.id.clone(), record);
+                }
                 Write::Node(_) => {}
             }
         }
@@ -434,6 +443,72 @@ mod tests {
             state.operations[&off.id].result.as_ref().unwrap().outcome,
             Outcome::Succeeded,
             "a retried post never overwrites the first result"
+        );
+    }
+
+    #[test]
+    fn a_fence_of_a_held_host_is_not_offered_until_it_is_released() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let credentials = tempfile::tempdir().unwrap();
+        for (name, value) in [("username", "admin"), ("password", "pw")] {
+            let path = credentials.path().join(name);
+            std::fs::write(&path, value).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let text = format!(
+            "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n\
+             [control_plane]\ndesired_replicas = 1\n\
+             [[hosts]]\nname = \"w-1\"\nrole = \"worker\"\n\
+             [[hosts]]\nname = \"w-2\"\nrole = \"worker\"\n\
+             bmc = {{ address = \"ipmi://127.0.0.1:1623\", credentials_dir = \"{}\" }}\n",
+            credentials.path().display()
+        );
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), &text).unwrap();
+        let mut state = state_with(remediation(RemediationPhase::Gated));
+        let off = action(RemediationStep::PowerOff);
+        let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
+        apply(&mut state, writes);
+        let offered = |state: &State| -> Vec<OperationId> {
+            pending_commands(&inventory, state)
+                .get("w-1")
+                .map(|cs| cs.iter().map(|c| c.operation_id.clone()).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            offered(&state),
+            std::slice::from_ref(&off.id),
+            "not held: offered"
+        );
+        // The hold arrives after the intent was persisted.
+        let hold = metalguard_api::snapshot::Hold {
+            id: "w-1/7".into(),
+            target: "w-2".into(),
+            since: Timestamp(7),
+            by: "alice on w-1".into(),
+            reason: "smoke".into(),
+            action: "off".into(),
+        };
+        apply(
+            &mut state,
+            vec![Write::CreateHold(crate::backend::StoredHold {
+                hold,
+                reported_by: "w-1".into(),
+                recorded_at: Timestamp(8),
+                released: None,
+            })],
+        );
+        state.refresh_holds();
+        assert!(offered(&state).is_empty(), "held: not offered");
+        state.hold_records.get_mut("w-1/7").unwrap().released = Some(crate::backend::HoldRelease {
+            at: Timestamp(9),
+            by: "bob".into(),
+            reason: "fixed".into(),
+        });
+        state.refresh_holds();
+        assert_eq!(
+            offered(&state),
+            [off.id],
+            "released: the same operation is offered again"
         );
     }
 
