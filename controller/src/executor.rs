@@ -201,19 +201,45 @@ fn node_step(
     Some(vec![Write::Node(node_write), phase])
 }
 
+/// Why an in-flight operation is not offered now, if it is not: a fence of a held host (the
+/// hold may have arrived after its intent was persisted, and a person now owns its power), or
+/// a fence sent to an agent whose latest report still carries a hold of the target that a
+/// person has released (it refuses power commands for hosts it holds; it drops the record at
+/// its next report and reports again at once). Offered again when that clears.
+pub fn withheld(state: &State, op: &StoredOperation) -> Option<String> {
+    let OperationKind::Fence { target, .. } = &op.kind else {
+        return None;
+    };
+    if let Some(hold) = state.holds.get(target) {
+        return Some(format!(
+            "{target} is held (hold {} by {}): offered again once released",
+            hold.id, hold.by
+        ));
+    }
+    let still_carried = state
+        .reports
+        .get(&op.agent)
+        .is_some_and(|r| r.report.holds.iter().any(|h| h.target == *target));
+    still_carried.then(|| {
+        format!(
+            "{}'s agent still carries a released hold of {target}: offered once it reports without it",
+            op.agent
+        )
+    })
+}
+
 /// Every persisted operation without a result, as commands per agent host. Credentials are
 /// read from the inventory's files now; an operation whose BMC cannot be described is left
-/// out (and logged) rather than sent half-built. A fence of a held host is not offered: the
-/// hold may have arrived after its intent was persisted, and a person now owns its power
-/// (offered again once released; `status` says it waits).
+/// out (and logged) rather than sent half-built. An operation [`withheld`] is left out too
+/// (`status` says why).
 pub fn pending_commands(inventory: &Inventory, state: &State) -> BTreeMap<String, Vec<Command>> {
     let mut pending: BTreeMap<String, Vec<Command>> = BTreeMap::new();
     for op in state.operations.values().filter(|op| op.in_flight()) {
+        if let Some(why) = withheld(state, op) {
+            tracing::debug!(operation = %op.id, reason = %why, "fence not offered");
+            continue;
+        }
         let kind = match &op.kind {
-            OperationKind::Fence { target, .. } if state.holds.contains_key(target) => {
-                tracing::debug!(operation = %op.id, %target, "fence not offered: its target is held");
-                continue;
-            }
             OperationKind::Fence { target, action } => {
                 let Some(bmc) = inventory.host(target).and_then(|h| h.bmc.as_ref()) else {
                     tracing::warn!(operation = %op.id, %target, "fence target has no bmc in the inventory");
@@ -499,12 +525,30 @@ mod tests {
         );
         state.refresh_holds();
         assert!(offered(&state).is_empty(), "held: not offered");
+        // w-1's agent carries the hold in its report (it made it).
+        let mut stored = crate::testkit::stored_report("w-1", 8, None);
+        stored.report.holds = vec![state.hold_records["w-1/7"].hold.clone()];
+        state.reports.insert("w-1".into(), stored);
         state.hold_records.get_mut("w-1/7").unwrap().released = Some(crate::backend::HoldRelease {
             at: Timestamp(9),
             by: "bob".into(),
             reason: "fixed".into(),
         });
         state.refresh_holds();
+        assert!(state.holds.is_empty());
+        assert!(
+            offered(&state).is_empty(),
+            "released, but w-1's agent still holds it locally (it would refuse): not yet"
+        );
+        let op = &state.operations[&off.id];
+        assert!(
+            withheld(&state, op)
+                .unwrap()
+                .contains("still carries a released hold of w-2"),
+            "{:?}",
+            withheld(&state, op)
+        );
+        state.reports.get_mut("w-1").unwrap().report.holds.clear();
         assert_eq!(
             offered(&state),
             [off.id],

@@ -131,18 +131,10 @@ pub fn render(state: &State, now: Timestamp) -> String {
     }
     let _ = writeln!(out, "operations:");
     for op in state.operations.values() {
-        let held = match &op.kind {
-            crate::backend::OperationKind::Fence { target, .. } => state.holds.contains_key(target),
-            _ => false,
-        };
         let result = op.result.as_ref().map_or_else(
-            || {
-                if held {
-                    "in flight, NOT OFFERED: its target is held (offered again once released)"
-                        .to_owned()
-                } else {
-                    "in flight".to_owned()
-                }
+            || match crate::executor::withheld(state, op) {
+                Some(why) => format!("in flight, NOT OFFERED: {why}"),
+                None => "in flight".to_owned(),
             },
             |r| r.outcome.name().to_owned(),
         );

@@ -348,9 +348,14 @@ pub async fn report_loop(
         let wait = match link.report(&report).await {
             Ok(ack) => {
                 backoff.reset();
-                forget_released(executor.holds(), &ack.released_holds);
                 reach.set_targets(ack.bmc_targets);
-                link.config.report_interval
+                // The controller withholds fences of a released host from this agent until a
+                // report no longer carries its hold: that report goes out at once.
+                if forget_released(executor.holds(), &ack.released_holds) {
+                    Duration::ZERO
+                } else {
+                    link.config.report_interval
+                }
             }
             Err(err) => {
                 let delay = backoff.next();
@@ -392,12 +397,15 @@ fn local_holds(store: &crate::holds::HoldStore, last: &mut String) -> Vec<Hold> 
     holds
 }
 
-/// Deletes the local record of every hold the controller says a person released.
-fn forget_released(store: &crate::holds::HoldStore, released: &[String]) {
+/// Deletes the local record of every hold the controller says a person released; true when
+/// it deleted one.
+fn forget_released(store: &crate::holds::HoldStore, released: &[String]) -> bool {
+    let mut deleted = false;
     for id in released {
         match store.remove(id) {
             Ok(true) => {
                 tracing::info!(hold = %id, "break-glass hold released by a person; local record deleted");
+                deleted = true;
             }
             Ok(false) => {}
             Err(err) => {
@@ -405,6 +413,7 @@ fn forget_released(store: &crate::holds::HoldStore, released: &[String]) {
             }
         }
     }
+    deleted
 }
 
 /// Long-polls for commands, executes each (at most once) and delivers its result.
