@@ -300,6 +300,36 @@ mod tests {
     }
 
     #[test]
+    fn root_gives_the_hold_to_the_owner_of_the_state_directory() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = state.path().join("state");
+        fs::create_dir(&dir).unwrap();
+        let me = fs::metadata(&dir).unwrap();
+        let store = HoldStore::new(&dir);
+        if me.uid() != 0 {
+            // Not root: nobody else can own our state directory; the hold is ours already.
+            let recorded = store.record(&hold("cp-2/1", "cp-1", 1)).unwrap();
+            assert!(recorded.ownership_warning.is_none());
+            assert_eq!(fs::metadata(&recorded.path).unwrap().uid(), me.uid());
+            return;
+        }
+        // As root (the CLI under sudo) with the daemon's user owning the state directory.
+        let (daemon_uid, daemon_gid) = (65_534, 65_534);
+        std::os::unix::fs::chown(&dir, Some(daemon_uid), Some(daemon_gid)).unwrap();
+        let recorded = store.record(&hold("cp-2/1", "cp-1", 1)).unwrap();
+        assert!(recorded.ownership_warning.is_none(), "{recorded:?}");
+        for path in [store.dir(), recorded.path.as_path()] {
+            let meta = fs::metadata(path).unwrap();
+            assert_eq!(
+                (meta.uid(), meta.gid()),
+                (daemon_uid, daemon_gid),
+                "{}",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
     fn an_unwritable_directory_is_an_error_naming_it() {
         let state = tempfile::tempdir().unwrap();
         let file = state.path().join("not-a-dir");
