@@ -301,6 +301,30 @@ mod tests {
         assert_eq!(hub.bmc_targets_for("w-9").len(), 3);
     }
 
+    #[test]
+    fn a_report_is_told_only_which_of_its_own_holds_were_released() {
+        let (hub, _rx) = Hub::new();
+        let hold = |id: &str| Hold {
+            id: id.into(),
+            target: "cp-1".into(),
+            since: Timestamp(1),
+            by: "alice on cp-2".into(),
+            reason: "r".into(),
+            action: "off".into(),
+        };
+        let report: AgentReport = serde_json::from_value(serde_json::json!({
+            "host": "cp-2", "agent_version": "t", "sequence": 1, "sent_at": 1,
+        }))
+        .unwrap();
+        let report = AgentReport {
+            holds: vec![hold("cp-2/1"), hold("cp-2/2")],
+            ..report
+        };
+        assert!(hub.released_among(&report).is_empty());
+        hub.set_released_holds(["cp-2/2".to_owned(), "cp-3/9".to_owned()].into());
+        assert_eq!(hub.released_among(&report), ["cp-2/2"]);
+    }
+
     #[tokio::test]
     async fn a_poll_for_another_host_sees_nothing_and_times_out() {
         let (hub, _rx) = Hub::new();
