@@ -314,18 +314,13 @@ mod tests {
             return;
         }
         // As root (the CLI under sudo) with the daemon's user owning the state directory.
-        let (daemon_uid, daemon_gid) = (65_534, 65_534);
-        std::os::unix::fs::chown(&dir, Some(daemon_uid), Some(daemon_gid)).unwrap();
+        let daemon = (65_534, 65_534);
+        std::os::unix::fs::chown(&dir, Some(daemon.0), Some(daemon.1)).unwrap();
         let recorded = store.record(&hold("cp-2/1", "cp-1", 1)).unwrap();
         assert!(recorded.ownership_warning.is_none(), "{recorded:?}");
         for path in [store.dir(), recorded.path.as_path()] {
             let meta = fs::metadata(path).unwrap();
-            assert_eq!(
-                (meta.uid(), meta.gid()),
-                (daemon_uid, daemon_gid),
-                "{}",
-                path.display()
-            );
+            assert_eq!((meta.uid(), meta.gid()), daemon, "{}", path.display());
         }
     }
 
