@@ -22,16 +22,19 @@ use metalguard_api::remediation::RemediationPhase;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{
-    Backend, BackendError, ControllerNotes, Leadership, StoredHold, StoredReport, Write,
-};
+use crate::backend::{Backend, BackendError, ControllerNotes, Leadership, StoredReport, Write};
 use crate::clock::now;
 use crate::executor;
-use crate::hub::{HoldError, Hub, Inbound, ResultError};
+use crate::hub::{Hub, Inbound, ResultError};
 use crate::inventory::Inventory;
 use crate::membership::Next;
 use crate::metrics::{Metrics, label};
 use crate::reload::{InventoryFile, Reload};
+
+mod holds;
+mod reserved;
+
+use reserved::ReservedSeen;
 
 /// Most plan rounds run back to back after one trigger (each round that persisted something
 /// is followed by another).
@@ -332,116 +335,6 @@ impl<B: Backend> Controller<B> {
         }
     }
 
-    /// Logs (and counts) when the reserved condition types a host's agent reports change:
-    /// they are ignored ([`crate::snapshot`] judges `Ready` itself), once per change.
-    fn note_reserved_conditions(&mut self, report: &metalguard_api::protocol::AgentReport) {
-        let Some(change) = self.reserved_seen.observe(report) else {
-            return;
-        };
-        for condition in &change.added {
-            self.metrics
-                .reserved_conditions_ignored
-                .get_or_create(&label("condition", condition))
-                .inc();
-        }
-        if change.now.is_empty() {
-            tracing::info!(host = %report.host, "agent no longer reports reserved condition types");
-        } else {
-            let list = change.now.iter().cloned().collect::<Vec<_>>().join(", ");
-            tracing::warn!(host = %report.host, conditions = %list, "agent reports reserved condition types; they are ignored: the controller judges Ready from the other conditions");
-        }
-    }
-
-    /// Logs, once per id, a reported hold whose id says another host made it (it is ignored).
-    fn note_foreign_holds(&mut self, report: &metalguard_api::protocol::AgentReport) {
-        for hold in &report.holds {
-            if !crate::backend::state::hold_made_by(hold, &report.host)
-                && self.holds_warned.insert(hold.id.clone())
-            {
-                tracing::warn!(host = %report.host, hold = %hold.id, target = %hold.target, "reported hold ignored: its id is not <reporting host>/<milliseconds>");
-            }
-        }
-    }
-
-    /// Records a hold posted by `host`'s agent: 422 for a target outside the inventory, 409
-    /// for a released id; a repeat answers `first: false`.
-    async fn persist_posted_hold(
-        &mut self,
-        host: &str,
-        hold: metalguard_api::snapshot::Hold,
-    ) -> Result<metalguard_api::protocol::HoldAck, HoldError> {
-        if !self.backend.keeps_holds() {
-            return Err(HoldError::Unsupported(
-                "this controller's backend does not store holds; the agent's reports carry it"
-                    .to_owned(),
-            ));
-        }
-        if self.inventory.host(&hold.target).is_none() {
-            return Err(HoldError::Invalid(format!(
-                "hold target {} is not an inventory host",
-                hold.target
-            )));
-        }
-        let state = self
-            .backend
-            .load()
-            .await
-            .map_err(|e| HoldError::Unavailable(crate::cli::chain(&e)))?;
-        let id = hold.id.clone();
-        if let Some(record) = state.hold_records.get(&id) {
-            return match &record.released {
-                Some(release) => Err(HoldError::Released(format!(
-                    "hold {id} was released by {} at {}; it is not honoured again",
-                    release.by, release.at
-                ))),
-                None => Ok(metalguard_api::protocol::HoldAck { id, first: false }),
-            };
-        }
-        let record = StoredHold {
-            hold,
-            reported_by: host.to_owned(),
-            recorded_at: now(),
-            released: None,
-        };
-        self.backend
-            .apply(vec![Write::CreateHold(record.clone())])
-            .await
-            .map_err(|e| HoldError::Unavailable(crate::cli::chain(&e)))?;
-        log_recorded(&record, "posted");
-        Ok(metalguard_api::protocol::HoldAck { id, first: true })
-    }
-
-    /// Records the holds that stored reports carry and the store has no record of; true when
-    /// it wrote one (the next round plans with it; it is honoured meanwhile anyway).
-    async fn record_reported_holds(&mut self, state: &crate::backend::State) -> bool {
-        if !self.backend.keeps_holds() {
-            return false;
-        }
-        let mut wrote = false;
-        for record in state.unrecorded_holds() {
-            if self.inventory.host(&record.hold.target).is_none() {
-                if self.holds_warned.insert(record.hold.id.clone()) {
-                    tracing::warn!(hold = %record.hold.id, target = %record.hold.target, agent = %record.reported_by, "reported hold not recorded: its target is not an inventory host");
-                }
-                continue;
-            }
-            match self
-                .backend
-                .apply(vec![Write::CreateHold(record.clone())])
-                .await
-            {
-                Ok(()) => {
-                    log_recorded(&record, "reported");
-                    wrote = true;
-                }
-                Err(error) => {
-                    tracing::warn!(hold = %record.hold.id, error = %crate::cli::chain(&error), "reported hold not recorded yet");
-                }
-            }
-        }
-        wrote
-    }
-
     async fn persist_result(
         &mut self,
         host: &str,
@@ -667,61 +560,6 @@ impl<B: Backend> Controller<B> {
     }
 }
 
-/// The reserved condition types ([`metalguard_api::protocol::RESERVED_CONDITION_TYPES`]) each
-/// host's agent reported last, so that ignoring them is told once per change, not per report.
-#[derive(Debug, Default)]
-struct ReservedSeen(BTreeMap<String, BTreeSet<String>>);
-
-/// A change in the reserved types one agent reports.
-#[derive(Debug, PartialEq, Eq)]
-struct ReservedChange {
-    /// Types it reports now and did not before.
-    added: Vec<String>,
-    /// Every reserved type it reports now (empty: it stopped).
-    now: BTreeSet<String>,
-}
-
-impl ReservedSeen {
-    /// The change `report` brings for its host, if any.
-    fn observe(
-        &mut self,
-        report: &metalguard_api::protocol::AgentReport,
-    ) -> Option<ReservedChange> {
-        let now: BTreeSet<String> = report
-            .conditions
-            .iter()
-            .filter(|c| metalguard_api::protocol::is_reserved_condition(&c.type_))
-            .map(|c| c.type_.clone())
-            .collect();
-        let before = self.0.get(&report.host).cloned().unwrap_or_default();
-        if before == now {
-            return None;
-        }
-        let added = now.difference(&before).cloned().collect();
-        if now.is_empty() {
-            self.0.remove(&report.host);
-        } else {
-            self.0.insert(report.host.clone(), now.clone());
-        }
-        Some(ReservedChange { added, now })
-    }
-}
-
-/// Logs a hold the store took: a person took `target` over.
-fn log_recorded(record: &StoredHold, via: &str) {
-    let hold = &record.hold;
-    tracing::warn!(
-        hold = %hold.id,
-        target = %hold.target,
-        by = %hold.by,
-        reason = %hold.reason,
-        action = %hold.action,
-        agent = %record.reported_by,
-        via,
-        "break-glass hold recorded: the host is left alone until `metalguard-controller release` hands it back"
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use metalguard_api::duration::Timestamp;
@@ -737,43 +575,6 @@ mod tests {
             .unwrap(),
             received_at: Timestamp(received_at),
         }
-    }
-
-    #[test]
-    fn reserved_conditions_are_told_once_per_change() {
-        use metalguard_api::protocol::Condition;
-        use metalguard_api::snapshot::ConditionStatus;
-        let with = |types: &[&str]| {
-            let mut stored = report("cp-1", 1);
-            stored.report.conditions = types
-                .iter()
-                .map(|t| Condition {
-                    type_: (*t).into(),
-                    status: ConditionStatus::True,
-                    reason: "r".into(),
-                    message: String::new(),
-                    last_transition: Timestamp(1),
-                })
-                .collect();
-            stored.report
-        };
-        let mut seen = ReservedSeen::default();
-        assert_eq!(seen.observe(&with(&["EtcdMemberHealthy"])), None);
-        let first = seen
-            .observe(&with(&["Ready", "EtcdMemberHealthy"]))
-            .unwrap();
-        assert_eq!(first.added, ["Ready"]);
-        assert_eq!(
-            seen.observe(&with(&["Ready", "EtcdMemberHealthy"])),
-            None,
-            "the same again: not told"
-        );
-        let more = seen.observe(&with(&["Ready", "DiskPressure"])).unwrap();
-        assert_eq!(more.added, ["DiskPressure"]);
-        assert_eq!(more.now.len(), 2);
-        let gone = seen.observe(&with(&["EtcdMemberHealthy"])).unwrap();
-        assert!(gone.added.is_empty() && gone.now.is_empty());
-        assert_eq!(seen.observe(&with(&[])), None);
     }
 
     #[test]
