@@ -101,6 +101,22 @@ journal=$(in_ct journalctl -u metalguard-agent -o json --no-pager)
 check "journal has structured fields" grep -q '"MG_STATUS"' <<<"$journal"
 check "journal has the ready event" grep -q 'first probe round complete' <<<"$journal"
 
+say "break-glass as root: the hold is the daemon user's, and the event is journaled"
+in_ct sh -c 'mkdir -p /root/bmc && printf admin > /root/bmc/username && printf pkgtest-secret > /root/bmc/password && chmod 600 /root/bmc/username /root/bmc/password'
+# Nothing answers on port 9: the fence fails at the BMC, after the hold was recorded.
+in_ct env SUDO_USER=tester metalguard-agent fence pkgtest-peer --direct --reason "package test" \
+  --bmc redfish+http://127.0.0.1:9/redfish/v1/Systems/1 --credentials /root/bmc --timeout 5s \
+  >"$WORK/fence.log" 2>&1 || true
+hold=$(in_ct sh -c 'ls /var/lib/metalguard/holds/*.json 2>/dev/null' | head -1)
+check "hold recorded before the BMC was tried" test -n "$hold"
+check "hold owned by the daemon's user" test "$(in_ct stat -c %U:%G "${hold:-/nonexistent}")" = metalguard:metalguard
+check "hold readable by the daemon's user" in_ct runuser -u metalguard -- cat "${hold:-/nonexistent}"
+check "holds directory writable by the daemon's user (it deletes released holds)" in_ct runuser -u metalguard -- test -w /var/lib/metalguard/holds
+breakglass=$(in_ct journalctl -t metalguard-agent -o json --no-pager)
+check "journal has the break-glass event with user and hold id" bash -c "grep -q '\"MG_HOLD_ID\":\"pkgtest/' <<<\"\$1\" && grep -q '\"MG_USER\":\"tester\"' <<<\"\$1\"" _ "$breakglass"
+check "journal never has the BMC password" bash -c "! grep -q pkgtest-secret <<<\"\$1\"" _ "$breakglass"
+in_ct rm -rf /var/lib/metalguard/holds /root/bmc
+
 say "freeze the agent: the watchdog must kill and restart it"
 pid1=$(in_ct systemctl show -p MainPID --value metalguard-agent)
 in_ct kill -STOP "$pid1"

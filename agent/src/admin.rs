@@ -1,5 +1,5 @@
-//! Admin subcommands that work on this host: `status` (the running daemon's local view) and
-//! `fence --direct` (break-glass power-fencing straight through a BMC, without the controller).
+//! Admin subcommands that work on this host: `status` (the running daemon's local view). The
+//! break-glass `fence --direct` is in [`crate::break_glass`].
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -7,9 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
-use crate::bmc_cmd::{self, BmcAction, Output, TrustArgs};
 use crate::config::{self, DEFAULT_CONFIG};
 
 /// How long `status` waits for the daemon.
@@ -101,87 +100,4 @@ fn fetch_status(addr: std::net::SocketAddr) -> std::io::Result<String> {
         ));
     }
     Ok(body.to_owned())
-}
-
-/// What a break-glass fence does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum FenceKind {
-    /// Force off and verify Off.
-    Off,
-    /// Verified off, then on and verified On.
-    Reboot,
-    /// Power on and verify On.
-    On,
-}
-
-/// Arguments of `metalguard-agent fence`.
-#[derive(Debug, Args)]
-pub(crate) struct FenceArgs {
-    /// The host being fenced (for the record).
-    host: String,
-    /// Talk to the BMC directly, bypassing the controller and its quorum guard. Required: the
-    /// guarded path is `metalguard-controller fence`.
-    #[arg(long, required = true)]
-    direct: bool,
-    /// Why (recorded in the log).
-    #[arg(long)]
-    reason: String,
-    /// What to do.
-    #[arg(long, value_enum, default_value = "off")]
-    action: FenceKind,
-    /// The host's BMC address.
-    #[arg(long, value_name = "URL")]
-    bmc: String,
-    /// Credentials directory or file (refused when readable by group or others).
-    #[arg(long, value_name = "PATH")]
-    credentials: PathBuf,
-    #[command(flatten)]
-    trust: TrustArgs,
-    /// Overall deadline.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
-    timeout: Duration,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t)]
-    output: Output,
-}
-
-/// Break-glass fence: loud in the log, guarded by nothing but the operator.
-pub(crate) fn fence(args: &FenceArgs) -> ExitCode {
-    bmc_cmd::init_logging(false);
-    tracing::error!(
-        host = %args.host,
-        bmc = %args.bmc,
-        action = ?args.action,
-        reason = %args.reason,
-        user = %std::env::var("SUDO_USER").or_else(|_| std::env::var("USER")).unwrap_or_default(),
-        "BREAK-GLASS FENCE: bypassing the controller and the etcd quorum guard"
-    );
-    let target = match bmc_cmd::load_target(&args.bmc, &args.credentials, &args.trust) {
-        Ok(target) => target,
-        Err(err) => {
-            bmc_cmd::print_error(&bmc_cmd::chain(&err));
-            return ExitCode::from(bmc_cmd::EXIT_CONFIG);
-        }
-    };
-    let action = match args.action {
-        FenceKind::Off => BmcAction::Off,
-        FenceKind::Reboot => BmcAction::Reboot,
-        FenceKind::On => BmcAction::On,
-    };
-    match bmc_cmd::execute(
-        target,
-        action,
-        args.timeout,
-        bmc_cmd::call_timeouts(args.timeout),
-    ) {
-        Ok(report) => {
-            bmc_cmd::print_report(&report, args.output, false);
-            tracing::error!(host = %args.host, exit = report.exit, "break-glass fence finished");
-            ExitCode::from(report.exit)
-        }
-        Err(err) => {
-            bmc_cmd::print_error(&bmc_cmd::chain(&err));
-            ExitCode::from(bmc_cmd::EXIT_CONFIG)
-        }
-    }
 }

@@ -14,11 +14,13 @@ use clap::{Parser, Subcommand};
 mod admin;
 mod assets;
 mod bmc_cmd;
+mod break_glass;
 mod config;
 mod daemon;
 mod etcd_cmd;
 mod etcd_join;
 mod fence_agent;
+mod holds;
 
 /// metalguard host agent.
 #[derive(Debug, Parser)]
@@ -43,8 +45,9 @@ enum Command {
     Etcd(etcd_cmd::EtcdArgs),
     /// Print the running daemon's local view (probes and their verdicts).
     Status(admin::StatusArgs),
-    /// Break-glass: fence a host straight through its BMC, bypassing the controller.
-    Fence(admin::FenceArgs),
+    /// Break-glass: fence a host straight through its BMC, bypassing the controller; records
+    /// a hold first, so metalguard leaves the host alone until `metalguard-controller release`.
+    Fence(break_glass::FenceArgs),
     /// Write the man page and shell completions (used by the packaging script).
     #[command(hide = true)]
     GenerateAssets(assets::AssetArgs),
@@ -59,7 +62,7 @@ fn main() -> ExitCode {
         Command::FenceAgent(args) => fence_agent::run(&args),
         Command::Etcd(args) => etcd_cmd::run(&args),
         Command::Status(args) => admin::status(&args),
-        Command::Fence(args) => admin::fence(&args),
+        Command::Fence(args) => break_glass::fence(&args),
         Command::GenerateAssets(args) => assets::generate::<Cli>(&args),
     }
 }

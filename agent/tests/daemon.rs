@@ -35,6 +35,27 @@ fn check_config(config: &Path) -> (bool, String) {
 }
 
 #[test]
+fn check_config_refuses_a_probe_that_would_report_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("agent.toml");
+    write(
+        &main,
+        "host = \"cp-0\"\n[[probes.exec]]\nname = \"Ready\"\ncommand = [\"/bin/true\"]\n",
+    );
+    let (ok, err) = check_config(&main);
+    assert!(!ok, "{err}");
+    assert!(
+        err.contains("probes.exec[0].name: \"Ready\" is reserved"),
+        "{err}"
+    );
+    write(
+        &main,
+        "host = \"cp-0\"\n[[probes.exec]]\nname = \"EtcdBackupFresh\"\ncommand = [\"/bin/true\"]\n",
+    );
+    assert!(check_config(&main).0);
+}
+
+#[test]
 fn check_config_names_file_key_and_problem_and_run_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

@@ -1,4 +1,5 @@
-//! The command line: `run`, `plan`, `status`, `fence`, `retire`, `certs`, `openapi`, `crd`. Each
+//! The command line: `run`, `plan`, `status`, `fence`, `retire`, `release`, `certs`, `openapi`,
+//! `crd`. Each
 //! subcommand wires the modules and maps errors to an exit status; no decisions are made here.
 
 use std::path::PathBuf;
@@ -93,6 +94,19 @@ enum Command {
         /// Withdraw the retirement (refused once a replacement votes or the member is gone).
         #[arg(long)]
         cancel: bool,
+        /// The inventory file.
+        #[arg(long, env = "METALGUARD_INVENTORY")]
+        inventory: PathBuf,
+    },
+    /// Hand a host held after a break-glass fence (`metalguard-agent fence --direct`) back to
+    /// metalguard: its holds are marked released (and never honoured again); a silent host is
+    /// then remediated like any other (powered on).
+    Release {
+        /// The held host.
+        host: String,
+        /// Why (recorded with the release).
+        #[arg(long)]
+        reason: String,
         /// The inventory file.
         #[arg(long, env = "METALGUARD_INVENTORY")]
         inventory: PathBuf,
@@ -318,6 +332,11 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             cancel,
             inventory,
         } => retire(&inventory, &host, reason, requested_by, cancel).await,
+        Command::Release {
+            host,
+            reason,
+            inventory,
+        } => release(&inventory, &host, &reason).await,
         Command::CheckConfig { inventory } => {
             let inv = Inventory::load(&inventory)?;
             let mut problems: Vec<String> = inv.check_files().iter().map(|e| chain(e)).collect();
@@ -406,6 +425,37 @@ async fn retire(
             in_force.requested_at, in_force.reason
         );
     }
+    Ok(())
+}
+
+/// Tries a release this often when a hold changes under it (the leader recording it).
+const RELEASE_ATTEMPTS: usize = 3;
+
+async fn release(inventory: &std::path::Path, host: &str, reason: &str) -> anyhow::Result<()> {
+    let inventory = Inventory::load(inventory)?;
+    let mut backend = connect(&inventory, "cli".to_owned());
+    let state = backend.load().await?;
+    crate::holds::check_releasable(&state, host, inventory.host(host).is_some())?;
+    let release = crate::holds::release_by(&crate::holds::invoking_user(), reason, now());
+    let mut attempt = 0;
+    let released = loop {
+        attempt += 1;
+        match backend.release_holds(host, &release).await {
+            Err(crate::backend::BackendError::Refused { .. }) if attempt < RELEASE_ATTEMPTS => {}
+            other => break other?,
+        }
+    };
+    anyhow::ensure!(
+        !released.is_empty(),
+        crate::holds::ReleaseError::NotHeld(host.to_owned())
+    );
+    for record in &released {
+        println!("{}", crate::holds::released_line(record));
+    }
+    println!(
+        "released by {} ({reason}); the leader picks it up at once (watch), and each agent that recorded a hold deletes it at its next report",
+        release.by
+    );
     Ok(())
 }
 

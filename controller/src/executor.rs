@@ -201,12 +201,44 @@ fn node_step(
     Some(vec![Write::Node(node_write), phase])
 }
 
+/// Why an in-flight operation is not offered now, if it is not: a fence of a held host (the
+/// hold may have arrived after its intent was persisted, and a person now owns its power), or
+/// a fence sent to an agent whose latest report still carries a hold of the target that a
+/// person has released (it refuses power commands for hosts it holds; it drops the record at
+/// its next report and reports again at once). Offered again when that clears.
+pub fn withheld(state: &State, op: &StoredOperation) -> Option<String> {
+    let OperationKind::Fence { target, .. } = &op.kind else {
+        return None;
+    };
+    if let Some(hold) = state.holds.get(target) {
+        return Some(format!(
+            "{target} is held (hold {} by {}): offered again once released",
+            hold.id, hold.by
+        ));
+    }
+    let still_carried = state
+        .reports
+        .get(&op.agent)
+        .is_some_and(|r| r.report.holds.iter().any(|h| h.target == *target));
+    still_carried.then(|| {
+        format!(
+            "{}'s agent still carries a released hold of {target}: offered once it reports without it",
+            op.agent
+        )
+    })
+}
+
 /// Every persisted operation without a result, as commands per agent host. Credentials are
 /// read from the inventory's files now; an operation whose BMC cannot be described is left
-/// out (and logged) rather than sent half-built.
+/// out (and logged) rather than sent half-built. An operation [`withheld`] is left out too
+/// (`status` says why).
 pub fn pending_commands(inventory: &Inventory, state: &State) -> BTreeMap<String, Vec<Command>> {
     let mut pending: BTreeMap<String, Vec<Command>> = BTreeMap::new();
     for op in state.operations.values().filter(|op| op.in_flight()) {
+        if let Some(why) = withheld(state, op) {
+            tracing::debug!(operation = %op.id, reason = %why, "fence not offered");
+            continue;
+        }
         let kind = match &op.kind {
             OperationKind::Fence { target, action } => {
                 let Some(bmc) = inventory.host(target).and_then(|h| h.bmc.as_ref()) else {
@@ -347,6 +379,9 @@ mod tests {
                     state.hooks.insert(h, hooks);
                 }
                 Write::PutNotes(notes) => state.notes = Some(notes),
+                Write::CreateHold(record) => {
+                    state.hold_records.insert(record.hold.id.clone(), record);
+                }
                 Write::Node(_) => {}
             }
         }
@@ -434,6 +469,90 @@ mod tests {
             state.operations[&off.id].result.as_ref().unwrap().outcome,
             Outcome::Succeeded,
             "a retried post never overwrites the first result"
+        );
+    }
+
+    #[test]
+    fn a_fence_of_a_held_host_is_not_offered_until_it_is_released() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let credentials = tempfile::tempdir().unwrap();
+        for (name, value) in [("username", "admin"), ("password", "pw")] {
+            let path = credentials.path().join(name);
+            std::fs::write(&path, value).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let text = format!(
+            "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n\
+             [control_plane]\ndesired_replicas = 1\n\
+             [[hosts]]\nname = \"w-1\"\nrole = \"worker\"\n\
+             [[hosts]]\nname = \"w-2\"\nrole = \"worker\"\n\
+             bmc = {{ address = \"ipmi://127.0.0.1:1623\", credentials_dir = \"{}\" }}\n",
+            credentials.path().display()
+        );
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), &text).unwrap();
+        let mut state = state_with(remediation(RemediationPhase::Gated));
+        let off = action(RemediationStep::PowerOff);
+        let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
+        apply(&mut state, writes);
+        let offered = |state: &State| -> Vec<OperationId> {
+            pending_commands(&inventory, state)
+                .get("w-1")
+                .map(|cs| cs.iter().map(|c| c.operation_id.clone()).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            offered(&state),
+            std::slice::from_ref(&off.id),
+            "not held: offered"
+        );
+        // The hold arrives after the intent was persisted.
+        let hold = metalguard_api::snapshot::Hold {
+            id: "w-1/7".into(),
+            target: "w-2".into(),
+            since: Timestamp(7),
+            by: "alice on w-1".into(),
+            reason: "smoke".into(),
+            action: "off".into(),
+        };
+        apply(
+            &mut state,
+            vec![Write::CreateHold(crate::backend::StoredHold {
+                hold,
+                reported_by: "w-1".into(),
+                recorded_at: Timestamp(8),
+                released: None,
+            })],
+        );
+        state.refresh_holds();
+        assert!(offered(&state).is_empty(), "held: not offered");
+        // w-1's agent carries the hold in its report (it made it).
+        let mut stored = crate::testkit::stored_report("w-1", 8, None);
+        stored.report.holds = vec![state.hold_records["w-1/7"].hold.clone()];
+        state.reports.insert("w-1".into(), stored);
+        state.hold_records.get_mut("w-1/7").unwrap().released = Some(crate::backend::HoldRelease {
+            at: Timestamp(9),
+            by: "bob".into(),
+            reason: "fixed".into(),
+        });
+        state.refresh_holds();
+        assert!(state.holds.is_empty());
+        assert!(
+            offered(&state).is_empty(),
+            "released, but w-1's agent still holds it locally (it would refuse): not yet"
+        );
+        let op = &state.operations[&off.id];
+        assert!(
+            withheld(&state, op)
+                .unwrap()
+                .contains("still carries a released hold of w-2"),
+            "{:?}",
+            withheld(&state, op)
+        );
+        state.reports.get_mut("w-1").unwrap().report.holds.clear();
+        assert_eq!(
+            offered(&state),
+            [off.id],
+            "released: the same operation is offered again"
         );
     }
 

@@ -5,11 +5,14 @@
 //! milliseconds of a publish. Reports and results go the other way through an mpsc inbox;
 //! a result is acknowledged only after the loop has persisted it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use metalguard_api::protocol::{AgentReport, BmcTarget, Command, CommandResult, ResultAck};
+use metalguard_api::protocol::{
+    AgentReport, BmcTarget, Command, CommandResult, HoldAck, ResultAck,
+};
+use metalguard_api::snapshot::Hold;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -27,6 +30,29 @@ pub enum Inbound {
         /// Where the acknowledgement goes.
         reply: oneshot::Sender<Result<ResultAck, ResultError>>,
     },
+    /// A break-glass hold posted by `host`'s agent certificate (its id already checked to
+    /// start with `host/`); `reply` receives the ack once it is persisted.
+    Hold {
+        /// The posting agent's host.
+        host: String,
+        /// The hold.
+        hold: Hold,
+        /// Where the acknowledgement goes.
+        reply: oneshot::Sender<Result<HoldAck, HoldError>>,
+    },
+}
+
+/// Why a posted hold was not recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HoldError {
+    /// The hold can never be recorded (its target is not an inventory host): 422.
+    Invalid(String),
+    /// The hold's id was released by a person: it is not honoured again: 409.
+    Released(String),
+    /// This backend does not store holds (the agent's reports carry it): 501.
+    Unsupported(String),
+    /// The store is unavailable; retry: 503.
+    Unavailable(String),
 }
 
 /// Why a result was not recorded.
@@ -54,6 +80,8 @@ pub struct Hub {
     inbox: mpsc::Sender<Inbound>,
     /// Every inventory BMC without credentials, answered to each report (less the reporter's).
     bmc_targets: Mutex<Vec<BmcTarget>>,
+    /// Ids of released break-glass holds, answered to a report that still carries one.
+    released_holds: Mutex<BTreeSet<String>>,
 }
 
 impl Hub {
@@ -65,6 +93,7 @@ impl Hub {
             queues: Mutex::new(HashMap::new()),
             inbox: tx,
             bmc_targets: Mutex::new(Vec::new()),
+            released_holds: Mutex::new(BTreeSet::new()),
         };
         (Arc::new(hub), rx)
     }
@@ -184,6 +213,28 @@ impl Hub {
             .collect()
     }
 
+    /// Replaces the ids of released holds (every plan round, from the store).
+    pub fn set_released_holds(&self, ids: BTreeSet<String>) {
+        *self
+            .released_holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = ids;
+    }
+
+    /// The holds of `report` that a person has released (the agent deletes their records).
+    pub fn released_among(&self, report: &AgentReport) -> Vec<String> {
+        let released = self
+            .released_holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        report
+            .holds
+            .iter()
+            .filter(|h| released.contains(&h.id))
+            .map(|h| h.id.clone())
+            .collect()
+    }
+
     /// Hands an inbound message to the loop; false when the loop has stopped.
     pub async fn send(&self, message: Inbound) -> bool {
         self.inbox.send(message).await.is_ok()
@@ -248,6 +299,30 @@ mod tests {
             vec![target("cp-2"), target("cp-3")]
         );
         assert_eq!(hub.bmc_targets_for("w-9").len(), 3);
+    }
+
+    #[test]
+    fn a_report_is_told_only_which_of_its_own_holds_were_released() {
+        let (hub, _rx) = Hub::new();
+        let hold = |id: &str| Hold {
+            id: id.into(),
+            target: "cp-1".into(),
+            since: Timestamp(1),
+            by: "alice on cp-2".into(),
+            reason: "r".into(),
+            action: "off".into(),
+        };
+        let report: AgentReport = serde_json::from_value(serde_json::json!({
+            "host": "cp-2", "agent_version": "t", "sequence": 1, "sent_at": 1,
+        }))
+        .unwrap();
+        let report = AgentReport {
+            holds: vec![hold("cp-2/1"), hold("cp-2/2")],
+            ..report
+        };
+        assert!(hub.released_among(&report).is_empty());
+        hub.set_released_holds(["cp-2/2".to_owned(), "cp-3/9".to_owned()].into());
+        assert_eq!(hub.released_among(&report), ["cp-2/2"]);
     }
 
     #[tokio::test]

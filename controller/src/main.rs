@@ -15,6 +15,7 @@ mod clock;
 #[cfg(feature = "kubernetes")]
 mod crd;
 mod executor;
+mod holds;
 mod hub;
 mod inventory;
 #[cfg(feature = "kubernetes")]

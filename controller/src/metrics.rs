@@ -45,6 +45,11 @@ pub struct Metrics {
     pub inventory_generation: Gauge,
     /// 1 while the latest change of the inventory file is rejected (the previous one is used).
     pub inventory_rejected: Gauge,
+    /// Hosts held after a break-glass fence (left alone until a person releases them).
+    pub held_hosts: Gauge,
+    /// Times an agent started reporting a reserved condition type (`Ready`, the kubelet's),
+    /// which the controller ignores, by condition type.
+    pub reserved_conditions_ignored: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -68,6 +73,8 @@ impl Metrics {
             insecure_bmcs: Gauge::default(),
             inventory_generation: Gauge::default(),
             inventory_rejected: Gauge::default(),
+            held_hosts: Gauge::default(),
+            reserved_conditions_ignored: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -134,6 +141,16 @@ impl Metrics {
             "inventory_generation",
             "Increases with every accepted inventory (re)load",
             metrics.inventory_generation.clone(),
+        );
+        registry.register(
+            "held_hosts",
+            "Hosts held after a break-glass fence, left alone until a person releases them",
+            metrics.held_hosts.clone(),
+        );
+        registry.register(
+            "reserved_conditions_ignored",
+            "Times an agent started reporting a reserved condition type, which is ignored",
+            metrics.reserved_conditions_ignored.clone(),
         );
         registry.register(
             "inventory_rejected",

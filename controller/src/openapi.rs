@@ -8,7 +8,8 @@
 //! (`UPDATE_OPENAPI=1 cargo nextest run -p metalguard-controller openapi` rewrites it).
 
 use metalguard_api::protocol::{
-    API_VERSION, BMC_TARGETS_PARAM, COMMANDS_PATH, MAX_WAIT, REPORT_PATH, RESULTS_PATH, WAIT_PARAM,
+    API_VERSION, BMC_TARGETS_PARAM, COMMANDS_PATH, HOLDS_PATH, MAX_WAIT, REPORT_PATH, RESULTS_PATH,
+    WAIT_PARAM,
 };
 use serde_json::{Map, Value, json};
 
@@ -78,7 +79,20 @@ fn schemas() -> Value {
             ("etcd", nullable(&reference("EtcdView"))),
             ("bmc_reachability", array(&reference("BmcReachability"))),
             ("unacknowledged_results", array(&string())),
+            ("holds", array(&reference("Hold"))),
         ], &["host", "agent_version", "sequence", "sent_at"]),
+        "Hold": object(&[
+            ("id", string()),
+            ("target", string()),
+            ("since", timestamp()),
+            ("by", string()),
+            ("reason", string()),
+            ("action", string()),
+        ], &["id", "target", "since", "by", "reason", "action"]),
+        "HoldAck": object(&[
+            ("id", string()),
+            ("first", boolean()),
+        ], &["id", "first"]),
         "Condition": object(&[
             ("type", string()),
             ("status", one_of_strings(&["True", "False", "Unknown"])),
@@ -112,6 +126,7 @@ fn schemas() -> Value {
             ("sequence", integer()),
             ("received_at", timestamp()),
             ("bmc_targets", array(&reference("BmcTarget"))),
+            ("released_holds", array(&string())),
         ], &["sequence", "received_at"]),
         "BmcTarget": object(&[
             ("host", string()),
@@ -208,6 +223,21 @@ pub fn document() -> Value {
         "description": "unknown operation id, or an operation sent to another host",
         "content": { "application/json": { "schema": reference("ErrorBody") } },
     });
+    let error_response = |description: &str| {
+        json!({
+            "description": description,
+            "content": { "application/json": { "schema": reference("ErrorBody") } },
+        })
+    };
+    let mut hold_responses =
+        with_errors(json!({ "200": ok("HoldAck", "the hold is persisted (or was already)") }));
+    hold_responses["409"] = error_response("a person released this hold; it is not honoured again");
+    hold_responses["422"] = error_response(
+        "the hold's id is not <host>/<milliseconds>, or its target is not an inventory host",
+    );
+    hold_responses["501"] = error_response(
+        "this controller's backend does not store holds (the agent's reports carry it)",
+    );
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -243,6 +273,13 @@ pub fn document() -> Value {
                 "parameters": [host],
                 "requestBody": json_body("CommandResult"),
                 "responses": result_responses,
+            }},
+            HOLDS_PATH: { "post": {
+                "operationId": "holds",
+                "summary": "A break-glass hold recorded on this host (metalguard-agent fence --direct)",
+                "parameters": [host],
+                "requestBody": json_body("Hold"),
+                "responses": hold_responses,
             }},
         },
         "components": { "schemas": schemas() },
@@ -330,6 +367,17 @@ mod tests {
             .unwrap_or_else(|e| panic!("schema {name} is stale: {e}"));
     }
 
+    fn hold() -> metalguard_api::snapshot::Hold {
+        metalguard_api::snapshot::Hold {
+            id: "cp-1/5".into(),
+            target: "cp-2".into(),
+            since: Timestamp(5),
+            by: "alice on cp-1".into(),
+            reason: "r".into(),
+            action: "off".into(),
+        }
+    }
+
     fn command(kind: CommandKind) -> Command {
         Command {
             operation_id: OperationId("op".into()),
@@ -375,8 +423,17 @@ mod tests {
                 error: None,
             }],
             unacknowledged_results: vec![OperationId("x".into())],
+            holds: vec![hold()],
         };
         check("AgentReport", &report);
+        check("Hold", &hold());
+        check(
+            "HoldAck",
+            &HoldAck {
+                id: "cp-1/5".into(),
+                first: false,
+            },
+        );
         check(
             "ReportAck",
             &ReportAck {
@@ -387,6 +444,7 @@ mod tests {
                     bmc_address: "redfish+https://10.0.0.5".into(),
                     tls: BmcTrust::Fingerprint { sha256: "f".into() },
                 }],
+                released_holds: vec!["cp-1/5".into()],
             },
         );
         let trusts = [

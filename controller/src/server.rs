@@ -1,4 +1,4 @@
-//! The agent API server: a TLS accept loop that requires a client certificate, and the three
+//! The agent API server: a TLS accept loop that requires a client certificate, and the four
 //! versioned routes of [`metalguard_api::protocol`].
 //!
 //! The host a request may speak for is the one its client certificate names ([`PeerHost`]);
@@ -15,16 +15,17 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use hyper_util::rt::TokioIo;
 use metalguard_api::protocol::{
-    AgentReport, COMMANDS_PATH, CommandBatch, CommandResult, ErrorBody, MAX_WAIT, REPORT_PATH,
-    RESULTS_PATH, ReportAck,
+    AgentReport, COMMANDS_PATH, CommandBatch, CommandResult, ErrorBody, HOLDS_PATH, MAX_WAIT,
+    REPORT_PATH, RESULTS_PATH, ReportAck,
 };
+use metalguard_api::snapshot::Hold;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now;
-use crate::hub::{Hub, Inbound, ResultError};
+use crate::hub::{HoldError, Hub, Inbound, ResultError};
 use crate::tls::peer_host;
 
 /// How long a client may take to complete the TLS handshake.
@@ -41,6 +42,7 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route(REPORT_PATH, post(report))
         .route(COMMANDS_PATH, get(commands))
         .route(RESULTS_PATH, post(results))
+        .route(HOLDS_PATH, post(holds))
         .with_state(hub)
 }
 
@@ -97,6 +99,7 @@ async fn report(
         } else {
             Vec::new()
         },
+        released_holds: hub.released_among(&report),
     };
     if !hub.send(Inbound::Report(report)).await {
         return refuse(
@@ -167,6 +170,53 @@ async fn results(
         Err(_) => refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "controller stopped before persisting the result".to_owned(),
+        ),
+    }
+}
+
+/// A break-glass hold recorded on the certificate's host: its id must be `<host>/<ms>`; its
+/// target is checked against the inventory by the loop (422 when unknown).
+async fn holds(
+    State(hub): State<Arc<Hub>>,
+    Extension(peer): Extension<PeerHost>,
+    Path(host): Path<String>,
+    Json(hold): Json<Hold>,
+) -> Response {
+    if let Err(refusal) = admit(&hub, &peer, &host) {
+        return *refusal;
+    }
+    if !crate::backend::state::hold_made_by(&hold, &host) {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "hold id {} is not {host}/<milliseconds>: host {host} records only its own holds",
+                hold.id
+            ),
+        );
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let sent = hub
+        .send(Inbound::Hold {
+            host,
+            hold,
+            reply: tx,
+        })
+        .await;
+    if !sent {
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "controller is stopping".to_owned(),
+        );
+    }
+    match rx.await {
+        Ok(Ok(ack)) => Json(ack).into_response(),
+        Ok(Err(HoldError::Invalid(error))) => refuse(StatusCode::UNPROCESSABLE_ENTITY, error),
+        Ok(Err(HoldError::Released(error))) => refuse(StatusCode::CONFLICT, error),
+        Ok(Err(HoldError::Unsupported(error))) => refuse(StatusCode::NOT_IMPLEMENTED, error),
+        Ok(Err(HoldError::Unavailable(error))) => refuse(StatusCode::SERVICE_UNAVAILABLE, error),
+        Err(_) => refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "controller stopped before persisting the hold".to_owned(),
         ),
     }
 }

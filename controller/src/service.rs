@@ -9,8 +9,12 @@
 //! Every tick it also re-reads the inventory file when it changed ([`crate::reload`]), and
 //! whenever what it needs from people changes (a host to add to the inventory, a join that
 //! waits for its agent) it logs it and persists it as notes that `status` prints.
+//!
+//! Break-glass holds reach it posted by the agent CLI (`Inbound::Hold`) or carried in reports;
+//! every round records the reported ones it has no record of, and tells the hub which ids a
+//! person released (the report's answer names them, so the agent drops its local record).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use metalguard_api::protocol::Outcome;
@@ -26,6 +30,11 @@ use crate::inventory::Inventory;
 use crate::membership::Next;
 use crate::metrics::{Metrics, label};
 use crate::reload::{InventoryFile, Reload};
+
+mod holds;
+mod reserved;
+
+use reserved::ReservedSeen;
 
 /// Most plan rounds run back to back after one trigger (each round that persisted something
 /// is followed by another).
@@ -64,6 +73,10 @@ pub struct Controller<B> {
     /// The latest report of each host that the store refused to record (under etcd's NOSPACE
     /// alarm every write fails): the agent is not silent, and its conditions say why.
     unstored: BTreeMap<String, StoredReport>,
+    /// Per host, the reserved condition types its agent reported last (logged on change).
+    reserved_seen: ReservedSeen,
+    /// Hold ids already logged as not recordable (logged once each).
+    holds_warned: BTreeSet<String>,
 }
 
 impl<B: Backend> Controller<B> {
@@ -79,6 +92,8 @@ impl<B: Backend> Controller<B> {
             file: None,
             identity: String::new(),
             unstored: BTreeMap::new(),
+            reserved_seen: ReservedSeen::default(),
+            holds_warned: BTreeSet::new(),
         }
     }
 
@@ -289,6 +304,8 @@ impl<B: Backend> Controller<B> {
     pub(crate) async fn handle(&mut self, message: Inbound) {
         match message {
             Inbound::Report(report) => {
+                self.note_reserved_conditions(&report);
+                self.note_foreign_holds(&report);
                 let stored = StoredReport {
                     report,
                     received_at: now(),
@@ -309,6 +326,10 @@ impl<B: Backend> Controller<B> {
                 reply,
             } => {
                 let answer = self.persist_result(&host, result).await;
+                let _ = reply.send(answer);
+            }
+            Inbound::Hold { host, hold, reply } => {
+                let answer = self.persist_posted_hold(&host, hold).await;
                 let _ = reply.send(answer);
             }
         }
@@ -396,6 +417,14 @@ impl<B: Backend> Controller<B> {
                 }
             };
             overlay_unstored(&mut state, &self.unstored);
+            state.refresh_holds();
+            self.hub.set_released_holds(state.released_hold_ids());
+            self.metrics
+                .held_hosts
+                .set(i64::try_from(state.holds.len()).unwrap_or(i64::MAX));
+            if self.record_reported_holds(&state).await {
+                continue;
+            }
             if !self.execute_round(&state).await {
                 if self.hub.is_leader() {
                     self.hub

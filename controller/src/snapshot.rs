@@ -123,38 +123,39 @@ pub fn powered_off_for_retirement(state: &State, host: &str) -> bool {
     })
 }
 
-/// The Node a report stands for: the report's conditions, plus a synthesized `Ready` (unless
-/// the agent reports one) that is `True` when no reported condition is `False`, with the
-/// latest transition among them. Pressure conditions (`EtcdNoSpace`) do not count, either
-/// way, as in Kubernetes: a NOSPACE alarm is reported, and no fence cures it.
+/// The Node a report stands for: the report's conditions, plus a synthesized `Ready` that is
+/// `True` when no reported condition is `False`, with the latest transition among them.
+/// Pressure conditions (`EtcdNoSpace`) do not count, either way, as in Kubernetes: a NOSPACE
+/// alarm is reported, and no fence cures it. Reserved types (`Ready` and the kubelet's,
+/// [`metalguard_api::protocol::RESERVED_CONDITION_TYPES`]) are dropped: an agent reporting
+/// `Ready=True` must not overrule the failing conditions next to it (the loop logs them).
 fn node_of(report: &metalguard_api::protocol::AgentReport, known_since: Timestamp) -> NodeStatus {
     let mut conditions: Vec<NodeCondition> = report
         .conditions
         .iter()
+        .filter(|c| !metalguard_api::protocol::is_reserved_condition(&c.type_))
         .map(|c| NodeCondition {
             type_: c.type_.clone(),
             status: c.status,
             last_transition: c.last_transition,
         })
         .collect();
-    if !conditions.iter().any(|c| c.type_ == READY) {
-        let failing = conditions.iter().any(|c| {
-            c.status == ConditionStatus::False && !metalguard_api::protocol::is_pressure(&c.type_)
-        });
-        conditions.push(NodeCondition {
-            type_: READY.to_owned(),
-            status: if failing {
-                ConditionStatus::False
-            } else {
-                ConditionStatus::True
-            },
-            last_transition: conditions
-                .iter()
-                .map(|c| c.last_transition)
-                .max()
-                .unwrap_or(Timestamp(0)),
-        });
-    }
+    let failing = conditions.iter().any(|c| {
+        c.status == ConditionStatus::False && !metalguard_api::protocol::is_pressure(&c.type_)
+    });
+    conditions.push(NodeCondition {
+        type_: READY.to_owned(),
+        status: if failing {
+            ConditionStatus::False
+        } else {
+            ConditionStatus::True
+        },
+        last_transition: conditions
+            .iter()
+            .map(|c| c.last_transition)
+            .max()
+            .unwrap_or(Timestamp(0)),
+    });
     NodeStatus {
         created_at: known_since,
         conditions,
@@ -304,6 +305,37 @@ role = "control-plane"
         state.reports.insert("cp-1".into(), stored);
         let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
         assert!(s.hosts.iter().all(|h| h.etcd.as_ref().unwrap().healthy));
+    }
+
+    #[test]
+    fn an_agent_reporting_ready_true_with_a_failing_condition_is_judged_not_ready() {
+        use ConditionStatus::{False, True};
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+        let mut stored = report("cp-1", &[(1, "cp-1", false)]);
+        stored.report.conditions = vec![
+            condition("Ready", True),
+            condition("MemoryPressure", False),
+            condition("EtcdMemberHealthy", False),
+        ];
+        let node = node_of(&stored.report, Timestamp(1));
+        let types: Vec<&str> = node.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(
+            types,
+            ["EtcdMemberHealthy", "Ready"],
+            "reserved types dropped, Ready synthesized"
+        );
+        assert_eq!(ready(&stored.report), False);
+        let mut state = State::default();
+        state.reports.insert("cp-1".into(), stored.clone());
+        let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
+        let cp1 = s.hosts.iter().find(|h| h.name == "cp-1").unwrap();
+        assert!(!cp1.node_ready(), "{:?}", cp1.node);
+        // With every other condition healthy, the host is ready whatever it says itself.
+        stored.report.conditions = vec![
+            condition("Ready", False),
+            condition("EtcdMemberHealthy", True),
+        ];
+        assert_eq!(ready(&stored.report), True);
     }
 
     #[test]

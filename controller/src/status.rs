@@ -69,7 +69,8 @@ pub fn fence_verdict(inventory: &Inventory, state: &State, host: &str, now: Time
 
 /// The same view as [`render`] plus the dry-run plan, as one JSON document for scripts (the
 /// local lab reads it): `leader`, `now`, `etcd_alarms` (a list, or `{"error": ...}`),
-/// `agents`, `remediations`, `operations`, `fence_requests`, `hooks`, `plan`.
+/// `agents`, `remediations`, `operations`, `fence_requests`, `hooks`, `holds` (`active` and
+/// `released`, see [`crate::holds::to_json`]), `retirements`, `notes`, `plan`.
 pub fn render_json(
     inventory: &Inventory,
     state: &State,
@@ -88,16 +89,18 @@ pub fn render_json(
         "operations": state.operations.values().collect::<Vec<_>>(),
         "fence_requests": state.fence_requests,
         "hooks": state.hooks,
+        "holds": crate::holds::to_json(state),
         "retirements": retirements(inventory, state, now),
         "notes": state.notes,
         "plan": explain(inventory, state, now),
     })
 }
 
-/// The leader, each agent's last report, remediations and operations.
+/// The leader, the holds in force, each agent's last report, remediations and operations.
 pub fn render(state: &State, now: Timestamp) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "leader: {}", state.leader.as_deref().unwrap_or("none"));
+    out.push_str(&crate::holds::render(state, now));
     let _ = writeln!(out, "agents:");
     for (host, stored) in &state.reports {
         let age = now.since(stored.received_at);
@@ -128,10 +131,13 @@ pub fn render(state: &State, now: Timestamp) -> String {
     }
     let _ = writeln!(out, "operations:");
     for op in state.operations.values() {
-        let result = op
-            .result
-            .as_ref()
-            .map_or("in flight".to_owned(), |r| r.outcome.name().to_owned());
+        let result = op.result.as_ref().map_or_else(
+            || match crate::executor::withheld(state, op) {
+                Some(why) => format!("in flight, NOT OFFERED: {why}"),
+                None => "in flight".to_owned(),
+            },
+            |r| r.outcome.name().to_owned(),
+        );
         let _ = writeln!(out, "  {} via {}: {:?} {result}", op.id, op.agent, op.kind);
     }
     out

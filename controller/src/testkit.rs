@@ -19,6 +19,7 @@ pub fn stored_report(host: &str, at: u64, etcd: Option<EtcdView>) -> StoredRepor
             etcd,
             bmc_reachability: vec![],
             unacknowledged_results: vec![],
+            holds: vec![],
         },
         received_at: Timestamp(at),
     }

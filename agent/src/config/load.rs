@@ -32,6 +32,27 @@ impl ConfigError {
 
 /// Reads, merges and validates the configuration rooted at `main`.
 pub fn load(main: &Path) -> Result<Loaded, ConfigError> {
+    let loaded = read_merged(main)?;
+    let problems = loaded.config.validate();
+    if problems.is_empty() {
+        Ok(loaded)
+    } else {
+        Err(ConfigError { problems })
+    }
+}
+
+/// Reads and merges the configuration rooted at `main` like [`load`], and returns the
+/// validation problems next to it instead of refusing it. For break-glass fencing, which
+/// needs only `host`, `state.dir` and `[controller]` and must not be stopped by a problem
+/// elsewhere (a missing probe binary). Files that do not parse are still an error.
+pub fn load_lenient(main: &Path) -> Result<(Loaded, Vec<String>), ConfigError> {
+    let loaded = read_merged(main)?;
+    let problems = loaded.config.validate();
+    Ok((loaded, problems))
+}
+
+/// Reads, parses and merges the files, without semantic validation.
+fn read_merged(main: &Path) -> Result<Loaded, ConfigError> {
     let mut problems = Vec::new();
     let mut files = vec![main.to_path_buf()];
     match drop_ins(main) {
@@ -78,12 +99,7 @@ pub fn load(main: &Path) -> Result<Loaded, ConfigError> {
             });
         }
     };
-    let problems = config.validate();
-    if problems.is_empty() {
-        Ok(Loaded { config, files })
-    } else {
-        Err(ConfigError { problems })
-    }
+    Ok(Loaded { config, files })
 }
 
 /// Whether the files parse and none sets `host` (an untouched, all-comments install). Any

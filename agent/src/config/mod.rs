@@ -13,7 +13,7 @@ mod validate;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-pub use load::load;
+pub use load::{load, load_lenient};
 pub use schema::*;
 
 /// Default path of the main configuration file.

@@ -137,6 +137,12 @@ impl AgentConfig {
             let key = format!("probes.exec[{i}] ({})", probe.name);
             if probe.name.is_empty() {
                 problems.push(format!("probes.exec[{i}].name: must not be empty"));
+            } else if metalguard_api::protocol::is_reserved_condition(&probe.name) {
+                problems.push(format!(
+                    "probes.exec[{i}].name: {:?} is reserved: {} are Kubernetes' own node conditions (the controller judges Ready from the other conditions); choose another name",
+                    probe.name,
+                    metalguard_api::protocol::RESERVED_CONDITION_TYPES.join(", ")
+                ));
             }
             match probe.command.first() {
                 None => problems.push(format!("{key}.command: must name a program")),
@@ -358,6 +364,27 @@ mod tests {
 
     fn parse(text: &str) -> AgentConfig {
         toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn a_probe_named_like_a_kubernetes_node_condition_is_refused_naming_the_key() {
+        for reserved in metalguard_api::protocol::RESERVED_CONDITION_TYPES {
+            let config = parse(&format!(
+                "host = \"cp-0\"\n[[probes.exec]]\nname = \"EtcdBackup\"\ncommand = [\"/bin/true\"]\n\
+                 [[probes.exec]]\nname = \"{reserved}\"\ncommand = [\"/bin/true\"]\n"
+            ));
+            let problems = config.validate();
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(
+                problems[0]
+                    .starts_with(&format!("probes.exec[1].name: \"{reserved}\" is reserved")),
+                "{problems:?}"
+            );
+        }
+        let fine = parse(
+            "host = \"cp-0\"\n[[probes.exec]]\nname = \"ready\"\ncommand = [\"/bin/true\"]\n",
+        );
+        assert!(fine.validate().is_empty(), "{:?}", fine.validate());
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub struct Executor {
     running: Arc<Mutex<HashSet<OperationId>>>,
     ca_dir: PathBuf,
     fence: FenceOptions,
+    holds: crate::holds::HoldStore,
 }
 
 impl Executor {
@@ -63,7 +64,13 @@ impl Executor {
             running: Arc::default(),
             ca_dir: state_dir.join("bmc-ca"),
             fence: FenceOptions::default(),
+            holds: crate::holds::HoldStore::new(state_dir),
         }
+    }
+
+    /// The break-glass holds recorded on this host.
+    pub fn holds(&self) -> &crate::holds::HoldStore {
+        &self.holds
     }
 
     /// The join go-ahead's runner, if configured.
@@ -181,6 +188,30 @@ impl Executor {
     }
 
     async fn run_fence(&self, command: &FenceCommand) -> Run {
+        // Defence in depth: the controller does not send these, but a hold that reached it
+        // late (or not at all) must still keep this host's hands off the held host's power.
+        match self.holds.held(&command.target) {
+            Ok(Some(hold)) => {
+                return rejected(&format!(
+                    "{} is held by break-glass hold {} (power {} by {} at {}: {}); this agent does not touch its power until a person runs `metalguard-controller release {}`",
+                    command.target,
+                    hold.id,
+                    hold.action,
+                    hold.by,
+                    hold.since,
+                    hold.reason,
+                    command.target
+                ));
+            }
+            Ok(None) => {}
+            Err(err) => {
+                return rejected(&format!(
+                    "the break-glass holds of this host cannot be read, so a hold of {} cannot be ruled out: {}",
+                    command.target,
+                    error_chain(&err)
+                ));
+            }
+        }
         let address = match command.bmc_address.parse::<metalguard_bmc::BmcAddress>() {
             Ok(address) => address,
             Err(err) => return rejected(&format!("bmc address of {}: {err}", command.target)),
@@ -387,4 +418,74 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use metalguard_api::protocol::{BmcCredentials, Secret};
+    use metalguard_api::snapshot::Hold;
+
+    use super::*;
+
+    fn fence_of(target: &str, id: &str) -> Command {
+        Command {
+            operation_id: OperationId(id.into()),
+            issued_at: Timestamp(1),
+            kind: CommandKind::Fence(FenceCommand {
+                target: target.into(),
+                action: PowerAction::Off,
+                // Nothing listens here: a fence that got as far as the BMC fails, not rejects.
+                bmc_address: "redfish+http://127.0.0.1:9/redfish/v1/Systems/1".into(),
+                tls: BmcTrust::SystemRoots,
+                credentials: BmcCredentials {
+                    username: "admin".into(),
+                    password: Secret::new("pw"),
+                },
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_power_command_for_a_host_held_here_is_refused_before_any_bmc_traffic() {
+        let state = tempfile::tempdir().unwrap();
+        let executor = Executor::new(
+            Journal::open(state.path()).unwrap(),
+            None,
+            None,
+            state.path(),
+        );
+        executor
+            .holds()
+            .record(&Hold {
+                id: "cp-2/5".into(),
+                target: "cp-1".into(),
+                since: Timestamp(5),
+                by: "alice on cp-2".into(),
+                reason: "disk resets".into(),
+                action: "off".into(),
+            })
+            .unwrap();
+        let held = executor.handle(fence_of("cp-1", "op-1")).await.unwrap();
+        assert_eq!(held.outcome, Outcome::Rejected, "{held:?}");
+        let error = held.error.unwrap();
+        assert!(
+            error
+                .starts_with("cp-1 is held by break-glass hold cp-2/5 (power off by alice on cp-2")
+                && error.contains("metalguard-controller release cp-1"),
+            "{error}"
+        );
+        assert_eq!(
+            held.timeline.len(),
+            1,
+            "no request was sent: {:?}",
+            held.timeline
+        );
+        // Another host is not held: its fence goes to the BMC (and fails: nobody listens).
+        let other = executor.handle(fence_of("cp-3", "op-2")).await.unwrap();
+        assert_eq!(other.outcome, Outcome::Failed, "{other:?}");
+        // Released (the record deleted): the held host's power may be driven again.
+        assert!(executor.holds().remove("cp-2/5").unwrap());
+        let again = executor.handle(fence_of("cp-1", "op-3")).await.unwrap();
+        assert_eq!(again.outcome, Outcome::Failed, "{again:?}");
+    }
 }

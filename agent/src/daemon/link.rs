@@ -11,9 +11,10 @@ use std::time::Duration;
 use metalguard_api::duration::Timestamp;
 use metalguard_api::protocol::{
     self, AgentReport, Command, CommandBatch, CommandResult, Condition, ErrorBody, EtcdMemberView,
-    EtcdView, ReportAck, ResultAck,
+    EtcdView, HoldAck, ReportAck, ResultAck,
 };
 use metalguard_api::snapshot::ConditionStatus;
+use metalguard_api::snapshot::Hold;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
@@ -172,6 +173,13 @@ impl Link {
             .await
     }
 
+    /// Posts a break-glass hold recorded on this host (`fence --direct`), each request under
+    /// `timeout`.
+    pub async fn post_hold(&self, hold: &Hold, timeout: Duration) -> Result<HoldAck, LinkError> {
+        self.call(&protocol::holds_path(&self.host), Some(hold), timeout)
+            .await
+    }
+
     /// Delivers one result.
     pub async fn deliver(&self, result: &CommandResult) -> Result<ResultAck, LinkError> {
         self.call(
@@ -314,9 +322,11 @@ pub async fn report_loop(
     let mut sequence = 0u64;
     let boot = boot_id();
     let mut backoff = Backoff::new();
+    let mut holds_problem = String::new();
     loop {
         beats.beat(name, stale_after);
         sequence += 1;
+        let holds = local_holds(executor.holds(), &mut holds_problem);
         let report = AgentReport {
             host: link.host.clone(),
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -333,12 +343,19 @@ pub async fn report_loop(
                 .into_iter()
                 .map(|r| r.operation_id)
                 .collect(),
+            holds,
         };
         let wait = match link.report(&report).await {
             Ok(ack) => {
                 backoff.reset();
                 reach.set_targets(ack.bmc_targets);
-                link.config.report_interval
+                // The controller withholds fences of a released host from this agent until a
+                // report no longer carries its hold: that report goes out at once.
+                if forget_released(executor.holds(), &ack.released_holds) {
+                    Duration::ZERO
+                } else {
+                    link.config.report_interval
+                }
             }
             Err(err) => {
                 let delay = backoff.next();
@@ -355,6 +372,48 @@ pub async fn report_loop(
         }
     }
     beats.retire(name);
+}
+
+/// The holds recorded on this host, for the report. A problem reading them is logged when it
+/// changes (`last` keeps the last one told), not on every report.
+fn local_holds(store: &crate::holds::HoldStore, last: &mut String) -> Vec<Hold> {
+    let (holds, problems) = match store.list() {
+        Ok(found) => found,
+        Err(err) => (Vec::new(), vec![err]),
+    };
+    let problem = problems
+        .iter()
+        .map(|e| error_chain(e))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if problem != *last {
+        if problem.is_empty() {
+            tracing::info!(dir = %store.dir().display(), "hold records readable again");
+        } else {
+            tracing::error!(dir = %store.dir().display(), problem = %problem, "break-glass hold records cannot be read; the controller does not learn of them from this agent");
+        }
+        last.clone_from(&problem);
+    }
+    holds
+}
+
+/// Deletes the local record of every hold the controller says a person released; true when
+/// it deleted one.
+fn forget_released(store: &crate::holds::HoldStore, released: &[String]) -> bool {
+    let mut deleted = false;
+    for id in released {
+        match store.remove(id) {
+            Ok(true) => {
+                tracing::info!(hold = %id, "break-glass hold released by a person; local record deleted");
+                deleted = true;
+            }
+            Ok(false) => {}
+            Err(err) => {
+                tracing::error!(hold = %id, error = %error_chain(&err), "released hold's local record cannot be deleted");
+            }
+        }
+    }
+    deleted
 }
 
 /// Long-polls for commands, executes each (at most once) and delivers its result.

@@ -20,6 +20,46 @@ pub enum LogTarget {
     Stderr,
 }
 
+/// For admin commands whose events must be on record (the break-glass fence): journald
+/// (`info` and above, fields prefixed `MG_`) when its socket exists, and stderr for the person
+/// at the terminal (`warn` and above) either way. `RUST_LOG` overrides both levels.
+pub fn init_admin() -> LogTarget {
+    use tracing_subscriber::Layer as _;
+    let level = |default: &str| {
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default))
+    };
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(level("warn"));
+    let journald = Path::new(JOURNAL_SOCKET)
+        .exists()
+        .then(tracing_journald::layer)
+        .and_then(Result::ok)
+        .map(|layer| {
+            layer
+                .with_syslog_identifier("metalguard-agent".to_owned())
+                .with_field_prefix(Some("MG".to_owned()))
+                .with_filter(level("info"))
+        });
+    let target = if journald.is_some() {
+        LogTarget::Journald
+    } else {
+        LogTarget::Stderr
+    };
+    let installed = tracing_subscriber::registry()
+        .with(stderr)
+        .with(journald)
+        .try_init();
+    if installed.is_ok() {
+        target
+    } else {
+        LogTarget::Stderr
+    }
+}
+
 /// Installs the global subscriber; `RUST_LOG` overrides the default `info` level.
 pub fn init(force_stderr: bool) -> LogTarget {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));

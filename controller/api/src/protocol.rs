@@ -1,6 +1,6 @@
 //! The agent ↔ controller protocol: HTTP/JSON over HTTPS with mutual TLS.
 //!
-//! Three versioned endpoints, all scoped to the host named by the agent's client certificate
+//! Four versioned endpoints, all scoped to the host named by the agent's client certificate
 //! (the controller answers 403 when the `{host}` in the path is not that host):
 //!
 //! | method | path | body | answer |
@@ -8,11 +8,18 @@
 //! | POST | [`REPORT_PATH`] | [`AgentReport`] | [`ReportAck`] |
 //! | GET  | [`COMMANDS_PATH`]`?wait=SECONDS` | — | [`CommandBatch`] (long-poll) |
 //! | POST | [`RESULTS_PATH`] | [`CommandResult`] | [`ResultAck`] |
+//! | POST | [`HOLDS_PATH`] | [`Hold`] | [`HoldAck`] |
 //!
 //! Data flow: the agent reports on an interval and on change; it keeps one long-poll open and
 //! receives commands within ~100 ms of the controller planning them; it executes each command
 //! at most once per [`OperationId`] and posts a [`CommandResult`] until the controller
 //! acknowledges it (also after a controller restart). Errors are answered as [`ErrorBody`].
+//!
+//! Break-glass holds: `metalguard-agent fence --direct` records a [`Hold`] on its host and
+//! posts it to [`HOLDS_PATH`]; the daemon then carries every local hold in
+//! [`AgentReport::holds`] until the controller names it in [`ReportAck::released_holds`]
+//! (a person released it). Both fields are left out of the JSON while empty, so an agent
+//! and a controller that predate them keep talking until a hold exists.
 //!
 //! Pure serde types: no I/O, no clock. Secrets ([`Secret`]) serialize as plain strings on the
 //! wire (inside TLS) but never print through `Debug`.
@@ -24,7 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::duration::Timestamp;
 use crate::plan::OperationId;
-use crate::snapshot::ConditionStatus;
+use crate::snapshot::{ConditionStatus, Hold};
 
 /// The protocol version, the first segment of every path.
 pub const API_VERSION: &str = "v1";
@@ -34,6 +41,9 @@ pub const REPORT_PATH: &str = "/v1/hosts/{host}/report";
 pub const COMMANDS_PATH: &str = "/v1/hosts/{host}/commands";
 /// POST: the result of one command.
 pub const RESULTS_PATH: &str = "/v1/hosts/{host}/results";
+/// POST: a break-glass hold recorded on this host (`metalguard-agent fence --direct`). The
+/// hold's id must start with `{host}/`; its target may be any inventory host.
+pub const HOLDS_PATH: &str = "/v1/hosts/{host}/holds";
 /// The query parameter of [`COMMANDS_PATH`] that holds the long-poll wait in whole seconds.
 pub const WAIT_PARAM: &str = "wait";
 /// The longest long-poll the controller honours; larger waits are clamped to this.
@@ -68,6 +78,11 @@ pub fn commands_path(host: &str, wait: Duration) -> String {
 /// [`RESULTS_PATH`] for `host`.
 pub fn results_path(host: &str) -> String {
     RESULTS_PATH.replace(HOST_PLACEHOLDER, host)
+}
+
+/// [`HOLDS_PATH`] for `host`.
+pub fn holds_path(host: &str) -> String {
+    HOLDS_PATH.replace(HOST_PLACEHOLDER, host)
 }
 
 /// A secret string (a BMC password). Serialized as a plain string; `Debug` prints
@@ -123,6 +138,31 @@ pub struct AgentReport {
     /// (so a restarted controller knows a result is on its way).
     #[serde(default)]
     pub unacknowledged_results: Vec<OperationId>,
+    /// Break-glass holds recorded on this host and not yet released (the agent deletes its
+    /// local record when the controller lists the id in [`ReportAck::released_holds`]). Left
+    /// out while empty: a controller that predates the field refuses unknown fields
+    /// (`deny_unknown_fields`), so it keeps accepting reports until a hold exists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holds: Vec<Hold>,
+}
+
+/// Condition types an agent may not report: Kubernetes' own Node conditions. `Ready` is the
+/// controller's judgement over the other conditions (an agent reporting `Ready=True` would
+/// hide every failing one), and the kubelet's pressure and network conditions belong to the
+/// kubelet. The agent's `check-config` refuses them as probe names; the controller ignores
+/// them in reports.
+pub const RESERVED_CONDITION_TYPES: &[&str] = &[
+    "Ready",
+    "MemoryPressure",
+    "DiskPressure",
+    "PIDPressure",
+    "NetworkUnavailable",
+];
+
+/// Whether `type_` is one of the [`RESERVED_CONDITION_TYPES`] (exact, case-sensitive, as
+/// Kubernetes compares condition types).
+pub fn is_reserved_condition(type_: &str) -> bool {
+    RESERVED_CONDITION_TYPES.contains(&type_)
 }
 
 /// The condition an agent reports while etcd's NOSPACE alarm is active (a pressure condition).
@@ -248,6 +288,22 @@ pub struct ReportAck {
     /// that predates the field.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bmc_targets: Vec<BmcTarget>,
+    /// Ids among the report's [`AgentReport::holds`] that a person has released: the agent
+    /// deletes its local record of each. Only ever non-empty for a report that carried holds,
+    /// so agents that predate the field (and carry none) never see it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub released_holds: Vec<String>,
+}
+
+/// The controller's answer to a posted [`Hold`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldAck {
+    /// The hold's id.
+    pub id: String,
+    /// False when the controller already had this hold (the post was a retry, or a report
+    /// carried it first).
+    pub first: bool,
 }
 
 /// A BMC an agent may be asked to fence, without credentials: enough to check reachability.
@@ -527,6 +583,7 @@ mod tests {
             "/v1/hosts/cp-1/commands?wait=30"
         );
         assert_eq!(results_path("cp-1"), "/v1/hosts/cp-1/results");
+        assert_eq!(holds_path("cp-1"), "/v1/hosts/cp-1/holds");
         assert_eq!(
             report_path_with_bmc_targets("cp-1"),
             "/v1/hosts/cp-1/report?bmc_targets=true"
@@ -551,6 +608,72 @@ mod tests {
         let target: BmcTarget =
             serde_json::from_str(r#"{"host":"cp-2","bmc_address":"ipmi://10.0.0.5"}"#).unwrap();
         assert_eq!(target.tls, BmcTrust::SystemRoots);
+    }
+
+    fn hold() -> Hold {
+        Hold {
+            id: "cp-2/1700000000000".into(),
+            target: "cp-1".into(),
+            since: Timestamp(1_700_000_000_000),
+            by: "alice on cp-2".into(),
+            reason: "disk controller resets".into(),
+            action: "off".into(),
+        }
+    }
+
+    #[test]
+    fn holds_are_left_out_of_reports_and_acks_until_there_is_one() {
+        let mut report: AgentReport = serde_json::from_str(
+            r#"{"host":"cp-2","agent_version":"0.1.0","sequence":1,"sent_at":5}"#,
+        )
+        .unwrap();
+        assert!(report.holds.is_empty(), "a report from an older agent");
+        // Without a hold the JSON is what a controller that predates the field accepts.
+        let json = serde_json::to_value(&report).unwrap();
+        assert!(json.get("holds").is_none(), "{json}");
+        report.holds.push(hold());
+        let json = serde_json::to_string(&report).unwrap();
+        assert!(
+            json.contains(r#""holds":[{"id":"cp-2/1700000000000""#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<AgentReport>(&json).unwrap(), report);
+
+        let ack = ReportAck {
+            sequence: 1,
+            received_at: Timestamp(2),
+            bmc_targets: Vec::new(),
+            released_holds: Vec::new(),
+        };
+        assert_eq!(
+            serde_json::to_string(&ack).unwrap(),
+            r#"{"sequence":1,"received_at":2}"#,
+            "what an agent that predates the field accepts"
+        );
+        let released = ReportAck {
+            released_holds: vec!["cp-2/1700000000000".into()],
+            ..ack
+        };
+        let json = serde_json::to_string(&released).unwrap();
+        assert_eq!(serde_json::from_str::<ReportAck>(&json).unwrap(), released);
+        let ack: HoldAck = serde_json::from_str(r#"{"id":"cp-2/1","first":true}"#).unwrap();
+        assert!(ack.first);
+    }
+
+    #[test]
+    fn kubernetes_node_conditions_are_reserved() {
+        for reserved in [
+            "Ready",
+            "MemoryPressure",
+            "DiskPressure",
+            "PIDPressure",
+            "NetworkUnavailable",
+        ] {
+            assert!(is_reserved_condition(reserved), "{reserved}");
+        }
+        for allowed in ["EtcdMemberHealthy", ETCD_NO_SPACE, "ready", "NodeReady", ""] {
+            assert!(!is_reserved_condition(allowed), "{allowed}");
+        }
     }
 
     #[test]

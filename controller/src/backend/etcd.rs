@@ -8,7 +8,8 @@
 //! so a successor takes over within the lease time to live.
 //!
 //! Keys: `leader`, `reports/HOST`, `operations/ID`, `remediations/ID`,
-//! `fence-requests/HOST`, `retirements/HOST`, `hooks/HOST`, `notes`, all JSON.
+//! `fence-requests/HOST`, `retirements/HOST`, `holds/ID` (ID = `<agent host>/<ms>`, so the key
+//! has two segments), `hooks/HOST`, `notes`, all JSON.
 
 use std::time::Duration;
 
@@ -20,7 +21,9 @@ use metalguard_api::snapshot::{FenceRequest, Retirement};
 use serde::Serialize;
 
 use super::failover::{Endpoints, timed_out};
-use super::{Backend, BackendError, Leadership, State, StoredReport, Write};
+use super::{
+    Backend, BackendError, HoldRelease, Leadership, State, StoredHold, StoredReport, Write,
+};
 
 /// Sub-keys under the prefix.
 const LEADER: &str = "leader";
@@ -30,6 +33,7 @@ const REMEDIATIONS: &str = "remediations/";
 const FENCE_REQUESTS: &str = "fence-requests/";
 const HOOKS: &str = "hooks/";
 const RETIREMENTS: &str = "retirements/";
+const HOLDS: &str = "holds/";
 const NOTES: &str = "notes";
 /// Pause before re-establishing a broken watch.
 const WATCH_RETRY: Duration = Duration::from_secs(1);
@@ -203,6 +207,63 @@ impl EtcdBackend {
         Ok(response.succeeded())
     }
 
+    /// Releases every hold of `target` in force (recorded, or only carried by a stored
+    /// report): each record is written with `release`, in one transaction that checks no
+    /// record changed since it was read. Returns the holds released (empty: none in force);
+    /// an error [`BackendError::Refused`] when a record changed meanwhile (try again).
+    pub async fn release_holds(
+        &mut self,
+        target: &str,
+        release: &HoldRelease,
+    ) -> Result<Vec<StoredHold>, BackendError> {
+        let state = self.load().await?;
+        let active = state.active_holds_of(target);
+        if active.is_empty() {
+            return Ok(active);
+        }
+        let root = format!("{}/", self.prefix);
+        let response = self
+            .etcd
+            .call("read holds", |mut c| {
+                let key = format!("{root}{HOLDS}");
+                async move { c.get(key, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await?;
+        let mut compares = Vec::new();
+        let mut ops = Vec::new();
+        let mut released = Vec::new();
+        for mut record in active {
+            let key = self.key(&format!("{HOLDS}{}", record.hold.id));
+            let revision = response
+                .kvs()
+                .iter()
+                .find(|kv| kv.key() == key.as_bytes())
+                .map(etcd_client::KeyValue::mod_revision);
+            compares.push(match revision {
+                Some(revision) => Compare::mod_revision(key.clone(), CompareOp::Equal, revision),
+                None => Compare::version(key.clone(), CompareOp::Equal, 0),
+            });
+            record.released = Some(release.clone());
+            ops.push(TxnOp::put(key, encode(&record)?, None));
+            released.push(record);
+        }
+        let txn = Txn::new().when(compares).and_then(ops);
+        let response = self
+            .etcd
+            .call("release holds", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        if response.succeeded() {
+            Ok(released)
+        } else {
+            Err(BackendError::Refused {
+                what: format!("a hold of {target} changed meanwhile; the release"),
+            })
+        }
+    }
+
     async fn renew(&mut self) -> Result<Option<Leadership>, BackendError> {
         let timeout = self.etcd.timeout();
         let Some((lease_id, token)) = self.lease.as_ref().map(|l| (l.id, l.token)) else {
@@ -371,8 +432,12 @@ impl Backend for EtcdBackend {
             } else if let Some(host) = sub.strip_prefix(HOOKS) {
                 let hooks = serde_json::from_slice(kv.value()).map_err(decode)?;
                 state.hooks.insert(host.to_owned(), hooks);
+            } else if sub.starts_with(HOLDS) {
+                let record: StoredHold = serde_json::from_slice(kv.value()).map_err(decode)?;
+                state.hold_records.insert(record.hold.id.clone(), record);
             }
         }
+        state.refresh_holds();
         Ok(state)
     }
 
@@ -381,9 +446,11 @@ impl Backend for EtcdBackend {
         wake: tokio::sync::mpsc::Sender<()>,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let fences = watch_prefix(self.etcd.share(), self.key(FENCE_REQUESTS), wake.clone());
-        let retirements = watch_prefix(self.etcd.share(), self.key(RETIREMENTS), wake);
+        let retirements = watch_prefix(self.etcd.share(), self.key(RETIREMENTS), wake.clone());
+        // A release (written by the CLI) hands the host back at once.
+        let holds = watch_prefix(self.etcd.share(), self.key(HOLDS), wake);
         async move {
-            tokio::join!(fences, retirements);
+            tokio::join!(fences, retirements, holds);
         }
     }
 
@@ -443,6 +510,12 @@ impl Backend for EtcdBackend {
                 }
                 Write::PutNotes(notes) => {
                     ops.push(TxnOp::put(self.key(NOTES), encode(&notes)?, None));
+                }
+                Write::CreateHold(record) => {
+                    let key = self.key(&format!("{HOLDS}{}", record.hold.id));
+                    compares.push(Compare::version(key.clone(), CompareOp::Equal, 0));
+                    first_created.get_or_insert_with(|| format!("hold {}", record.hold.id));
+                    ops.push(TxnOp::put(key, encode(&record)?, None));
                 }
                 // Never planned here: the standalone state has no Nodes (`State::nodes`).
                 Write::Node(node) => {

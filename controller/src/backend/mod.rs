@@ -12,7 +12,9 @@ pub mod state;
 
 use std::future::Future;
 
-pub use state::{ControllerNotes, OperationKind, State, StoredOperation, StoredReport};
+pub use state::{
+    ControllerNotes, HoldRelease, OperationKind, State, StoredHold, StoredOperation, StoredReport,
+};
 
 use metalguard_api::remediation::Remediation;
 
@@ -73,6 +75,9 @@ pub enum Write {
     PutHooks(String, std::collections::BTreeSet<String>),
     /// Replace the leader's notes for people.
     PutNotes(ControllerNotes),
+    /// Record a break-glass hold an agent reported or posted; the batch fails if a record
+    /// with its id exists (active or released: a released id is never recorded again).
+    CreateHold(StoredHold),
     /// Act on a host's Node (Kubernetes backend only: planned only when [`State::nodes`] is
     /// set). Written after the intent that justifies it and before the phase that records it.
     Node(NodeWrite),
@@ -124,6 +129,12 @@ pub trait Backend: Send {
         &mut self,
         writes: Vec<Write>,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Whether the backend stores break-glass holds ([`Write::CreateHold`]). One that does not
+    /// still honours holds while agents' reports carry them.
+    fn keeps_holds(&self) -> bool {
+        true
+    }
 
     /// The inventory when the backend's own sources of it changed (the Kubernetes backend
     /// builds it from its resources); `None` when unchanged or kept in a file.

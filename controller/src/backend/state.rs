@@ -1,5 +1,5 @@
 //! The persisted records: reports, operations (intent + result), remediations, fence requests,
-//! retirement requests, hooks and the leader's notes for people. Credentials are never part of a record; they are read from the inventory's
+//! retirement requests, break-glass holds, hooks and the leader's notes for people. Credentials are never part of a record; they are read from the inventory's
 //! files when a command is handed to an agent.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -8,7 +8,7 @@ use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::OperationId;
 use metalguard_api::protocol::{AgentReport, CommandResult, PowerAction};
 use metalguard_api::remediation::Remediation;
-use metalguard_api::snapshot::{FenceRequest, Retirement};
+use metalguard_api::snapshot::{FenceRequest, Hold, Retirement};
 use serde::{Deserialize, Serialize};
 
 /// An agent's latest report and when the controller received it.
@@ -81,6 +81,42 @@ impl StoredOperation {
     }
 }
 
+/// A break-glass hold as the controller keeps it: the hold an agent reported (or posted),
+/// which agent that was, and, once a person released it, who did and when. A released record
+/// is kept so that the id is never honoured again, however long an agent still reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredHold {
+    /// The hold.
+    pub hold: Hold,
+    /// The agent host whose report or post brought it (the host the fence ran on).
+    pub reported_by: String,
+    /// When the controller first received it (its clock).
+    pub recorded_at: Timestamp,
+    /// The release, once a person gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<HoldRelease>,
+}
+
+impl StoredHold {
+    /// True until a person releases it.
+    pub fn is_active(&self) -> bool {
+        self.released.is_none()
+    }
+}
+
+/// A person's release of a hold (`metalguard-controller release`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HoldRelease {
+    /// When.
+    pub at: Timestamp,
+    /// Who (the invoking user, `SUDO_USER` first).
+    pub by: String,
+    /// Why.
+    pub reason: String,
+}
+
 /// Everything a backend persists.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
@@ -97,8 +133,11 @@ pub struct State {
     /// preDrain hooks per host.
     pub hooks: BTreeMap<String, BTreeSet<String>>,
     /// Break-glass holds by held host: a person fenced it directly, and metalguard leaves it
-    /// alone until a person releases it.
-    pub holds: BTreeMap<String, metalguard_api::snapshot::Hold>,
+    /// alone until a person releases it. Derived from [`State::hold_records`] and the stored
+    /// reports by [`State::refresh_holds`] (the newest active hold per host).
+    pub holds: BTreeMap<String, Hold>,
+    /// Every hold record, active and released, by hold id.
+    pub hold_records: BTreeMap<String, StoredHold>,
     /// What the leader last told people (inventory generation, what it needs, what waits).
     pub notes: Option<ControllerNotes>,
     /// The current leader's identity, if any.
@@ -130,10 +169,181 @@ pub struct ControllerNotes {
 }
 
 impl State {
+    /// Recomputes [`State::holds`]: every recorded hold that is not released, and every hold
+    /// an agent's stored report carries that has no record yet (a hold is honoured from the
+    /// first report that carries it, before the leader has stored it). A released id is never
+    /// honoured again. Per host the newest hold stands for all (releasing a host releases
+    /// them all).
+    pub fn refresh_holds(&mut self) {
+        let mut holds: BTreeMap<String, Hold> = BTreeMap::new();
+        let mut keep = |hold: &Hold| {
+            let newer = holds
+                .get(&hold.target)
+                .is_none_or(|h| (h.since, &h.id) < (hold.since, &hold.id));
+            if newer {
+                holds.insert(hold.target.clone(), hold.clone());
+            }
+        };
+        for record in self.hold_records.values().filter(|r| r.is_active()) {
+            keep(&record.hold);
+        }
+        for hold in self.unrecorded_holds().into_iter().map(|r| r.hold) {
+            keep(&hold);
+        }
+        self.holds = holds;
+    }
+
+    /// Holds the stored reports carry that have no record (active or released) yet, as
+    /// records to create: reported by the reporting host, recorded at the report's receipt.
+    /// A hold whose id does not start with `<reporting host>/` is not one this agent made:
+    /// it is left out (the controller logs it).
+    pub fn unrecorded_holds(&self) -> Vec<StoredHold> {
+        let mut found: BTreeMap<&str, StoredHold> = BTreeMap::new();
+        for (host, stored) in &self.reports {
+            for hold in &stored.report.holds {
+                if self.hold_records.contains_key(&hold.id) || !hold_made_by(hold, host) {
+                    continue;
+                }
+                found.entry(&hold.id).or_insert_with(|| StoredHold {
+                    hold: hold.clone(),
+                    reported_by: host.clone(),
+                    recorded_at: stored.received_at,
+                    released: None,
+                });
+            }
+        }
+        found.into_values().collect()
+    }
+
+    /// Every hold of `target` in force: recorded and not released, or only reported so far.
+    pub fn active_holds_of(&self, target: &str) -> Vec<StoredHold> {
+        let mut active: Vec<StoredHold> = self
+            .hold_records
+            .values()
+            .filter(|r| r.is_active() && r.hold.target == target)
+            .cloned()
+            .collect();
+        active.extend(
+            self.unrecorded_holds()
+                .into_iter()
+                .filter(|r| r.hold.target == target),
+        );
+        active
+    }
+
+    /// Ids of every released hold.
+    pub fn released_hold_ids(&self) -> std::collections::BTreeSet<String> {
+        self.hold_records
+            .values()
+            .filter(|r| !r.is_active())
+            .map(|r| r.hold.id.clone())
+            .collect()
+    }
+
     /// The operation of `remediation_id` for `step`, if one was created.
     pub fn operation_of(&self, remediation_id: &str, step: &str) -> Option<&StoredOperation> {
         self.operations.values().find(|op| {
             op.remediation_id.as_deref() == Some(remediation_id) && op.step.as_deref() == Some(step)
         })
+    }
+}
+
+/// Whether `hold` was made on `host`: its id is `<host>/<milliseconds>`.
+pub fn hold_made_by(hold: &Hold, host: &str) -> bool {
+    hold.id
+        .strip_prefix(host)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .is_some_and(|ms| !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(id: &str, target: &str, since: u64) -> Hold {
+        Hold {
+            id: id.into(),
+            target: target.into(),
+            since: Timestamp(since),
+            by: "alice on cp-2".into(),
+            reason: "r".into(),
+            action: "off".into(),
+        }
+    }
+
+    fn reporting(state: &mut State, host: &str, holds: Vec<Hold>) {
+        let mut stored = crate::testkit::stored_report(host, 50, None);
+        stored.report.holds = holds;
+        state.reports.insert(host.to_owned(), stored);
+    }
+
+    #[test]
+    fn a_hold_is_honoured_from_its_first_report_and_never_after_its_release() {
+        let mut state = State::default();
+        reporting(&mut state, "cp-2", vec![hold("cp-2/10", "cp-1", 10)]);
+        state.refresh_holds();
+        assert_eq!(
+            state.holds["cp-1"].id, "cp-2/10",
+            "reported, not stored yet"
+        );
+        let [record] = &state.unrecorded_holds()[..] else {
+            panic!("{:?}", state.unrecorded_holds())
+        };
+        assert_eq!(
+            (record.reported_by.as_str(), record.recorded_at),
+            ("cp-2", Timestamp(50))
+        );
+        let mut record = record.clone();
+        state
+            .hold_records
+            .insert(record.hold.id.clone(), record.clone());
+        state.refresh_holds();
+        assert!(state.unrecorded_holds().is_empty());
+        assert!(state.holds.contains_key("cp-1"));
+        // Released: the agent still reports it until it hears so; it is not honoured.
+        record.released = Some(HoldRelease {
+            at: Timestamp(60),
+            by: "bob (cli)".into(),
+            reason: "fixed".into(),
+        });
+        state.hold_records.insert(record.hold.id.clone(), record);
+        state.refresh_holds();
+        assert!(state.holds.is_empty(), "{:?}", state.holds);
+        assert!(state.unrecorded_holds().is_empty(), "never recorded again");
+        assert_eq!(
+            state.released_hold_ids().into_iter().collect::<Vec<_>>(),
+            ["cp-2/10"]
+        );
+        // A new break-glass fence of the same host is a new id: held again.
+        reporting(
+            &mut state,
+            "cp-2",
+            vec![hold("cp-2/10", "cp-1", 10), hold("cp-2/70", "cp-1", 70)],
+        );
+        state.refresh_holds();
+        assert_eq!(state.holds["cp-1"].id, "cp-2/70");
+    }
+
+    #[test]
+    fn a_hold_counts_only_when_the_reporting_host_made_it() {
+        let mut state = State::default();
+        reporting(&mut state, "cp-3", vec![hold("cp-2/10", "cp-1", 10)]);
+        state.refresh_holds();
+        assert!(state.holds.is_empty() && state.unrecorded_holds().is_empty());
+        assert!(hold_made_by(&hold("cp-2/10", "x", 1), "cp-2"));
+        for id in ["cp-2", "cp-2/", "cp-2/x1", "cp-20/1", "cp-2/1/2"] {
+            assert!(!hold_made_by(&hold(id, "x", 1), "cp-2"), "{id}");
+        }
+    }
+
+    #[test]
+    fn the_newest_hold_of_a_host_stands_for_it() {
+        let mut state = State::default();
+        reporting(&mut state, "cp-2", vec![hold("cp-2/30", "cp-1", 30)]);
+        reporting(&mut state, "cp-3", vec![hold("cp-3/20", "cp-1", 20)]);
+        state.refresh_holds();
+        assert_eq!(state.holds["cp-1"].id, "cp-2/30");
+        assert_eq!(state.active_holds_of("cp-1").len(), 2);
+        assert!(state.active_holds_of("cp-2").is_empty());
     }
 }

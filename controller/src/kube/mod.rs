@@ -553,10 +553,12 @@ impl KubeBackend {
         let Some(node) = self.world.node_of(host) else {
             return Ok(());
         };
+        // A reserved type (`Ready`, the kubelet's) is the kubelet's own: never overwritten.
         let mut wanted: BTreeMap<String, (String, String, String)> = stored
             .report
             .conditions
             .iter()
+            .filter(|c| !metalguard_api::protocol::is_reserved_condition(&c.type_))
             .map(|c| {
                 (
                     c.type_.clone(),
@@ -911,6 +913,11 @@ impl Backend for KubeBackend {
                 Write::PutHooks(host, hooks) => self.put_hooks(host, hooks).await?,
                 Write::PutNotes(notes) => self.notes = Some(notes.clone()),
                 Write::Node(node) => self.node_write(node.clone()).await?,
+                // Never planned here (`keeps_holds` is false): holds are honoured from the
+                // agents' reports only (docs/design-kubernetes.md, "Not built").
+                Write::CreateHold(record) => {
+                    tracing::warn!(hold = %record.hold.id, "hold not stored: the kubernetes backend does not store holds");
+                }
             }
             i += 1;
         }
@@ -950,6 +957,10 @@ impl Backend for KubeBackend {
                 }
             }
         }
+    }
+
+    fn keeps_holds(&self) -> bool {
+        false
     }
 
     fn inventory(&mut self) -> Option<Inventory> {

@@ -461,6 +461,8 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
             }
         });
     }
+    // Not stored in this backend: holds are honoured while the agents' reports carry them.
+    state.refresh_holds();
     (state, problems)
 }
 

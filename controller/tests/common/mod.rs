@@ -185,6 +185,7 @@ pub fn report(host: &str, sequence: u64) -> AgentReport {
         etcd: None,
         bmc_reachability: Vec::new(),
         unacknowledged_results: Vec::new(),
+        holds: Vec::new(),
     }
 }
 

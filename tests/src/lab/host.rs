@@ -211,6 +211,18 @@ impl LabHost {
         }
     }
 
+    /// How a BMC client trusts this BMC, as `metalguard-agent bmc`/`fence` arguments (the same
+    /// CA the inventory names; none for IPMI).
+    pub fn bmc_trust_args(&self) -> Vec<String> {
+        match &self.bmc {
+            Bmc::Redfish(b) => b
+                .ca_pem_path()
+                .map(|ca| vec!["--ca".to_owned(), ca.display().to_string()])
+                .unwrap_or_default(),
+            Bmc::Ipmi(_) => Vec::new(),
+        }
+    }
+
     /// The real BMC password (tests check it never leaks).
     pub fn bmc_password(&self) -> &str {
         &self.password

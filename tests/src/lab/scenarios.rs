@@ -12,6 +12,9 @@ pub use replace::{ReplaceOutcome, observe_replace, replace};
 mod partition;
 pub use partition::{MajorityWrites, PartitionOutcome, observe_partition, partition};
 
+mod break_glass;
+pub use break_glass::{BreakGlassOutcome, break_glass, observe_break_glass};
+
 /// Slack on top of the configured timeouts: report and plan periods, a fence with its
 /// verifying reads, and the time a host needs to boot (etcd rejoins, the agent reports).
 /// The measured figures are in docs/benchmarks.md.
@@ -53,8 +56,9 @@ pub fn run(lab: &mut Lab, name: &str) -> Result<Report> {
         "bad-bmc" => bad_bmc(lab),
         "controller-crash" => controller_crash(lab),
         "replace" => replace(lab),
+        "break-glass" => break_glass(lab),
         other => Err(HarnessError::Other(format!(
-            "unknown scenario {other} (one of {})",
+            "unknown scenario {other} (one of {}, controller-crash, partition, break-glass)",
             ALL.join(", ")
         ))),
     }

@@ -1,0 +1,115 @@
+//! Break-glass holds reaching the controller loop: posted by the agent CLI (`Inbound::Hold`)
+//! or carried in reports. Both are stored as [`StoredHold`] records (leader-guarded, created
+//! once per id); a released id is never taken again.
+
+use super::Controller;
+use crate::backend::{Backend, StoredHold, Write};
+use crate::clock::now;
+use crate::hub::HoldError;
+
+impl<B: Backend> Controller<B> {
+    /// Logs, once per id, a reported hold whose id says another host made it (it is ignored).
+    pub(super) fn note_foreign_holds(&mut self, report: &metalguard_api::protocol::AgentReport) {
+        for hold in &report.holds {
+            if !crate::backend::state::hold_made_by(hold, &report.host)
+                && self.holds_warned.insert(hold.id.clone())
+            {
+                tracing::warn!(host = %report.host, hold = %hold.id, target = %hold.target, "reported hold ignored: its id is not <reporting host>/<milliseconds>");
+            }
+        }
+    }
+
+    /// Records a hold posted by `host`'s agent: 422 for a target outside the inventory, 409
+    /// for a released id; a repeat answers `first: false`.
+    pub(super) async fn persist_posted_hold(
+        &mut self,
+        host: &str,
+        hold: metalguard_api::snapshot::Hold,
+    ) -> Result<metalguard_api::protocol::HoldAck, HoldError> {
+        if !self.backend.keeps_holds() {
+            return Err(HoldError::Unsupported(
+                "this controller's backend does not store holds; the agent's reports carry it"
+                    .to_owned(),
+            ));
+        }
+        if self.inventory.host(&hold.target).is_none() {
+            return Err(HoldError::Invalid(format!(
+                "hold target {} is not an inventory host",
+                hold.target
+            )));
+        }
+        let state = self
+            .backend
+            .load()
+            .await
+            .map_err(|e| HoldError::Unavailable(crate::cli::chain(&e)))?;
+        let id = hold.id.clone();
+        if let Some(record) = state.hold_records.get(&id) {
+            return match &record.released {
+                Some(release) => Err(HoldError::Released(format!(
+                    "hold {id} was released by {} at {}; it is not honoured again",
+                    release.by, release.at
+                ))),
+                None => Ok(metalguard_api::protocol::HoldAck { id, first: false }),
+            };
+        }
+        let record = StoredHold {
+            hold,
+            reported_by: host.to_owned(),
+            recorded_at: now(),
+            released: None,
+        };
+        self.backend
+            .apply(vec![Write::CreateHold(record.clone())])
+            .await
+            .map_err(|e| HoldError::Unavailable(crate::cli::chain(&e)))?;
+        log_recorded(&record, "posted");
+        Ok(metalguard_api::protocol::HoldAck { id, first: true })
+    }
+
+    /// Records the holds that stored reports carry and the store has no record of; true when
+    /// it wrote one (the next round plans with it; it is honoured meanwhile anyway).
+    pub(super) async fn record_reported_holds(&mut self, state: &crate::backend::State) -> bool {
+        if !self.backend.keeps_holds() {
+            return false;
+        }
+        let mut wrote = false;
+        for record in state.unrecorded_holds() {
+            if self.inventory.host(&record.hold.target).is_none() {
+                if self.holds_warned.insert(record.hold.id.clone()) {
+                    tracing::warn!(hold = %record.hold.id, target = %record.hold.target, agent = %record.reported_by, "reported hold not recorded: its target is not an inventory host");
+                }
+                continue;
+            }
+            match self
+                .backend
+                .apply(vec![Write::CreateHold(record.clone())])
+                .await
+            {
+                Ok(()) => {
+                    log_recorded(&record, "reported");
+                    wrote = true;
+                }
+                Err(error) => {
+                    tracing::warn!(hold = %record.hold.id, error = %crate::cli::chain(&error), "reported hold not recorded yet");
+                }
+            }
+        }
+        wrote
+    }
+}
+
+/// Logs a hold the store took: a person took `target` over.
+fn log_recorded(record: &StoredHold, via: &str) {
+    let hold = &record.hold;
+    tracing::warn!(
+        hold = %hold.id,
+        target = %hold.target,
+        by = %hold.by,
+        reason = %hold.reason,
+        action = %hold.action,
+        agent = %record.reported_by,
+        via,
+        "break-glass hold recorded: the host is left alone until `metalguard-controller release` hands it back"
+    );
+}
