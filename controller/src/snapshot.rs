@@ -123,12 +123,17 @@ pub fn powered_off_for_retirement(state: &State, host: &str) -> bool {
     })
 }
 
-/// The Node a report stands for: the report's conditions, plus a synthesized `Ready` that is
-/// `True` when no reported condition is `False`, with the latest transition among them.
-/// Pressure conditions (`EtcdNoSpace`) do not count, either way, as in Kubernetes: a NOSPACE
-/// alarm is reported, and no fence cures it. Reserved types (`Ready` and the kubelet's,
-/// [`metalguard_api::protocol::RESERVED_CONDITION_TYPES`]) are dropped: an agent reporting
-/// `Ready=True` must not overrule the failing conditions next to it (the loop logs them).
+/// The Node a report stands for: the report's conditions, plus a synthesized `Ready`:
+/// `False` while any health condition is `False` (since the latest of their transitions),
+/// else `Unknown` while any is `Unknown` — an agent that just started and whose probes have
+/// not all answered is not Ready (a report of pending probes
+/// once completed a remediation of a host whose etcd had not rejoined, and its next report
+/// started a second one; `lab_partition`, 1 run in 20) — else `True` (since the latest
+/// transition of any). Pressure conditions (`EtcdNoSpace`) do not count, either way, as in
+/// Kubernetes: a NOSPACE alarm is reported, and no fence cures it. Reserved types (`Ready`
+/// and the kubelet's, [`metalguard_api::protocol::RESERVED_CONDITION_TYPES`]) are dropped:
+/// an agent reporting `Ready=True` must not overrule the failing conditions next to it (the
+/// loop logs them).
 fn node_of(report: &metalguard_api::protocol::AgentReport, known_since: Timestamp) -> NodeStatus {
     let mut conditions: Vec<NodeCondition> = report
         .conditions
@@ -140,26 +145,42 @@ fn node_of(report: &metalguard_api::protocol::AgentReport, known_since: Timestam
             last_transition: c.last_transition,
         })
         .collect();
-    let failing = conditions.iter().any(|c| {
-        c.status == ConditionStatus::False && !metalguard_api::protocol::is_pressure(&c.type_)
-    });
-    conditions.push(NodeCondition {
-        type_: READY.to_owned(),
-        status: if failing {
-            ConditionStatus::False
-        } else {
-            ConditionStatus::True
-        },
-        last_transition: conditions
-            .iter()
-            .map(|c| c.last_transition)
-            .max()
-            .unwrap_or(Timestamp(0)),
-    });
+    conditions.push(synthesized_ready(&conditions));
     NodeStatus {
         created_at: known_since,
         conditions,
         ..NodeStatus::default()
+    }
+}
+
+/// `Ready` from the health conditions of a report (see [`node_of`]).
+fn synthesized_ready(conditions: &[NodeCondition]) -> NodeCondition {
+    let health: Vec<&NodeCondition> = conditions
+        .iter()
+        .filter(|c| !metalguard_api::protocol::is_pressure(&c.type_))
+        .collect();
+    let latest = |status: Option<ConditionStatus>| {
+        health
+            .iter()
+            .filter(|c| status.is_none_or(|s| c.status == s))
+            .map(|c| c.last_transition)
+            .max()
+            .unwrap_or(Timestamp(0))
+    };
+    let (status, since) = if health.iter().any(|c| c.status == ConditionStatus::False) {
+        (ConditionStatus::False, latest(Some(ConditionStatus::False)))
+    } else if health.iter().any(|c| c.status == ConditionStatus::Unknown) {
+        (
+            ConditionStatus::Unknown,
+            latest(Some(ConditionStatus::Unknown)),
+        )
+    } else {
+        (ConditionStatus::True, latest(None))
+    };
+    NodeCondition {
+        type_: READY.to_owned(),
+        status,
+        last_transition: since,
     }
 }
 
@@ -305,6 +326,22 @@ role = "control-plane"
         state.reports.insert("cp-1".into(), stored);
         let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
         assert!(s.hosts.iter().all(|h| h.etcd.as_ref().unwrap().healthy));
+    }
+
+    #[test]
+    fn pending_probes_make_the_host_ready_unknown_not_ready() {
+        use ConditionStatus::{False, True, Unknown};
+        let mut stored = report("cp-1", &[(1, "cp-1", false)]);
+        let r = &mut stored.report;
+        r.conditions = vec![
+            condition("EtcdMemberHealthy", Unknown),
+            condition("KubeletHealthy", True),
+        ];
+        assert_eq!(ready(r), Unknown, "a probe has not answered yet");
+        r.conditions[1].status = False;
+        assert_eq!(ready(r), False, "a failing probe wins over a pending one");
+        r.conditions = vec![condition("EtcdNoSpace", Unknown)];
+        assert_eq!(ready(r), True, "pressure conditions do not count");
     }
 
     #[test]
