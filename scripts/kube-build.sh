@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes and etcd 3.6 binaries the tests run, from Go modules, once:
-# kube-apiserver and kube-controller-manager of the release pinned in tests/kube/k8s/go.mod,
+# kube-apiserver, kube-controller-manager and kubectl of the release pinned in tests/kube/k8s/go.mod,
 # and etcd + etcdctl of the release pinned in tests/kube/etcd/go.mod, into
 # .tools/kube/<k8s version>/ and .tools/etcd/<etcd version>/ (git-ignored, keyed by version).
 # Safe to run again: a binary that is present and answers with its version is not rebuilt.
@@ -38,8 +38,10 @@ build_kube() {
         ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
     done
     mkdir -p "$kube_dir"
-    for cmd in kube-apiserver kube-controller-manager; do
-        if [[ -x "$kube_dir/$cmd" ]] && "$kube_dir/$cmd" --version 2>/dev/null | grep -q "$k8s_version"; then
+    for cmd in kube-apiserver kube-controller-manager kubectl; do
+        local version_of=("$kube_dir/$cmd" --version)
+        [[ "$cmd" == kubectl ]] && version_of=("$kube_dir/$cmd" version --client)
+        if [[ -x "$kube_dir/$cmd" ]] && "${version_of[@]}" 2>/dev/null | grep -q "$k8s_version"; then
             say "$cmd $k8s_version present"
             continue
         fi
