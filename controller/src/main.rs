@@ -21,6 +21,7 @@ mod inventory;
 mod kube;
 #[cfg(all(test, feature = "kubernetes"))]
 mod manifests;
+mod members;
 mod membership;
 mod metrics;
 mod notes;
