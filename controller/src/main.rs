@@ -30,6 +30,8 @@ mod plan_cmd;
 mod reachability;
 mod reload;
 mod retire;
+mod revocation;
+mod seal;
 mod server;
 mod service;
 mod snapshot;

@@ -12,7 +12,7 @@ pub mod state;
 
 use std::future::Future;
 
-pub use state::{ControllerNotes, OperationKind, State, StoredOperation, StoredReport};
+pub use state::{ControllerNotes, OperationKind, StaleSeal, State, StoredOperation, StoredReport};
 
 use metalguard_api::remediation::Remediation;
 
@@ -35,6 +35,9 @@ pub enum BackendError {
         /// The first key whose guard may have failed.
         what: String,
     },
+    /// The backend has no key to seal records with (nor to believe any).
+    #[error("this controller has no hmac key: it can neither write nor believe records")]
+    NoKey,
     /// Stored data did not decode.
     #[error("stored record {key} could not be decoded")]
     Decode {
@@ -76,6 +79,9 @@ pub enum Write {
     /// Act on a host's Node (Kubernetes backend only: planned only when [`State::nodes`] is
     /// set). Written after the intent that justifies it and before the phase that records it.
     Node(NodeWrite),
+    /// Seal a record again with the signing key, unchanged, if it is still the version read
+    /// (standalone backend only: planned only from [`State::stale_seals`]).
+    Reseal(StaleSeal),
 }
 
 /// What is done to a host's Node object.

@@ -911,6 +911,11 @@ impl Backend for KubeBackend {
                 Write::PutHooks(host, hooks) => self.put_hooks(host, hooks).await?,
                 Write::PutNotes(notes) => self.notes = Some(notes.clone()),
                 Write::Node(node) => self.node_write(node.clone()).await?,
+                // Never planned here: GuardedHost status is not sealed (RBAC is the boundary,
+                // docs/threat-model.md), so no record is ever stale.
+                Write::Reseal(stale) => {
+                    tracing::warn!(key = %stale.key, "reseal ignored: the kubernetes backend does not seal records");
+                }
             }
             i += 1;
         }
