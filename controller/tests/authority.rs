@@ -88,19 +88,36 @@ async fn operations_written_into_etcd_by_hand_are_never_offered_and_no_password_
         )
         .unwrap();
 
-    let (to_w1, to_mallory) = tokio::join!(
+    // And a forced fence request for w-2 and a retirement of cp-1, as `fence --force` and
+    // `retire` would write them, but by hand.
+    let request = serde_json::json!({
+        "requested_at": unix_ms(),
+        "requested_by": "admin (cli): maintenance",
+        "force_reason": "maintenance",
+    });
+    lab.etcd
+        .put("/metalguard/fence-requests/w-2", &request.to_string())
+        .unwrap();
+    let retirement = serde_json::json!({"requested_at": unix_ms(), "reason": "disk"});
+    lab.etcd
+        .put("/metalguard/retirements/cp-1", &retirement.to_string())
+        .unwrap();
+
+    let cp1 = client(&lab.tls(), Some("cp-1"));
+    let (to_w1, to_mallory, to_cp1) = tokio::join!(
         answers(&w1, port.port(), "w-1", Duration::from_secs(3)),
         answers(&mallory, port.port(), "mallory", Duration::from_secs(3)),
+        answers(&cp1, port.port(), "cp-1", Duration::from_secs(3)),
     );
     let log = controller.log_tail(200);
-    for (status, body) in to_w1.iter().chain(&to_mallory) {
+    for (status, body) in to_w1.iter().chain(&to_mallory).chain(&to_cp1) {
         assert!(
             !body.contains("hunter2"),
             "a BMC password was sent for a forged operation ({status}): {body}\n{log}"
         );
         assert!(
-            !body.contains("forged-"),
-            "a forged operation was offered ({status}): {body}\n{log}"
+            !body.contains("forged-") && !body.contains("\"fence\""),
+            "a forged operation or request was acted on ({status}): {body}\n{log}"
         );
     }
     assert!(to_w1.iter().all(|(status, _)| *status == 200), "{to_w1:?}");
@@ -108,15 +125,31 @@ async fn operations_written_into_etcd_by_hand_are_never_offered_and_no_password_
     // The leader says so: in its log, its metrics and `status`.
     let inventory = lab.inventory("ctl-a", port.port());
     let status = run(&["status", "--inventory", inventory.to_str().unwrap()]);
-    assert!(
-        status.contains("forged-1") && status.contains("forged-2"),
-        "{status}"
-    );
+    for key in [
+        "operations/forged-1",
+        "operations/forged-2",
+        "fence-requests/w-2",
+        "retirements/cp-1",
+    ] {
+        assert!(status.contains(key), "{key} not listed:\n{status}");
+    }
     assert!(status.contains("REJECTED"), "{status}");
+    assert!(!status.contains("remediation/w-2"), "{status}");
     let metrics = scrape(metrics_port.port());
+    for (kind, count) in [("operation", 2), ("fence-request", 1), ("retirement", 1)] {
+        let line = format!("metalguard_controller_rejected_records{{kind=\"{kind}\"}} {count}");
+        assert!(metrics.contains(&line), "{line}\n{metrics}");
+    }
+    // A real retirement is blocked by the forged one until a person deletes it, and says so.
+    let out = std::process::Command::new(BIN)
+        .args(["retire", "cp-1", "--reason", "disk", "--inventory"])
+        .arg(&inventory)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        metrics.contains(r#"metalguard_controller_rejected_records{kind="operation"} 2"#),
-        "{metrics}"
+        !out.status.success() && stderr.contains("not believed"),
+        "{stderr}"
     );
     let log = controller.log_tail(400);
     assert!(

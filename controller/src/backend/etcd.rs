@@ -258,22 +258,27 @@ impl EtcdBackend {
             return Ok(request.clone());
         }
         let existing = response.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
             _ => None,
         });
-        // The request in force, as stored: opened like any record (the seal is not checked
-        // here, this only tells the person which request stays; the leader checks it).
-        let existing = existing.and_then(|bytes| {
-            serde_json::from_slice::<crate::seal::Envelope>(&bytes)
-                .map(|e| e.record)
-                .or_else(|_| serde_json::from_slice(&bytes))
-                .ok()
-        });
-        match existing {
-            Some(value) => {
+        let Some((bytes, written)) = existing else {
+            return Err(BackendError::Refused { what: key });
+        };
+        // The request in force must open like any record: one nobody sealed is not a
+        // retirement (the leader ignores it), and it blocks this one until it is deleted.
+        let keys = self.keys.as_mut().ok_or(BackendError::NoKey)?.current();
+        match keys.open(&sub, &bytes, written, None) {
+            Ok((value, _)) => {
                 serde_json::from_value(value).map_err(|source| BackendError::Decode { key, source })
             }
-            None => Err(BackendError::Refused { what: key }),
+            Err(rejection) => Err(BackendError::Refused {
+                what: format!(
+                    "{key}, whose record is not believed ({rejection}: delete it after finding out who wrote it)"
+                ),
+            }),
         }
     }
 
