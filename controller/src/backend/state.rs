@@ -91,7 +91,7 @@ impl StoredOperation {
 }
 
 /// Everything a backend persists.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
     /// Latest report per host.
     pub reports: BTreeMap<String, StoredReport>,
@@ -135,7 +135,7 @@ pub struct RejectedRecord {
 }
 
 /// A record sealed with a key that verifies but no longer signs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StaleSeal {
     /// Its key under the prefix.
     pub key: String,
