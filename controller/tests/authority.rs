@@ -289,3 +289,63 @@ async fn a_revoked_certificate_is_refused_at_the_handshake_and_on_connections_al
         "{log}"
     );
 }
+
+/// Waits until `status` satisfies `want`.
+async fn await_status(inventory: &std::path::Path, want: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = run(&["status", "--inventory", inventory.to_str().unwrap()]);
+        if want(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "status never got there:\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_hmac_key_rotates_while_the_controller_runs_and_nothing_is_lost() {
+    let lab = Lab::start();
+    let port = reserve_port().unwrap();
+    let controller = lab.controller("ctl-a", &port);
+    let w1 = client(&lab.tls(), Some("w-1"));
+    wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
+    report_etcd_voter(&lab, port.port()).await;
+    let inventory = lab.inventory("ctl-a", port.port());
+    let inv = inventory.to_str().unwrap();
+    // A record sealed with the first key that nobody rewrites by itself.
+    run(&["retire", "cp-1", "--reason", "disk", "--inventory", inv]);
+    await_status(&inventory, |s| s.contains("cp-1: retired")).await;
+
+    let file = lab.tls().join("hmac.key");
+    let file = file.to_str().unwrap();
+    let key_id = |out: &str, word: &str| {
+        out.split_whitespace()
+            .skip_while(|w| *w != word)
+            .nth(1)
+            .unwrap()
+            .trim_end_matches(':')
+            .to_owned()
+    };
+    let first = run(&["certs", "hmac-key", file, "--add"]);
+    let new = key_id(&first, "Add");
+    let old = key_id(&first, "holds").trim_end_matches(',').to_owned();
+    assert_ne!(old, new, "{first}");
+    run(&["certs", "hmac-key", file, "--promote", &new]);
+    // The leader seals the old records again with the new key; nothing is rejected meanwhile.
+    let text = await_status(&inventory, |s| {
+        !s.contains("sealed with an older hmac key") && s.contains("cp-1: retired")
+    })
+    .await;
+    assert!(!text.contains("REJECTED"), "{text}");
+    run(&["certs", "hmac-key", file, "--remove", &old]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = await_status(&inventory, |s| s.contains("cp-1: retired")).await;
+    assert!(!text.contains("REJECTED"), "{text}");
+    let log = controller.log_tail(300);
+    assert!(
+        log.contains("hmac key file reloaded")
+            && log.contains("records sealed again with the signing key"),
+        "{log}"
+    );
+}
