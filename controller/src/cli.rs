@@ -20,7 +20,7 @@ use crate::hub::Hub;
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
 use crate::service::Controller;
-use crate::tls::{TlsFiles, server_config};
+use crate::tls::{KeyModes, TlsFiles, server_config};
 
 /// metalguard controller.
 #[derive(Debug, Parser)]
@@ -88,8 +88,9 @@ enum Command {
         /// Why (recorded, shown by `status`).
         #[arg(long, required_unless_present = "cancel")]
         reason: Option<String>,
-        /// Who asks (recorded).
-        #[arg(long, env = "USER")]
+        /// Who asks, when not the person running the command (recorded next to that
+        /// person's own identity, `$SUDO_USER`/`$USER` and this host's name).
+        #[arg(long)]
         requested_by: Option<String>,
         /// Withdraw the retirement (refused once a replacement votes or the member is gone).
         #[arg(long)]
@@ -163,16 +164,25 @@ struct KubeArgs {
         default_value = "/etc/metalguard/tls"
     )]
     tls_dir: PathBuf,
+    /// A deny list of agent certificates (`serial HEX` / `sha256 HEX` per line), re-read
+    /// when it changes (a mounted ConfigMap).
+    #[arg(long, env = "METALGUARD_REVOKED_CERTIFICATES")]
+    revoked_certificates: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
 enum CertsCommand {
-    /// Create a CA in DIR.
+    /// Create a CA in DIR, and the controllers' hmac key (`hmac.key`) unless DIR has one.
+    /// Run it on an offline machine: the CA key never goes to the controller hosts.
     Init {
         /// Directory.
         dir: PathBuf,
+        /// How long the CA is valid, in days.
+        #[arg(long, default_value_t = certs::DEFAULT_CA_DAYS)]
+        days: u32,
     },
-    /// Issue a certificate for NAME signed by the CA in DIR.
+    /// Issue a certificate for NAME signed by the CA in DIR (valid one year by default);
+    /// prints its serial and fingerprint, which a deny list names to revoke it.
     Issue {
         /// Host name (agent) or controller name (`--server`).
         name: String,
@@ -184,6 +194,34 @@ enum CertsCommand {
         /// Extra subject alternative names (names or IP addresses).
         #[arg(long = "san")]
         sans: Vec<String>,
+        /// How long the certificate is valid, in days (never past the CA's end).
+        #[arg(long, default_value_t = certs::DEFAULT_DAYS)]
+        days: u32,
+        /// Replace NAME's existing certificate and key (a renewal; a running agent picks the
+        /// new pair up by itself). Prints the old serial, to revoke once renewed everywhere.
+        #[arg(long)]
+        renew: bool,
+    },
+    /// Print a certificate's host, serial, SHA-256 fingerprint and end of validity.
+    Show {
+        /// The certificate (PEM).
+        cert: PathBuf,
+    },
+    /// Create or rotate the controllers' hmac key file: with no option, create FILE with one
+    /// key; `--add` appends a key that verifies but does not sign yet; `--promote ID` makes
+    /// it the signing key; `--remove ID` drops a key (docs/threat-model.md, rotation).
+    HmacKey {
+        /// The key file (mode 0600).
+        file: PathBuf,
+        /// Append a new key.
+        #[arg(long, conflicts_with_all = ["promote", "remove"])]
+        add: bool,
+        /// Make the key with this id the signing key.
+        #[arg(long, conflicts_with = "remove")]
+        promote: Option<String>,
+        /// Drop the key with this id.
+        #[arg(long)]
+        remove: Option<String>,
     },
 }
 
@@ -227,15 +265,52 @@ pub fn main(cli: Cli) -> ExitCode {
     }
 }
 
-fn connect(inventory: &Inventory, id: String) -> EtcdBackend {
+/// The standalone store, sealing and opening records with the controllers' hmac key.
+fn connect(inventory: &Inventory, id: String) -> anyhow::Result<EtcdBackend> {
     let etcd = &inventory.etcd;
-    EtcdBackend::new(
+    let path = inventory.controller.hmac_key_path().context(
+        "controller.tls_dir or controller.hmac_key must name the controllers' hmac key file",
+    )?;
+    let keys = crate::seal::KeyFile::open(&path)?;
+    Ok(EtcdBackend::new(
         &etcd.endpoints,
         &etcd.prefix,
         id,
         etcd.lease_ttl,
         etcd.timeout,
     )
+    .sealing(keys))
+}
+
+/// Who runs this command, for the records of what it asks: the invoking user (`$SUDO_USER`
+/// when run through sudo, else `$USER`, else the real user id) at this host. It is what the
+/// operating system says, not a proof: whoever can run the command with the hmac key can
+/// claim any environment (docs/threat-model.md).
+fn invoker() -> String {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    match (var("SUDO_USER"), var("USER").or_else(|| var("LOGNAME"))) {
+        (Some(sudoer), Some(user)) if sudoer != user => format!("{sudoer}@{host} (sudo as {user})"),
+        (Some(sudoer), _) => format!("{sudoer}@{host}"),
+        (None, Some(user)) => format!("{user}@{host}"),
+        (None, None) => {
+            // No login environment (a unit, a container): the real user id is still known.
+            let uid = std::fs::read_to_string("/proc/self/status")
+                .ok()
+                .and_then(|status| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Uid:"))
+                        .and_then(|ids| ids.split_whitespace().next().map(str::to_owned))
+                })
+                .unwrap_or_else(|| "unknown".to_owned());
+            format!("uid {uid}@{host}")
+        }
+    }
 }
 
 fn random_id() -> String {
@@ -267,7 +342,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Plan(_) => Ok(()),
         Command::Status { inventory, json } => {
             let inventory = Inventory::load(&inventory)?;
-            let mut backend = connect(&inventory, "status".to_owned());
+            let mut backend = connect(&inventory, "status".to_owned())?;
             let state = match backend.load().await {
                 Ok(state) => state,
                 Err(error) => {
@@ -290,7 +365,8 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 );
             } else {
                 print!("{}", crate::status::render_alarms(&alarms));
-                print!("{}", crate::status::render(&state, at));
+                print!("{}", crate::status::render_rejected(&inventory, &state));
+                print!("{}", crate::status::render(&inventory, &state, at));
                 print!("{}", crate::status::render_progress(&inventory, &state, at));
                 print!("{}", crate::reachability::render(&inventory, &state, at));
                 println!("decisions now (dry run over the stored state):");
@@ -309,10 +385,10 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 inventory.host(&host).is_some(),
                 "host {host} is not in the inventory"
             );
-            let mut backend = connect(&inventory, "cli".to_owned());
+            let mut backend = connect(&inventory, "cli".to_owned())?;
             let request = FenceRequest {
                 requested_at: now(),
-                requested_by: Some(format!("cli: {reason}")),
+                requested_by: Some(format!("{} (cli): {reason}", invoker())),
                 force_reason: force.then(|| reason.clone()),
             };
             backend.request_fence(&host, &request).await?;
@@ -340,14 +416,14 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::CheckConfig { inventory } => {
             let inv = Inventory::load(&inventory)?;
             let mut problems: Vec<String> = inv.check_files().iter().map(|e| chain(e)).collect();
-            match &inv.controller.tls_dir {
-                Some(dir) => {
-                    let files = TlsFiles::in_dir(dir, &inv.controller.server_cert_name);
-                    if let Err(e) = server_config(&files) {
-                        problems.push(chain(&e));
-                    }
-                }
-                None => problems.push("controller.tls_dir is not set".to_owned()),
+            problems.extend(check_controller_files(&inv));
+            if let Some(dir) = &inv.controller.tls_dir
+                && dir.join(certs::CA_KEY).exists()
+            {
+                eprintln!(
+                    "warning: {} is on this host: the CA key belongs on an offline machine (docs/threat-model.md); whoever reads it can make certificates for any host",
+                    dir.join(certs::CA_KEY).display()
+                );
             }
             for p in &problems {
                 eprintln!("{p}");
@@ -370,9 +446,10 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             print!("{}", crate::crd::render()?);
             Ok(())
         }
-        Command::Certs(CertsCommand::Init { dir }) => {
-            let issued = certs::init_ca(&dir)?;
-            println!("{}\n{}", issued.cert.display(), issued.key.display());
+        Command::Certs(CertsCommand::Init { dir, days }) => {
+            let issued = certs::init_ca(&dir, certs::Validity { days })?;
+            println!("{}", issued.describe());
+            println!("{}", dir.join(crate::seal::KEY_FILE).display());
             Ok(())
         }
         Command::Certs(CertsCommand::Issue {
@@ -380,10 +457,61 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             dir,
             server,
             sans,
+            days,
+            renew,
         }) => {
             let usage = if server { Usage::Server } else { Usage::Client };
-            let issued = certs::issue(&dir, &name, usage, &sans)?;
-            println!("{}\n{}", issued.cert.display(), issued.key.display());
+            let validity = certs::Validity { days };
+            let issued = if renew {
+                certs::renew(&dir, &name, usage, &sans, validity)?
+            } else {
+                certs::issue(&dir, &name, usage, &sans, validity)?
+            };
+            println!("{}", issued.describe());
+            Ok(())
+        }
+        Command::Certs(CertsCommand::Show { cert }) => {
+            let (identity, not_after) = certs::show(&cert)?;
+            let end = std::time::UNIX_EPOCH
+                + std::time::Duration::from_secs(u64::try_from(not_after).unwrap_or(0));
+            println!(
+                "host {}\nserial {}\nsha256 {}\nvalid until {}",
+                identity.host,
+                identity.serial,
+                identity.sha256,
+                humantime::format_rfc3339_seconds(end)
+            );
+            Ok(())
+        }
+        Command::Certs(CertsCommand::HmacKey {
+            file,
+            add,
+            promote,
+            remove,
+        }) => {
+            use crate::seal::{Rotation, create_file, rotate};
+            let step = match (add, promote, remove) {
+                (true, _, _) => Some(Rotation::Add),
+                (_, Some(id), _) => Some(Rotation::Promote(id)),
+                (_, _, Some(id)) => Some(Rotation::Remove(id)),
+                _ => None,
+            };
+            match step {
+                None => println!(
+                    "created {} with key {}",
+                    file.display(),
+                    create_file(&file)?
+                ),
+                Some(step) => {
+                    let id = rotate(&file, &step)?;
+                    let keys = crate::seal::Keys::load(&file)?;
+                    println!(
+                        "{step:?} {id}: {} now holds {} (the first signs); copy it to every controller host",
+                        file.display(),
+                        keys.ids().join(", ")
+                    );
+                }
+            }
             Ok(())
         }
     }
@@ -398,7 +526,7 @@ async fn retire(
 ) -> anyhow::Result<()> {
     let inventory = Inventory::load(inventory)?;
     crate::retire::check_retirable(&inventory, host)?;
-    let mut backend = connect(&inventory, "cli".to_owned());
+    let mut backend = connect(&inventory, "cli".to_owned())?;
     if cancel {
         let state = backend.load().await?;
         let blockers = crate::retire::check_cancellable(&inventory, &state, host, now())?;
@@ -409,9 +537,14 @@ async fn retire(
         println!("retirement of {host} withdrawn");
         return Ok(());
     }
+    let me = invoker();
+    let requested_by = match requested_by {
+        Some(who) => format!("{who} (cli, run by {me})"),
+        None => format!("{me} (cli)"),
+    };
     let request = Retirement {
         requested_at: now(),
-        requested_by: requested_by.map(|who| format!("{who} (cli)")),
+        requested_by: Some(requested_by),
         reason: reason.unwrap_or_default(),
     };
     let in_force = backend.request_retirement(host, &request).await?;
@@ -433,7 +566,7 @@ const RELEASE_ATTEMPTS: usize = 3;
 
 async fn release(inventory: &std::path::Path, host: &str, reason: &str) -> anyhow::Result<()> {
     let inventory = Inventory::load(inventory)?;
-    let mut backend = connect(&inventory, "cli".to_owned());
+    let mut backend = connect(&inventory, "cli".to_owned())?;
     let state = backend.load().await?;
     crate::holds::check_releasable(&state, host, inventory.host(host).is_some())?;
     let release = crate::holds::release_by(&crate::holds::invoking_user(), reason, now());
@@ -459,10 +592,53 @@ async fn release(inventory: &std::path::Path, host: &str, reason: &str) -> anyho
     Ok(())
 }
 
+/// Every problem with the controller's own secrets and lists: its private keys (and the CA's
+/// if it is kept here) readable by others, the TLS files, the hmac key file, the deny list.
+fn check_controller_files(inventory: &Inventory) -> Vec<String> {
+    let settings = &inventory.controller;
+    let mut problems = Vec::new();
+    match &settings.tls_dir {
+        Some(dir) => {
+            let files = TlsFiles::in_dir(dir, &settings.server_cert_name);
+            problems.extend(
+                files
+                    .check_key_modes(KeyModes::OwnerOnly)
+                    .iter()
+                    .map(|e| chain(e)),
+            );
+            if let Err(e) = server_config(&files, crate::revocation::Revoked::default()) {
+                problems.push(chain(&e));
+            }
+        }
+        None => problems.push("controller.tls_dir is not set".to_owned()),
+    }
+    match settings.hmac_key_path() {
+        Some(path) => {
+            if let Err(e) = crate::seal::Keys::load(&path) {
+                problems.push(chain(&e));
+            }
+        }
+        None => problems.push("controller.hmac_key is not set (nor controller.tls_dir)".to_owned()),
+    }
+    if let Some(path) = &settings.revoked_certificates
+        && let Err(e) = crate::revocation::DenyList::load(path)
+    {
+        problems.push(chain(&e));
+    }
+    problems
+}
+
 async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()> {
     let inventory = Inventory::load(inventory_path)?;
-    let backend = connect(&inventory, id.clone());
-    serve(backend, inventory, Some(inventory_path), id).await
+    let problems = check_controller_files(&inventory);
+    anyhow::ensure!(
+        problems.is_empty(),
+        "the controller's secrets are not safe to use:\n{}",
+        problems.join("\n")
+    );
+    let backend = connect(&inventory, id.clone())?;
+    let revoked = inventory.controller.revoked_certificates.clone();
+    serve(backend, inventory, Some(inventory_path), id, revoked).await
 }
 
 #[cfg(feature = "kubernetes")]
@@ -485,8 +661,24 @@ async fn run_kubernetes(args: KubeArgs, id: String) -> anyhow::Result<()> {
             timeout: std::time::Duration::from_secs(5),
         },
     };
+    let revoked = args.revoked_certificates.clone();
     let (backend, inventory, watches) = crate::kube::run::backend(settings).await?;
-    let result = serve(backend, inventory, None, id).await;
+    // A Secret volume is read through the pod's fsGroup: group read is allowed, others never.
+    if let Some(dir) = &inventory.controller.tls_dir {
+        let files = TlsFiles::in_dir(dir, &inventory.controller.server_cert_name);
+        let problems: Vec<String> = files
+            .check_key_modes(KeyModes::OwnerAndGroup)
+            .iter()
+            .map(|e| chain(e))
+            .collect();
+        if !problems.is_empty() {
+            for watch in watches {
+                watch.abort();
+            }
+            anyhow::bail!("{}", problems.join("\n"));
+        }
+    }
+    let result = serve(backend, inventory, None, id, revoked).await;
     for watch in watches {
         watch.abort();
     }
@@ -500,23 +692,41 @@ async fn run_kubernetes(_args: KubeArgs, _id: String) -> anyhow::Result<()> {
 }
 
 /// The agent API, the metrics endpoint and the controller loop over `backend`, until a signal.
+/// `revoked` names the deny list of agent certificates, read now (an error if it cannot be)
+/// and re-read when it changes.
 async fn serve<B: crate::backend::Backend + 'static>(
     backend: B,
     inventory: Inventory,
     inventory_path: Option<&std::path::Path>,
     id: String,
+    revoked: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let settings = inventory.controller.clone();
     let tls_dir = settings
         .tls_dir
         .clone()
         .context("controller.tls_dir is required to run the agent api")?;
-    let tls = server_config(&TlsFiles::in_dir(&tls_dir, &settings.server_cert_name))?;
+    let (hub, inbox) = Hub::new();
+    // Who may speak is known before the first connection is accepted.
+    hub.set_hosts(inventory.hosts.iter().map(|h| h.name.clone()));
+    let deny_list = match revoked {
+        Some(path) => {
+            let mut file = crate::revocation::DenyListFile::new(&path);
+            if let crate::revocation::DenyListReload::Rejected(error) = file.check(&hub.revoked()) {
+                return Err(error.into());
+            }
+            Some(file)
+        }
+        None => None,
+    };
+    let tls = server_config(
+        &TlsFiles::in_dir(&tls_dir, &settings.server_cert_name),
+        hub.revoked(),
+    )?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("agent api address {} could not be bound", settings.listen))?;
     tracing::info!(address = %settings.listen, identity = %id, "agent api listening");
-    let (hub, inbox) = Hub::new();
     let metrics = Metrics::new();
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -538,6 +748,10 @@ async fn serve<B: crate::backend::Backend + 'static>(
     let controller = match inventory_path {
         Some(path) => controller.reloading(path, id),
         None => controller.identified(id),
+    };
+    let controller = match deny_list {
+        Some(file) => controller.revoking(file),
+        None => controller,
     };
     tasks.spawn(controller.run(inbox, cancel.clone()));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

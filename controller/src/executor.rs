@@ -63,6 +63,11 @@ pub fn writes_for(action: &Action, state: &State, now: Timestamp) -> Option<Vec<
                 remediation_id: None,
                 step: Some(DECOMMISSION_STEP.to_owned()),
                 created_at: now,
+                requested_by: state.retirements.get(host).map(|r| {
+                    let who = r.requested_by.as_deref().unwrap_or("an administrator");
+                    format!("retirement requested by {who}: {}", r.reason)
+                }),
+                executed_by: None,
                 result: None,
             })])
         }
@@ -121,6 +126,8 @@ fn remediate(
                 remediation_id: Some(remediation.id.clone()),
                 step: Some(step.name().to_owned()),
                 created_at: now,
+                requested_by: Some(remediation.cause.clone()),
+                executed_by: None,
                 result: None,
             };
             let phase = advance(remediation, step.resulting_phase(), now)?;
@@ -201,15 +208,26 @@ fn node_step(
     Some(vec![Write::Node(node_write), phase])
 }
 
-/// Why an in-flight operation is not offered now, if it is not: a fence of a held host (the
-/// hold may have arrived after its intent was persisted, and a person now owns its power), or
-/// a fence sent to an agent whose latest report still carries a hold of the target that a
-/// person has released (it refuses power commands for hosts it holds; it drops the record at
-/// its next report and reports again at once). Offered again when that clears.
-pub fn withheld(state: &State, op: &StoredOperation) -> Option<String> {
+/// Why an in-flight operation is not offered now, if it is not:
+/// - its agent or its fence target is not an inventory host, so no command (and no BMC
+///   password) goes to a host nobody configured. Operations reach the [`State`] only if a
+///   controller sealed them (the etcd backend) or wrote them into `GuardedHost` status (the
+///   Kubernetes backend); this is the second check, against the inventory in force;
+/// - a fence of a held host (the hold may have arrived after its intent was persisted, and a
+///   person now owns its power), or a fence sent to an agent whose latest report still
+///   carries a hold of the target that a person has released (it refuses power commands for
+///   hosts it holds; it drops the record at its next report and reports again at once).
+///   Offered again when that clears.
+pub fn withheld(inventory: &Inventory, state: &State, op: &StoredOperation) -> Option<String> {
+    if inventory.host(&op.agent).is_none() {
+        return Some(format!("its agent {} is not in the inventory", op.agent));
+    }
     let OperationKind::Fence { target, .. } = &op.kind else {
         return None;
     };
+    if inventory.host(target).is_none() {
+        return Some(format!("its fence target {target} is not in the inventory"));
+    }
     if let Some(hold) = state.holds.get(target) {
         return Some(format!(
             "{target} is held (hold {} by {}): offered again once released",
@@ -235,8 +253,8 @@ pub fn withheld(state: &State, op: &StoredOperation) -> Option<String> {
 pub fn pending_commands(inventory: &Inventory, state: &State) -> BTreeMap<String, Vec<Command>> {
     let mut pending: BTreeMap<String, Vec<Command>> = BTreeMap::new();
     for op in state.operations.values().filter(|op| op.in_flight()) {
-        if let Some(why) = withheld(state, op) {
-            tracing::debug!(operation = %op.id, reason = %why, "fence not offered");
+        if let Some(why) = withheld(inventory, state, op) {
+            tracing::debug!(operation = %op.id, reason = %why, "operation withheld");
             continue;
         }
         let kind = match &op.kind {
@@ -282,11 +300,13 @@ pub fn pending_commands(inventory: &Inventory, state: &State) -> BTreeMap<String
     pending
 }
 
-/// What to persist for a result from `host`, and the answer: `Ok((None, ack))` for a retry of
+/// What to persist for a result from `host` (whose client certificate `certificate`
+/// describes, recorded as who executed it), and the answer: `Ok((None, ack))` for a retry of
 /// an already recorded result.
 pub fn record_result(
     state: &State,
     host: &str,
+    certificate: &str,
     result: CommandResult,
 ) -> Result<(Option<Write>, ResultAck), String> {
     let Some(op) = state.operations.get(&result.operation_id) else {
@@ -307,6 +327,7 @@ pub fn record_result(
     }
     let mut done = op.clone();
     done.result = Some(result);
+    done.executed_by = Some(certificate.to_owned());
     Ok((Some(Write::PutOperation(done)), ack))
 }
 
@@ -382,7 +403,7 @@ mod tests {
                 Write::CreateHold(record) => {
                     state.hold_records.insert(record.hold.id.clone(), record);
                 }
-                Write::Node(_) => {}
+                Write::Node(_) | Write::Reseal(_) => {}
             }
         }
     }
@@ -432,7 +453,13 @@ mod tests {
                 writes_for(&verify, &state, Timestamp(6)).is_none(),
                 "no result yet"
             );
-            let (write, ack) = record_result(&state, "w-1", result(&off.id, outcome)).unwrap();
+            let (write, ack) = record_result(
+                &state,
+                "w-1",
+                "w-1 (certificate serial 01)",
+                result(&off.id, outcome),
+            )
+            .unwrap();
             assert!(ack.first);
             apply(&mut state, vec![write.unwrap()]);
             let writes = writes_for(&verify, &state, Timestamp(7)).unwrap();
@@ -457,13 +484,39 @@ mod tests {
         let off = action(RemediationStep::PowerOff);
         let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
         apply(&mut state, writes);
-        let err = record_result(&state, "w-2", result(&off.id, Outcome::Succeeded)).unwrap_err();
+        let err = record_result(
+            &state,
+            "w-2",
+            "w-2 (certificate serial 02)",
+            result(&off.id, Outcome::Succeeded),
+        )
+        .unwrap_err();
         assert!(err.contains("w-1") && err.contains("w-2"), "{err}");
         let unknown = OperationId("nope".into());
-        assert!(record_result(&state, "w-1", result(&unknown, Outcome::Succeeded)).is_err());
-        let (write, _) = record_result(&state, "w-1", result(&off.id, Outcome::Succeeded)).unwrap();
+        assert!(
+            record_result(
+                &state,
+                "w-1",
+                "w-1 (certificate serial 01)",
+                result(&unknown, Outcome::Succeeded)
+            )
+            .is_err()
+        );
+        let (write, _) = record_result(
+            &state,
+            "w-1",
+            "w-1 (certificate serial 01)",
+            result(&off.id, Outcome::Succeeded),
+        )
+        .unwrap();
         apply(&mut state, vec![write.unwrap()]);
-        let (again, ack) = record_result(&state, "w-1", result(&off.id, Outcome::Failed)).unwrap();
+        let (again, ack) = record_result(
+            &state,
+            "w-1",
+            "w-1 (certificate serial 01)",
+            result(&off.id, Outcome::Failed),
+        )
+        .unwrap();
         assert!(again.is_none() && !ack.first);
         assert_eq!(
             state.operations[&off.id].result.as_ref().unwrap().outcome,
@@ -542,11 +595,11 @@ mod tests {
         );
         let op = &state.operations[&off.id];
         assert!(
-            withheld(&state, op)
+            withheld(&inventory, &state, op)
                 .unwrap()
                 .contains("still carries a released hold of w-2"),
             "{:?}",
-            withheld(&state, op)
+            withheld(&inventory, &state, op)
         );
         state.reports.get_mut("w-1").unwrap().report.holds.clear();
         assert_eq!(
@@ -597,11 +650,119 @@ mod tests {
             executor: "cp-3".into(),
         };
         assert!(writes_for(&again, &state, Timestamp(10)).is_none());
-        let (write, _) = record_result(&state, "cp-2", result(&off.id, Outcome::Failed)).unwrap();
+        let (write, _) = record_result(
+            &state,
+            "cp-2",
+            "cp-2 (certificate serial 03)",
+            result(&off.id, Outcome::Failed),
+        )
+        .unwrap();
         apply(&mut state, vec![write.unwrap()]);
         assert!(
             writes_for(&off, &state, Timestamp(11)).is_none(),
             "a failed power-off is not repeated by itself"
+        );
+    }
+
+    const INVENTORY: &str = r#"
+[etcd]
+endpoints = ["http://127.0.0.1:2379"]
+
+[control_plane]
+desired_replicas = 1
+
+[[hosts]]
+name = "w-1"
+role = "worker"
+
+[[hosts]]
+name = "w-2"
+role = "worker"
+bmc = { address = "ipmi://10.0.0.2", credentials_dir = "CREDS" }
+"#;
+
+    fn fence(id: &str, agent: &str, target: &str) -> StoredOperation {
+        StoredOperation {
+            id: OperationId(id.into()),
+            agent: agent.into(),
+            kind: OperationKind::Fence {
+                target: target.into(),
+                action: PowerAction::Off,
+            },
+            remediation_id: None,
+            step: None,
+            created_at: Timestamp(1),
+            requested_by: None,
+            executed_by: None,
+            result: None,
+        }
+    }
+
+    #[test]
+    fn an_operation_for_an_agent_or_a_target_outside_the_inventory_is_never_offered() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let creds = tempfile::tempdir().unwrap();
+        for (file, value) in [("username", "admin"), ("password", "hunter2")] {
+            let path = creds.path().join(file);
+            std::fs::write(&path, value).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let text = INVENTORY.replace("CREDS", creds.path().to_str().unwrap());
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), &text).unwrap();
+        let mut state = State::default();
+        for op in [
+            fence("good", "w-1", "w-2"),
+            fence("stranger-agent", "mallory", "w-2"),
+            fence("stranger-target", "w-1", "mallory"),
+        ] {
+            state.operations.insert(op.id.clone(), op);
+        }
+        let pending = pending_commands(&inventory, &state);
+        let offered: Vec<(&str, &str)> = pending
+            .iter()
+            .flat_map(|(host, commands)| {
+                commands
+                    .iter()
+                    .map(move |c| (host.as_str(), c.operation_id.0.as_str()))
+            })
+            .collect();
+        assert_eq!(offered, [("w-1", "good")]);
+        let why = |id: &str| {
+            withheld(
+                &inventory,
+                &state,
+                &state.operations[&OperationId(id.into())],
+            )
+        };
+        assert_eq!(why("good"), None);
+        assert!(why("stranger-agent").unwrap().contains("agent mallory"));
+        assert!(why("stranger-target").unwrap().contains("target mallory"));
+    }
+
+    #[test]
+    fn who_asked_is_kept_with_the_operation_and_who_executed_it_with_its_result() {
+        let mut r = remediation(RemediationPhase::Gated);
+        r.cause = "fence requested by alice@ctl-1 (cli): disk noise".into();
+        let mut state = state_with(r);
+        let off = action(RemediationStep::PowerOff);
+        let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
+        apply(&mut state, writes);
+        let op = &state.operations[&off.id];
+        assert_eq!(
+            op.requested_by.as_deref(),
+            Some("fence requested by alice@ctl-1 (cli): disk noise")
+        );
+        let (write, _) = record_result(
+            &state,
+            "w-1",
+            "w-1 (certificate serial 0a)",
+            result(&off.id, Outcome::Succeeded),
+        )
+        .unwrap();
+        apply(&mut state, vec![write.unwrap()]);
+        assert_eq!(
+            state.operations[&off.id].executed_by.as_deref(),
+            Some("w-1 (certificate serial 0a)")
         );
     }
 }

@@ -4,6 +4,9 @@
 //! not in yet ([`Hub::publish`]); long-polls wait on a per-host [`Notify`] and return within
 //! milliseconds of a publish. Reports and results go the other way through an mpsc inbox;
 //! a result is acknowledged only after the loop has persisted it.
+//!
+//! The hub also holds who may speak at all ([`Hub::admits`]): the hosts of the inventory in
+//! force, less those retired and verified off, and no certificate on the deny list.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,6 +19,8 @@ use metalguard_api::snapshot::Hold;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::revocation::{CertIdentity, Revoked};
+
 /// Something an agent sent, for the controller loop.
 #[derive(Debug)]
 pub enum Inbound {
@@ -25,6 +30,8 @@ pub enum Inbound {
     Result {
         /// The reporting agent.
         host: String,
+        /// Its client certificate (recorded as who executed the operation).
+        certificate: CertIdentity,
         /// The result.
         result: CommandResult,
         /// Where the acknowledgement goes.
@@ -82,6 +89,19 @@ pub struct Hub {
     bmc_targets: Mutex<Vec<BmcTarget>>,
     /// Ids of released break-glass holds, answered to a report that still carries one.
     released_holds: Mutex<BTreeSet<String>>,
+    /// Who may speak: the inventory's hosts and the retired ones among them.
+    admission: Mutex<Admission>,
+    /// The deny list in force (shared with the handshake verifier).
+    revoked: Revoked,
+}
+
+/// The hosts whose certificates may use the agent API.
+#[derive(Debug, Default)]
+struct Admission {
+    /// Every host of the inventory in force.
+    hosts: BTreeSet<String>,
+    /// Retired hosts whose power-off for the retirement is verified.
+    retired: BTreeSet<String>,
 }
 
 impl Hub {
@@ -94,6 +114,8 @@ impl Hub {
             inbox: tx,
             bmc_targets: Mutex::new(Vec::new()),
             released_holds: Mutex::new(BTreeSet::new()),
+            admission: Mutex::new(Admission::default()),
+            revoked: Revoked::default(),
         };
         (Arc::new(hub), rx)
     }
@@ -235,6 +257,53 @@ impl Hub {
             .collect()
     }
 
+    fn admission(&self) -> MutexGuard<'_, Admission> {
+        self.admission
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The hosts of the inventory in force (at start and on every accepted reload).
+    pub fn set_hosts(&self, hosts: impl IntoIterator<Item = String>) {
+        self.admission().hosts = hosts.into_iter().collect();
+    }
+
+    /// The retired hosts whose power-off is verified (after every load of the state).
+    pub fn set_retired(&self, retired: BTreeSet<String>) {
+        self.admission().retired = retired;
+    }
+
+    /// The deny list in force, for the handshake verifier and the reloads.
+    pub fn revoked(&self) -> Revoked {
+        self.revoked.clone()
+    }
+
+    /// Whether the holder of `certificate` may use the agent API: its host is in the
+    /// inventory in force, not retired and verified off, and the certificate is not revoked.
+    /// The error says why not (answered with 403).
+    pub fn admits(&self, certificate: &CertIdentity) -> Result<(), String> {
+        if let Some(why) = crate::revocation::refused(&self.revoked, certificate) {
+            return Err(format!(
+                "client certificate for {}: {why}",
+                certificate.host
+            ));
+        }
+        let admission = self.admission();
+        if !admission.hosts.contains(&certificate.host) {
+            return Err(format!(
+                "host {} is not in the inventory: its certificate may not use the agent api",
+                certificate.host
+            ));
+        }
+        if admission.retired.contains(&certificate.host) {
+            return Err(format!(
+                "host {} is retired and was powered off: its certificate may not use the agent api",
+                certificate.host
+            ));
+        }
+        Ok(())
+    }
+
     /// Hands an inbound message to the loop; false when the loop has stopped.
     pub async fn send(&self, message: Inbound) -> bool {
         self.inbox.send(message).await.is_ok()
@@ -339,5 +408,47 @@ mod tests {
         hub.set_leader_until(None);
         assert!(!hub.is_leader());
         assert!(hub.poll("cp-1", Duration::from_millis(50)).await.is_empty());
+    }
+
+    fn identity(host: &str) -> CertIdentity {
+        CertIdentity {
+            host: host.into(),
+            serial: "0a:0b".into(),
+            sha256: "ff".repeat(32),
+        }
+    }
+
+    #[test]
+    fn only_inventory_hosts_that_are_not_retired_or_revoked_are_admitted() {
+        let (hub, _rx) = Hub::new();
+        assert!(
+            hub.admits(&identity("cp-1")).is_err(),
+            "nothing is admitted before the inventory"
+        );
+        hub.set_hosts(["cp-1".to_owned(), "cp-2".to_owned()]);
+        assert_eq!(hub.admits(&identity("cp-1")), Ok(()));
+        let stranger = hub.admits(&identity("mallory")).unwrap_err();
+        assert!(
+            stranger.contains("mallory is not in the inventory"),
+            "{stranger}"
+        );
+        hub.set_retired(BTreeSet::from(["cp-2".to_owned()]));
+        assert!(
+            hub.admits(&identity("cp-2"))
+                .unwrap_err()
+                .contains("retired")
+        );
+        *hub.revoked().write().unwrap() =
+            crate::revocation::DenyList::parse(std::path::Path::new("r"), "serial 0a:0b\n")
+                .unwrap();
+        assert!(
+            hub.admits(&identity("cp-1"))
+                .unwrap_err()
+                .contains("revoked")
+        );
+        // The inventory in force: a reload that drops a host drops its admission.
+        *hub.revoked().write().unwrap() = crate::revocation::DenyList::default();
+        hub.set_hosts(["cp-2".to_owned()]);
+        assert!(hub.admits(&identity("cp-1")).is_err());
     }
 }

@@ -113,6 +113,13 @@ pub struct ControllerSettings {
     /// Re-plan at least this often.
     #[serde(default = "default_plan_interval", with = "go_duration")]
     pub plan_interval: Duration,
+    /// The controllers' record key file (`crate::seal`, mode 0600); default `hmac.key` in
+    /// `tls_dir`. Every controller of a cluster has the same file.
+    #[serde(default)]
+    pub hmac_key: Option<PathBuf>,
+    /// A deny list of agent certificates (`crate::revocation`), re-read when it changes.
+    #[serde(default)]
+    pub revoked_certificates: Option<PathBuf>,
 }
 
 impl Default for ControllerSettings {
@@ -123,7 +130,21 @@ impl Default for ControllerSettings {
             tls_dir: None,
             server_cert_name: default_server_name(),
             plan_interval: DEFAULT_PLAN_INTERVAL,
+            hmac_key: None,
+            revoked_certificates: None,
         }
+    }
+}
+
+impl ControllerSettings {
+    /// The record key file: `hmac_key`, else `hmac.key` in `tls_dir`; `None` when neither is
+    /// set.
+    pub fn hmac_key_path(&self) -> Option<PathBuf> {
+        self.hmac_key.clone().or_else(|| {
+            self.tls_dir
+                .as_ref()
+                .map(|dir| dir.join(crate::seal::KEY_FILE))
+        })
     }
 }
 

@@ -22,6 +22,7 @@ mod inventory;
 mod kube;
 #[cfg(all(test, feature = "kubernetes"))]
 mod manifests;
+mod members;
 mod membership;
 mod metrics;
 mod notes;
@@ -30,6 +31,8 @@ mod plan_cmd;
 mod reachability;
 mod reload;
 mod retire;
+mod revocation;
+mod seal;
 mod server;
 mod service;
 mod snapshot;

@@ -143,6 +143,8 @@ pub fn next_for(action: &Action, state: &State, now: Timestamp, heartbeat: Durat
         remediation_id: None,
         step: None,
         created_at: now,
+        requested_by: None,
+        executed_by: None,
         result: None,
     })])
 }

@@ -50,6 +50,15 @@ pub struct Metrics {
     /// Times an agent started reporting a reserved condition type (`Ready`, the kubelet's),
     /// which the controller ignores, by condition type.
     pub reserved_conditions_ignored: Family<Labels, Counter>,
+    /// Stored records whose seal does not hold at the last load, by kind (never acted on).
+    pub rejected_records: Family<Labels, Gauge>,
+    /// In-flight operations never offered because their agent or fence target is not an
+    /// inventory host.
+    pub operations_withheld: Gauge,
+    /// Records sealed again with the signing key after a key rotation.
+    pub records_resealed: Counter,
+    /// Certificates on the deny list in force.
+    pub revoked_certificates: Gauge,
 }
 
 impl Metrics {
@@ -75,6 +84,10 @@ impl Metrics {
             inventory_rejected: Gauge::default(),
             held_hosts: Gauge::default(),
             reserved_conditions_ignored: Family::default(),
+            rejected_records: Family::default(),
+            operations_withheld: Gauge::default(),
+            records_resealed: Counter::default(),
+            revoked_certificates: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -156,6 +169,26 @@ impl Metrics {
             "inventory_rejected",
             "1 while the latest change of the inventory file is rejected and the previous one is in use",
             metrics.inventory_rejected.clone(),
+        );
+        registry.register(
+            "rejected_records",
+            "Stored records whose seal does not hold (not written by a controller holding the hmac key), by kind; never acted on",
+            metrics.rejected_records.clone(),
+        );
+        registry.register(
+            "operations_withheld",
+            "In-flight operations never offered: their agent or fence target is not an inventory host",
+            metrics.operations_withheld.clone(),
+        );
+        registry.register(
+            "records_resealed",
+            "Records sealed again with the signing key after an hmac key rotation",
+            metrics.records_resealed.clone(),
+        );
+        registry.register(
+            "revoked_certificates",
+            "Certificates on the deny list in force",
+            metrics.revoked_certificates.clone(),
         );
         Arc::new(Self {
             registry,

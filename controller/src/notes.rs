@@ -183,6 +183,8 @@ role = "control-plane"
             remediation_id: None,
             step: Some("decommission".into()),
             created_at: Timestamp(6),
+            requested_by: None,
+            executed_by: None,
             result: None,
         };
         state.operations.insert(id.clone(), op.clone());

@@ -189,7 +189,7 @@ fn errors() -> Value {
         b
     };
     json!({
-        "403": with("the path names a host other than the client certificate's"),
+        "403": with("the path names a host other than the client certificate's, or the certificate may not speak: its host is not in the inventory, is retired and powered off, or it is revoked"),
         "503": with("this controller is not the leader, or is stopping"),
     })
 }

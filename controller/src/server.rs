@@ -2,8 +2,10 @@
 //! versioned routes of [`metalguard_api::protocol`].
 //!
 //! The host a request may speak for is the one its client certificate names ([`PeerHost`]);
-//! a path naming any other host is answered 403. A controller that is not the leader answers
-//! 503 so the agent tries again (or another controller).
+//! a path naming any other host is answered 403, and so is every request of a certificate the
+//! hub does not admit (a host outside the inventory in force, a retired host verified off, a
+//! revoked certificate: [`Hub::admits`]). A controller that is not the leader answers 503 so
+//! the agent tries again (or another controller).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,14 +28,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::now;
 use crate::hub::{HoldError, Hub, Inbound, ResultError};
-use crate::tls::peer_host;
+use crate::revocation::CertIdentity;
 
 /// How long a client may take to complete the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The host named by the connection's verified client certificate.
+/// The connection's verified client certificate: the host it names, its serial and
+/// fingerprint.
 #[derive(Debug, Clone)]
-pub struct PeerHost(pub String);
+pub struct PeerHost(pub CertIdentity);
 
 /// The routes, to be served per connection with a [`PeerHost`] extension.
 pub fn router(hub: Arc<Hub>) -> Router {
@@ -50,17 +53,22 @@ fn refuse(status: StatusCode, error: String) -> Response {
     (status, Json(ErrorBody { error })).into_response()
 }
 
-/// 403 unless the path's host is the certificate's host; 503 unless leader.
+/// 403 unless the path's host is the certificate's host and the hub admits the certificate;
+/// 503 unless leader.
 fn admit(hub: &Hub, peer: &PeerHost, host: &str) -> Result<(), Box<Response>> {
-    if peer.0 != host {
-        tracing::warn!(certificate = %peer.0, path_host = %host, "agent spoke for another host");
+    if peer.0.host != host {
+        tracing::warn!(certificate = %peer.0.host, path_host = %host, "agent spoke for another host");
         return Err(Box::new(refuse(
             StatusCode::FORBIDDEN,
             format!(
                 "client certificate for {} may not act for host {host}",
-                peer.0
+                peer.0.host
             ),
         )));
+    }
+    if let Err(why) = hub.admits(&peer.0) {
+        tracing::warn!(certificate = %peer.0.host, serial = %peer.0.serial, reason = %why, "agent certificate refused");
+        return Err(Box::new(refuse(StatusCode::FORBIDDEN, why)));
     }
     if !hub.is_leader() {
         return Err(Box::new(refuse(
@@ -153,6 +161,7 @@ async fn results(
     let sent = hub
         .send(Inbound::Result {
             host,
+            certificate: peer.0,
             result,
             reply: tx,
         })
@@ -263,7 +272,7 @@ pub async fn serve(
                 .1
                 .peer_certificates()
                 .and_then(|certs| certs.first())
-                .and_then(peer_host);
+                .and_then(CertIdentity::of);
             let Some(host) = host else {
                 tracing::warn!(%remote, "client certificate names no host");
                 return;

@@ -6,9 +6,12 @@
 //! in-flight operations as commands. When the store is unreachable it stops acting at once
 //! and says so.
 //!
-//! Every tick it also re-reads the inventory file when it changed ([`crate::reload`]), and
-//! whenever what it needs from people changes (a host to add to the inventory, a join that
-//! waits for its agent) it logs it and persists it as notes that `status` prints.
+//! Every tick it also re-reads the inventory file when it changed ([`crate::reload`]) and the
+//! deny list of certificates ([`crate::revocation`]), and tells the hub who may speak (the
+//! inventory's hosts, less the retired ones verified off). Whenever what it needs from people
+//! changes (a host to add to the inventory, a join that waits for its agent) it logs it and
+//! persists it as notes that `status` prints. Stored records whose seal does not hold are
+//! never planned from: each is logged once when first seen and counted while it stays.
 //!
 //! Break-glass holds reach it posted by the agent CLI (`Inbound::Hold`) or carried in reports;
 //! every round records the reported ones it has no record of, and tells the hub which ids a
@@ -30,6 +33,10 @@ use crate::inventory::Inventory;
 use crate::membership::Next;
 use crate::metrics::{Metrics, label};
 use crate::reload::{InventoryFile, Reload};
+use crate::revocation::{CertIdentity, DenyListFile, DenyListReload};
+
+/// Most records sealed again in one round after a key rotation.
+const RESEAL_BATCH: usize = 64;
 
 mod holds;
 mod reserved;
@@ -77,6 +84,10 @@ pub struct Controller<B> {
     reserved_seen: ReservedSeen,
     /// Hold ids already logged as not recordable (logged once each).
     holds_warned: BTreeSet<String>,
+    /// The deny list file of agent certificates, if the inventory names one.
+    deny_list: Option<DenyListFile>,
+    /// Rejected records already logged (each is logged once while it stays).
+    rejected_seen: BTreeSet<String>,
 }
 
 impl<B: Backend> Controller<B> {
@@ -94,6 +105,110 @@ impl<B: Backend> Controller<B> {
             unstored: BTreeMap::new(),
             reserved_seen: ReservedSeen::default(),
             holds_warned: BTreeSet::new(),
+            deny_list: None,
+            rejected_seen: BTreeSet::new(),
+        }
+    }
+
+    /// Re-reads `file` into the hub's deny list on every tick when it changed.
+    pub fn revoking(mut self, file: DenyListFile) -> Self {
+        self.deny_list = Some(file);
+        let count = self.hub.revoked().read().map_or(0, |list| list.len());
+        self.metrics
+            .revoked_certificates
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+        self
+    }
+
+    /// Tells the hub the hosts of the inventory in force: only their certificates may speak.
+    fn admit_inventory(&self) {
+        self.hub
+            .set_hosts(self.inventory.hosts.iter().map(|h| h.name.clone()));
+    }
+
+    /// Applies a changed deny list, or says why it was not taken.
+    fn reload_deny_list(&mut self) {
+        let Some(file) = self.deny_list.as_mut() else {
+            return;
+        };
+        match file.check(&self.hub.revoked()) {
+            DenyListReload::Unchanged => {}
+            DenyListReload::Loaded(count) => {
+                self.metrics
+                    .revoked_certificates
+                    .set(i64::try_from(count).unwrap_or(i64::MAX));
+                tracing::info!(revoked = count, "revoked certificates reloaded");
+            }
+            DenyListReload::Rejected(error) => {
+                tracing::error!(error = %crate::cli::chain(&error), "revoked certificates file changed but cannot be read; the list in force stays");
+            }
+        }
+    }
+
+    /// What a load found that the loop must act on besides the plan: records not believed
+    /// (logged once each, counted), operations never offered (counted), and the retired
+    /// hosts whose certificates may no longer speak.
+    fn note_state(&mut self, state: &crate::backend::State) {
+        let mut kinds: BTreeMap<&str, i64> = BTreeMap::new();
+        for r in &state.rejected {
+            *kinds.entry(r.kind.as_str()).or_default() += 1;
+            if self.rejected_seen.insert(r.key.clone()) {
+                tracing::error!(key = %r.key, kind = %r.kind, reason = %r.reason, "record rejected: its seal does not hold, so it is never acted on (written by someone without the controllers' hmac key?)");
+            }
+        }
+        self.rejected_seen
+            .retain(|key| state.rejected.iter().any(|r| &r.key == key));
+        self.metrics.rejected_records.clear();
+        for (kind, count) in kinds {
+            self.metrics
+                .rejected_records
+                .get_or_create(&label("kind", kind))
+                .set(count);
+        }
+        let withheld = state
+            .operations
+            .values()
+            .filter(|op| op.in_flight() && executor::withheld(&self.inventory, state, op).is_some())
+            .count();
+        self.metrics
+            .operations_withheld
+            .set(i64::try_from(withheld).unwrap_or(i64::MAX));
+        let retired = self
+            .inventory
+            .hosts
+            .iter()
+            .filter(|h| crate::snapshot::powered_off_for_retirement(state, &h.name))
+            .map(|h| h.name.clone())
+            .collect();
+        self.hub.set_retired(retired);
+    }
+
+    /// Seals records again with the signing key after a key rotation (a batch per round),
+    /// each only if unchanged since it was read.
+    async fn reseal(&mut self, state: &crate::backend::State) {
+        if state.stale_seals.is_empty() {
+            return;
+        }
+        let batch: Vec<Write> = state
+            .stale_seals
+            .iter()
+            .take(RESEAL_BATCH)
+            .cloned()
+            .map(Write::Reseal)
+            .collect();
+        let count = batch.len();
+        match self.backend.apply(batch).await {
+            Ok(()) => {
+                self.metrics.records_resealed.inc_by(count as u64);
+                tracing::info!(
+                    count,
+                    left = state.stale_seals.len() - count,
+                    "records sealed again with the signing key"
+                );
+            }
+            Err(error) => {
+                tracing::info!(error = %crate::cli::chain(&error), "records not sealed again yet (one changed meanwhile?); next round");
+            }
         }
     }
 
@@ -156,6 +271,7 @@ impl<B: Backend> Controller<B> {
                 self.inventory = inventory;
                 self.count_insecure_bmcs();
                 self.publish_bmc_targets();
+                self.admit_inventory();
                 tracing::info!(
                     hosts = self.inventory.hosts.len(),
                     "inventory rebuilt from the cluster's resources"
@@ -173,6 +289,7 @@ impl<B: Backend> Controller<B> {
                 self.inventory = *inventory;
                 self.count_insecure_bmcs();
                 self.publish_bmc_targets();
+                self.admit_inventory();
                 self.metrics
                     .inventory_generation
                     .set(i64::try_from(generation).unwrap_or(i64::MAX));
@@ -202,6 +319,8 @@ impl<B: Backend> Controller<B> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.count_insecure_bmcs();
         self.publish_bmc_targets();
+        self.admit_inventory();
+        self.reload_deny_list();
         let (wake_tx, mut wake) = mpsc::channel(16);
         let watch = tokio::spawn(self.backend.watch_inputs(wake_tx));
         loop {
@@ -211,6 +330,7 @@ impl<B: Backend> Controller<B> {
                 () = cancel.cancelled() => break,
                 _ = tick.tick() => {
                     self.reload_inventory();
+                    self.reload_deny_list();
                     self.campaign().await;
                 }
                 Some(()) = wake.recv() => {}
@@ -322,10 +442,11 @@ impl<B: Backend> Controller<B> {
             }
             Inbound::Result {
                 host,
+                certificate,
                 result,
                 reply,
             } => {
-                let answer = self.persist_result(&host, result).await;
+                let answer = self.persist_result(&host, &certificate, result).await;
                 let _ = reply.send(answer);
             }
             Inbound::Hold { host, hold, reply } => {
@@ -338,6 +459,7 @@ impl<B: Backend> Controller<B> {
     async fn persist_result(
         &mut self,
         host: &str,
+        certificate: &CertIdentity,
         result: metalguard_api::protocol::CommandResult,
     ) -> Result<metalguard_api::protocol::ResultAck, ResultError> {
         let state = self
@@ -367,8 +489,8 @@ impl<B: Backend> Controller<B> {
             .get(&result.operation_id)
             .filter(|op| matches!(op.kind, crate::backend::OperationKind::EtcdPromote { .. }))
             .map(|op| op.created_at);
-        let (write, ack) =
-            executor::record_result(&state, host, result).map_err(ResultError::Rejected)?;
+        let (write, ack) = executor::record_result(&state, host, &certificate.describe(), result)
+            .map_err(ResultError::Rejected)?;
         if let Some(write) = write {
             self.backend
                 .apply(vec![write])
@@ -417,6 +539,7 @@ impl<B: Backend> Controller<B> {
                 }
             };
             overlay_unstored(&mut state, &self.unstored);
+            self.note_state(&state);
             state.refresh_holds();
             self.hub.set_released_holds(state.released_hold_ids());
             self.metrics
@@ -429,6 +552,7 @@ impl<B: Backend> Controller<B> {
                 if self.hub.is_leader() {
                     self.hub
                         .publish(&executor::pending_commands(&self.inventory, &state));
+                    self.reseal(&state).await;
                 }
                 return;
             }

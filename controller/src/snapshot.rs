@@ -9,7 +9,7 @@
 use metalguard_api::duration::Timestamp;
 use metalguard_api::protocol::{EtcdView, Outcome};
 use metalguard_api::snapshot::{
-    AgentReport, ConditionStatus, EtcdMember, Host, NodeCondition, NodeStatus, Snapshot,
+    AgentReport, ConditionStatus, Host, NodeCondition, NodeStatus, Snapshot,
 };
 
 /// The Node condition the core reads for readiness.
@@ -33,10 +33,11 @@ pub fn build(
         .map(|h| h.name.as_str())
         .filter(|name| powered_off_for_retirement(state, name))
         .collect();
+    // Only inventory hosts vote on the members' health (crate::members), and only while fresh.
     let views: Vec<&EtcdView> = state
         .reports
         .iter()
-        .filter(|(host, _)| !gone.contains(&host.as_str()))
+        .filter(|(host, _)| inventory.host(host).is_some() && !gone.contains(&host.as_str()))
         // A silent agent's last view is history: a frozen host would go on claiming that
         // its member is healthy and leads. Only views as fresh as an executor must be count.
         .filter(|(_, r)| {
@@ -96,7 +97,7 @@ pub fn build(
                         .map(|r| (r.host.clone(), r.reachable))
                         .collect(),
                 }),
-                etcd: member_of(&h.name, &views),
+                etcd: crate::members::member_of(&h.name, &views),
                 hold: state.holds.get(&h.name).cloned(),
             }
         })
@@ -182,44 +183,6 @@ fn synthesized_ready(conditions: &[NodeCondition]) -> NodeCondition {
         status,
         last_transition: since,
     }
-}
-
-/// The member named `host`, as the agents see it: healthy if any agent saw it healthy.
-fn member_of(host: &str, views: &[&EtcdView]) -> Option<EtcdMember> {
-    let mut found: Option<EtcdMember> = None;
-    for view in views {
-        let leader_index = view
-            .members
-            .iter()
-            .find(|m| Some(m.id) == view.leader_id)
-            .and_then(|m| m.raft_applied_index);
-        for m in view.members.iter().filter(|m| m.name == host) {
-            let progress = match (m.raft_applied_index, leader_index) {
-                (Some(mine), Some(lead)) if lead > 0 => {
-                    u16::try_from((mine.min(lead) * 1000) / lead).unwrap_or(1000)
-                }
-                _ => 0,
-            };
-            let seen = EtcdMember {
-                id: m.id,
-                name: m.name.clone(),
-                learner: m.learner,
-                healthy: m.healthy,
-                leader: view.leader_id == Some(m.id),
-                progress_permille: if m.learner { progress } else { 1000 },
-            };
-            found = Some(match found {
-                Some(prev) => EtcdMember {
-                    healthy: prev.healthy || seen.healthy,
-                    leader: prev.leader || seen.leader,
-                    progress_permille: prev.progress_permille.max(seen.progress_permille),
-                    ..prev
-                },
-                None => seen,
-            });
-        }
-    }
-    found
 }
 
 /// When an active remediation of `host` last had its power-off verified (the agent's
@@ -417,6 +380,8 @@ role = "control-plane"
             remediation_id: None,
             step: Some("decommission".into()),
             created_at: Timestamp(6),
+            requested_by: None,
+            executed_by: None,
             result: None,
         };
         state.operations.insert(id.clone(), op.clone());

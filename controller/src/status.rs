@@ -90,14 +90,65 @@ pub fn render_json(
         "fence_requests": state.fence_requests,
         "hooks": state.hooks,
         "holds": crate::holds::to_json(state),
+        "rejected_records": state.rejected,
+        "withheld_operations": withheld(inventory, state)
+            .into_iter()
+            .map(|(id, why)| serde_json::json!({ "operation": id, "reason": why }))
+            .collect::<Vec<_>>(),
+        "stale_seals": state.stale_seals.iter().map(|s| s.key.clone()).collect::<Vec<_>>(),
         "retirements": retirements(inventory, state, now),
         "notes": state.notes,
         "plan": explain(inventory, state, now),
     })
 }
 
+/// In-flight operations that are never offered, with the reason.
+fn withheld(inventory: &Inventory, state: &State) -> Vec<(String, String)> {
+    state
+        .operations
+        .values()
+        .filter(|op| op.in_flight())
+        .filter_map(|op| {
+            Some((
+                op.id.to_string(),
+                crate::executor::withheld(inventory, state, op)?,
+            ))
+        })
+        .collect()
+}
+
+/// Records the controller does not believe (their seal does not hold) and operations it never
+/// offers, each with why and what to do; nothing when there is none.
+pub fn render_rejected(inventory: &Inventory, state: &State) -> String {
+    let mut out = String::new();
+    if !state.rejected.is_empty() {
+        let _ = writeln!(
+            out,
+            "REJECTED records (not written by a controller holding the hmac key, or changed since: never acted on; find out who wrote them, then delete them):"
+        );
+        for r in &state.rejected {
+            let _ = writeln!(out, "  {} ({}): {}", r.key, r.kind, r.reason);
+        }
+    }
+    let withheld = withheld(inventory, state);
+    if !withheld.is_empty() {
+        let _ = writeln!(out, "operations never offered:");
+        for (id, why) in withheld {
+            let _ = writeln!(out, "  {id}: {why}");
+        }
+    }
+    if !state.stale_seals.is_empty() {
+        let _ = writeln!(
+            out,
+            "records sealed with an older hmac key: {} (the leader seals them again; remove the old key once this line is gone)",
+            state.stale_seals.len()
+        );
+    }
+    out
+}
+
 /// The leader, the holds in force, each agent's last report, remediations and operations.
-pub fn render(state: &State, now: Timestamp) -> String {
+pub fn render(inventory: &Inventory, state: &State, now: Timestamp) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "leader: {}", state.leader.as_deref().unwrap_or("none"));
     out.push_str(&crate::holds::render(state, now));
@@ -123,22 +174,30 @@ pub fn render(state: &State, now: Timestamp) -> String {
     for r in state.remediations.values() {
         let _ = writeln!(
             out,
-            "  {} target {} phase {}",
+            "  {} target {} phase {}: {}",
             r.id,
             r.target,
-            r.phase.name()
+            r.phase.name(),
+            r.cause
         );
     }
     let _ = writeln!(out, "operations:");
     for op in state.operations.values() {
         let result = op.result.as_ref().map_or_else(
-            || match crate::executor::withheld(state, op) {
+            || match crate::executor::withheld(inventory, state, op) {
                 Some(why) => format!("in flight, NOT OFFERED: {why}"),
                 None => "in flight".to_owned(),
             },
             |r| r.outcome.name().to_owned(),
         );
-        let _ = writeln!(out, "  {} via {}: {:?} {result}", op.id, op.agent, op.kind);
+        let _ = write!(out, "  {} via {}: {:?} {result}", op.id, op.agent, op.kind);
+        if let Some(by) = &op.executed_by {
+            let _ = write!(out, ", executed by {by}");
+        }
+        if let Some(who) = &op.requested_by {
+            let _ = write!(out, "; asked: {who}");
+        }
+        let _ = writeln!(out);
     }
     out
 }

@@ -1,6 +1,9 @@
 //! Mutual TLS for the agent API: the server configuration (a client certificate signed by the
-//! cluster CA is required at the handshake) and the host identity taken from that certificate.
+//! cluster CA and not revoked is required at the handshake), the host identity taken from that
+//! certificate, and the rule on the controller's private keys (nobody but their owner may read
+//! them).
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -27,6 +30,32 @@ pub enum TlsError {
     /// rustls refused the certificate, key or protocol versions.
     #[error("tls server configuration was refused")]
     Config(#[source] rustls::Error),
+    /// A private key that others than its owner may read (or that cannot be inspected).
+    #[error("private key {path} has mode {mode:o}; {rule} (chmod 600)")]
+    KeyMode {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// What is allowed.
+        rule: &'static str,
+    },
+    /// A private key file could not be inspected.
+    #[error("private key {0} could not be inspected")]
+    KeyMeta(PathBuf, #[source] std::io::Error),
+}
+
+/// Who besides the owner may read the controller's private keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyModes {
+    /// Nobody (mode 0600 or 0400): the standalone controller on its hosts.
+    OwnerOnly,
+    /// The owner and the group (mode 0440 at most): a Kubernetes Secret volume is owned by
+    /// root and read by a non-root pod through its fsGroup, so group read is the tightest
+    /// mode it can use. Others: never.
+    // Only the Kubernetes backend reads its keys from a Secret volume.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
+    OwnerAndGroup,
 }
 
 /// The files of the controller's TLS identity.
@@ -38,6 +67,9 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     /// The controller's private key.
     pub key: PathBuf,
+    /// Where the CA's private key would be if it were kept in the same directory (it should
+    /// not be: it belongs on an offline machine, docs/threat-model.md).
+    pub ca_key: PathBuf,
 }
 
 impl TlsFiles {
@@ -47,7 +79,50 @@ impl TlsFiles {
             ca: dir.join(crate::certs::CA_CERT),
             cert: dir.join(format!("{name}.pem")),
             key: dir.join(format!("{name}-key.pem")),
+            ca_key: dir.join(crate::certs::CA_KEY),
         }
+    }
+
+    /// Every private key present that breaks `rule`: the controller's key (which must exist)
+    /// and the CA's key when it is in the directory.
+    pub fn check_key_modes(&self, rule: KeyModes) -> Vec<TlsError> {
+        let mut problems = Vec::new();
+        for (path, required) in [(&self.key, true), (&self.ca_key, false)] {
+            match std::fs::metadata(path) {
+                Ok(meta) => {
+                    if let Err(e) = check_mode(path, meta.permissions().mode() & 0o777, rule) {
+                        problems.push(e);
+                    }
+                }
+                Err(e) if required || e.kind() != std::io::ErrorKind::NotFound => {
+                    problems.push(TlsError::KeyMeta(path.clone(), e));
+                }
+                Err(_) => {}
+            }
+        }
+        problems
+    }
+}
+
+fn check_mode(path: &Path, mode: u32, rule: KeyModes) -> Result<(), TlsError> {
+    let (forbidden, text) = match rule {
+        KeyModes::OwnerOnly => (
+            0o077,
+            "it must not be readable or writable by group or others",
+        ),
+        KeyModes::OwnerAndGroup => (
+            0o037,
+            "it must not be writable by group nor accessible by others",
+        ),
+    };
+    if mode & forbidden == 0 {
+        Ok(())
+    } else {
+        Err(TlsError::KeyMode {
+            path: path.to_owned(),
+            mode,
+            rule: text,
+        })
     }
 }
 
@@ -63,8 +138,12 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 }
 
 /// Builds the server configuration: our certificate, and a required client certificate that
-/// chains to the cluster CA.
-pub fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
+/// chains to the cluster CA and is not on the deny list in force (`revoked`, read at every
+/// handshake).
+pub fn server_config(
+    files: &TlsFiles,
+    revoked: crate::revocation::Revoked,
+) -> Result<ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for ca in read_certs(&files.ca)? {
@@ -75,6 +154,7 @@ pub fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
         .map_err(TlsError::Verifier)?;
+    let verifier = Arc::new(crate::revocation::DenyingVerifier::new(verifier, revoked));
     let chain = read_certs(&files.cert)?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .map_err(|e| TlsError::Pem(files.key.clone(), e))?;
@@ -113,11 +193,13 @@ mod tests {
     use super::*;
     use crate::certs::{Usage, init_ca, issue};
 
+    use crate::certs::Validity;
+
     #[test]
     fn the_host_comes_from_the_client_certificate() {
         let dir = tempfile::tempdir().unwrap();
-        init_ca(dir.path()).unwrap();
-        let issued = issue(dir.path(), "cp-2", Usage::Client, &[]).unwrap();
+        init_ca(dir.path(), Validity::default()).unwrap();
+        let issued = issue(dir.path(), "cp-2", Usage::Client, &[], Validity::default()).unwrap();
         let cert = read_certs(&issued.cert).unwrap().remove(0);
         assert_eq!(peer_host(&cert).as_deref(), Some("cp-2"));
     }
@@ -125,10 +207,63 @@ mod tests {
     #[test]
     fn the_server_configuration_requires_client_certificates() {
         let dir = tempfile::tempdir().unwrap();
-        init_ca(dir.path()).unwrap();
-        issue(dir.path(), "controller", Usage::Server, &[]).unwrap();
-        server_config(&TlsFiles::in_dir(dir.path(), "controller")).unwrap();
-        let missing = server_config(&TlsFiles::in_dir(dir.path(), "nope")).unwrap_err();
+        init_ca(dir.path(), Validity::default()).unwrap();
+        issue(
+            dir.path(),
+            "controller",
+            Usage::Server,
+            &[],
+            Validity::default(),
+        )
+        .unwrap();
+        server_config(&TlsFiles::in_dir(dir.path(), "controller"), Arc::default()).unwrap();
+        let missing =
+            server_config(&TlsFiles::in_dir(dir.path(), "nope"), Arc::default()).unwrap_err();
         assert!(missing.to_string().contains("nope.pem"), "{missing}");
+    }
+
+    #[test]
+    fn keys_others_may_read_are_refused_and_group_read_only_where_a_secret_needs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        init_ca(dir.path(), Validity::default()).unwrap();
+        issue(
+            dir.path(),
+            "controller",
+            Usage::Server,
+            &[],
+            Validity::default(),
+        )
+        .unwrap();
+        let files = TlsFiles::in_dir(dir.path(), "controller");
+        let chmod = |path: &Path, mode| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        assert!(files.check_key_modes(KeyModes::OwnerOnly).is_empty());
+        chmod(&files.key, 0o644);
+        chmod(&files.ca_key, 0o640);
+        let problems = files.check_key_modes(KeyModes::OwnerOnly);
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 2, "{text:?}");
+        assert!(
+            text[0].contains("controller-key.pem") && text[0].contains("644"),
+            "{text:?}"
+        );
+        assert!(
+            text[1].contains("ca-key.pem") && text[1].contains("640"),
+            "{text:?}"
+        );
+        assert_eq!(
+            files.check_key_modes(KeyModes::OwnerAndGroup).len(),
+            1,
+            "o+r never"
+        );
+        chmod(&files.key, 0o440);
+        assert!(files.check_key_modes(KeyModes::OwnerAndGroup).is_empty());
+        std::fs::remove_file(&files.ca_key).unwrap();
+        chmod(&files.key, 0o600);
+        assert!(
+            files.check_key_modes(KeyModes::OwnerOnly).is_empty(),
+            "no CA key here: fine"
+        );
     }
 }

@@ -88,7 +88,12 @@ fn stored(lab: &Lab, id: &str) -> Option<serde_json::Value> {
         ])
         .unwrap();
     let text = out.trim();
-    (!text.is_empty()).then(|| serde_json::from_str(text).unwrap())
+    (!text.is_empty()).then(|| {
+        // Stored sealed by a controller: `{"record": …, "seal": …}`.
+        let sealed: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert!(sealed["seal"]["mac"].is_string(), "not sealed: {sealed}");
+        sealed["record"].clone()
+    })
 }
 
 async fn await_stored(lab: &Lab, id: &str) -> serde_json::Value {

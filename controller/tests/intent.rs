@@ -156,6 +156,20 @@ async fn a_controller_killed_after_persisting_intent_re_offers_the_same_fence_an
     assert!(status.contains("w-1: agent test"), "{status}");
     assert!(status.contains("succeeded"), "{status}");
     assert!(!status.contains("hunter2"));
+    // Who asked (the person running `fence`, at this host) and which certificate executed it.
+    let me = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "uid ".to_owned());
+    assert!(
+        status.contains(&format!("asked: fence requested by {me}"))
+            && status.contains(" (cli): test"),
+        "{status}"
+    );
+    assert!(
+        status.contains(&format!("executed by {agent} (certificate serial ")),
+        "{status}"
+    );
 }
 
 /// The time from the report that makes a worker unhealthy past its timeout to the power-off

@@ -96,3 +96,70 @@ fn plan_prints_the_plan_with_reasons_and_names_a_bad_snapshot() {
         "{stderr}"
     );
 }
+
+/// `run` with `inventory`: whether it stopped by itself within a few seconds, and stderr.
+fn run_briefly(inventory: &std::path::Path) -> (Option<bool>, String) {
+    let mut child = Command::new(BIN)
+        .args(["run", "--inventory", inventory.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status.success());
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status, stderr)
+}
+
+#[test]
+fn private_keys_others_may_read_are_refused_by_check_config_and_run() {
+    let lab = Lab::start();
+    let inventory = lab.inventory("keys", reserve_port().unwrap().port());
+    let inv = inventory.to_str().unwrap();
+    let ok = Command::new(BIN)
+        .args(["check-config", "--inventory", inv])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&ok.stderr).contains("ca-key.pem is on this host"),
+        "a CA key next to the controller's is worth a warning"
+    );
+    for file in ["controller-key.pem", "ca-key.pem", "hmac.key"] {
+        let path = lab.tls().join(file);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let out = Command::new(BIN)
+            .args(["check-config", "--inventory", inv])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{file}: {stderr}");
+        assert!(
+            stderr.contains(path.to_str().unwrap()) && stderr.contains("644"),
+            "{file}: {stderr}"
+        );
+        let (stopped, stderr) = run_briefly(&inventory);
+        assert_eq!(
+            stopped,
+            Some(false),
+            "run started with {file} readable by all: {stderr}"
+        );
+        assert!(stderr.contains(path.to_str().unwrap()), "{file}: {stderr}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+}

@@ -239,7 +239,8 @@ async fn a_retired_control_plane_host_is_replaced_removed_and_powered_off_once()
     let text = await_status(&admin, "add a control-plane host to the inventory").await;
     assert!(
         text.contains("cp-1: retired")
-            && text.contains("by alice (cli) (disk replacement): retired: waiting for replacement"),
+            && text.contains("by alice (cli, run by ")
+            && text.contains(") (disk replacement): retired: waiting for replacement"),
         "{text}"
     );
     assert!(text.contains("inventory: generation 1"), "{text}");
@@ -330,10 +331,12 @@ async fn a_retired_control_plane_host_is_replaced_removed_and_powered_off_once()
         .etcd
         .etcdctl(&["get", "/metalguard/hooks/cp-1", "--print-value-only"])
         .unwrap();
+    // Stored sealed: {"record": [...], "seal": {...}}.
+    let hooks: serde_json::Value = serde_json::from_str(hooks.trim()).unwrap();
     assert_eq!(
-        hooks.trim(),
-        "[]",
-        "the hook is released before the power-off"
+        hooks["record"],
+        serde_json::json!([]),
+        "the hook is released before the power-off: {hooks}"
     );
     let text = status(&admin);
     assert!(
@@ -366,6 +369,16 @@ async fn a_retired_control_plane_host_is_replaced_removed_and_powered_off_once()
         .filter(|k| k.contains("/retire/cp-1/"))
         .count();
     assert_eq!(power_offs, 1);
+    // cp-1 is retired and verified off: its certificate no longer speaks for anyone.
+    for path in [report_path("cp-1"), commands_path("cp-1", Duration::ZERO)] {
+        let request = if path.contains("/report") {
+            cp1.client.post(url(p, &path)).json(&report("cp-1", 99))
+        } else {
+            cp1.client.get(url(p, &path))
+        };
+        let status = request.send().await.unwrap().status().as_u16();
+        assert_eq!(status, 403, "{path} of the retired cp-1");
+    }
     let log = std::fs::read_to_string(lab.dir.path().join("ctl-r.log")).unwrap();
     for line in [
         "inventory change rejected",

@@ -3,7 +3,6 @@
 //! this host's client certificate. While the controller is away every loop keeps trying with
 //! capped exponential backoff; probes keep running regardless.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,14 +14,13 @@ use metalguard_api::protocol::{
 };
 use metalguard_api::snapshot::ConditionStatus;
 use metalguard_api::snapshot::Hold;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use super::bmc_reach::Reachability;
 use super::execute::{Executor, error_chain};
+use super::identity::Identity;
 use super::notify::Heartbeats;
 use super::probes::{Board, Polarity, now_ms};
 use crate::config::ControllerConfig;
@@ -67,10 +65,11 @@ impl LinkError {
     }
 }
 
-/// An mTLS client for this host's endpoints.
+/// An mTLS client for this host's endpoints. Its certificate follows the files on disk
+/// (renewal without a restart, [`Identity`]).
 #[derive(Debug, Clone)]
 pub struct Link {
-    client: reqwest::Client,
+    identity: Identity,
     /// Every configured controller, `url` first then `urls`.
     bases: Vec<String>,
     /// The one that answered last; shared by the clones the loops hold, so they move on
@@ -83,15 +82,8 @@ pub struct Link {
 impl Link {
     /// Builds the client from the configured CA, certificate and key.
     pub fn new(config: &ControllerConfig, host: &str) -> Result<Self, String> {
-        let tls = client_tls(&config.ca, &config.cert, &config.key)?;
-        let client = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls)
-            .connect_timeout(config.request_timeout)
-            .no_proxy()
-            .build()
-            .map_err(|e| format!("building the controller client: {e}"))?;
         Ok(Self {
-            client,
+            identity: Identity::new(config)?,
             bases: config
                 .all_urls()
                 .map(|u| u.trim_end_matches('/').to_owned())
@@ -137,9 +129,10 @@ impl Link {
         timeout: Duration,
     ) -> Result<R, LinkError> {
         let url = format!("{base}{path}");
+        let client = self.identity.client();
         let request = match body {
-            Some(body) => self.client.post(url).json(body),
-            None => self.client.get(url),
+            Some(body) => client.post(url).json(body),
+            None => client.get(url),
         };
         let response = request
             .timeout(timeout)
@@ -189,31 +182,6 @@ impl Link {
         )
         .await
     }
-}
-
-fn client_tls(ca: &Path, cert: &Path, key: &Path) -> Result<rustls::ClientConfig, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for der in CertificateDer::pem_file_iter(ca)
-        .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?
-    {
-        let der = der.map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
-        roots
-            .add(der)
-            .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
-    }
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?;
-    // The key's contents never appear in messages, only its path.
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("controller.key {}: {e}", key.display()))?;
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| format!("controller client certificate: {e}"))
 }
 
 /// Capped exponential backoff.

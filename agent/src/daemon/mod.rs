@@ -9,6 +9,7 @@ pub mod bmc_reach;
 #[cfg(test)]
 mod etcd_tests;
 pub(crate) mod execute;
+mod identity;
 mod join;
 mod journal;
 pub(crate) mod link;

@@ -9,7 +9,11 @@
 //!
 //! Keys: `leader`, `reports/HOST`, `operations/ID`, `remediations/ID`,
 //! `fence-requests/HOST`, `retirements/HOST`, `holds/ID` (ID = `<agent host>/<ms>`, so the key
-//! has two segments), `hooks/HOST`, `notes`, all JSON.
+//! has two segments), `hooks/HOST`, `notes`, all JSON. Every value
+//! but the leader key's is sealed ([`crate::seal`]): written with an HMAC made with the
+//! controllers' key and this writer's fencing token, and read only if the seal holds. A value
+//! that does not open (written by hand, altered, sealed with an unknown key) is left out of
+//! the [`State`] and listed in [`State::rejected`] instead, so nothing acts on it.
 
 use std::time::Duration;
 
@@ -21,9 +25,11 @@ use metalguard_api::snapshot::{FenceRequest, Retirement};
 use serde::Serialize;
 
 use super::failover::{Endpoints, timed_out};
+use super::state::{RejectedRecord, StaleSeal};
 use super::{
     Backend, BackendError, HoldRelease, Leadership, State, StoredHold, StoredReport, Write,
 };
+use crate::seal::KeyFile;
 
 /// Sub-keys under the prefix.
 const LEADER: &str = "leader";
@@ -61,6 +67,8 @@ pub struct EtcdBackend {
     identity: String,
     lease_ttl: Duration,
     lease: Option<Lease>,
+    /// The controllers' record keys; without them nothing is written and nothing is believed.
+    keys: Option<KeyFile>,
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<String, BackendError> {
@@ -68,6 +76,62 @@ fn encode<T: Serialize>(value: &T) -> Result<String, BackendError> {
         key: "(new record)".to_owned(),
         source,
     })
+}
+
+/// What kind of record a key under the prefix holds (for messages and metrics).
+pub fn kind_of(sub: &str) -> &'static str {
+    [
+        (REPORTS, "report"),
+        (OPERATIONS, "operation"),
+        (REMEDIATIONS, "remediation"),
+        (FENCE_REQUESTS, "fence-request"),
+        (RETIREMENTS, "retirement"),
+        (HOOKS, "hooks"),
+        (HOLDS, "hold"),
+        (NOTES, "notes"),
+    ]
+    .into_iter()
+    .find(|(prefix, _)| sub.starts_with(prefix))
+    .map_or("other", |(_, kind)| kind)
+}
+
+/// Puts one opened record into `state` by its key; false for a key nothing reads.
+fn place(
+    state: &mut State,
+    sub: &str,
+    value: serde_json::Value,
+) -> Result<bool, serde_json::Error> {
+    if let Some(host) = sub.strip_prefix(REPORTS) {
+        state
+            .reports
+            .insert(host.to_owned(), serde_json::from_value(value)?);
+    } else if sub.starts_with(OPERATIONS) {
+        let op: super::StoredOperation = serde_json::from_value(value)?;
+        state.operations.insert(op.id.clone(), op);
+    } else if sub.starts_with(REMEDIATIONS) {
+        let r: metalguard_api::remediation::Remediation = serde_json::from_value(value)?;
+        state.remediations.insert(r.id.clone(), r);
+    } else if let Some(host) = sub.strip_prefix(FENCE_REQUESTS) {
+        state
+            .fence_requests
+            .insert(host.to_owned(), serde_json::from_value(value)?);
+    } else if let Some(host) = sub.strip_prefix(RETIREMENTS) {
+        state
+            .retirements
+            .insert(host.to_owned(), serde_json::from_value(value)?);
+    } else if sub == NOTES {
+        state.notes = Some(serde_json::from_value(value)?);
+    } else if let Some(host) = sub.strip_prefix(HOOKS) {
+        state
+            .hooks
+            .insert(host.to_owned(), serde_json::from_value(value)?);
+    } else if sub.starts_with(HOLDS) {
+        let record: StoredHold = serde_json::from_value(value)?;
+        state.hold_records.insert(record.hold.id.clone(), record);
+    } else {
+        return Ok(false);
+    }
+    Ok(true)
 }
 
 impl EtcdBackend {
@@ -86,11 +150,40 @@ impl EtcdBackend {
             identity,
             lease_ttl,
             lease: None,
+            keys: None,
         }
+    }
+
+    /// Seals every record this backend writes, and believes only records whose seal holds,
+    /// with the keys of `keys`.
+    #[must_use]
+    pub fn sealing(mut self, keys: KeyFile) -> Self {
+        self.keys = Some(keys);
+        self
     }
 
     fn key(&self, sub: &str) -> String {
         format!("{}/{sub}", self.prefix)
+    }
+
+    /// This writer's fencing token: the leader key's create revision while it leads, else 0.
+    fn token(&self) -> i64 {
+        self.lease.as_ref().map_or(0, |l| l.token)
+    }
+
+    /// The stored value of `record` under `sub`, sealed with `token`.
+    fn seal<T: Serialize>(
+        &mut self,
+        sub: &str,
+        token: i64,
+        record: &T,
+    ) -> Result<String, BackendError> {
+        let value = serde_json::to_value(record).map_err(|source| BackendError::Decode {
+            key: sub.to_owned(),
+            source,
+        })?;
+        let keys = self.keys.as_mut().ok_or(BackendError::NoKey)?.current();
+        encode(&keys.seal(sub, token, value))
     }
 
     /// The alarms active in etcd (`etcdctl alarm list`), each with the name of the member that
@@ -135,8 +228,9 @@ impl EtcdBackend {
         host: &str,
         request: &FenceRequest,
     ) -> Result<(), BackendError> {
-        let key = self.key(&format!("{FENCE_REQUESTS}{host}"));
-        let value = encode(request)?;
+        let sub = format!("{FENCE_REQUESTS}{host}");
+        let key = self.key(&sub);
+        let value = self.seal(&sub, 0, request)?;
         self.etcd
             .call("fence request", |mut c| {
                 let (key, value) = (key.clone(), value.clone());
@@ -154,8 +248,9 @@ impl EtcdBackend {
         host: &str,
         request: &Retirement,
     ) -> Result<Retirement, BackendError> {
-        let key = self.key(&format!("{RETIREMENTS}{host}"));
-        let value = encode(request)?;
+        let sub = format!("{RETIREMENTS}{host}");
+        let key = self.key(&sub);
+        let value = self.seal(&sub, 0, request)?;
         let txn = Txn::new()
             .when(vec![Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then(vec![TxnOp::put(key.clone(), value, None)])
@@ -171,13 +266,27 @@ impl EtcdBackend {
             return Ok(request.clone());
         }
         let existing = response.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| kv.value().to_vec()),
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
             _ => None,
         });
-        match existing {
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|source| BackendError::Decode { key, source }),
-            None => Err(BackendError::Refused { what: key }),
+        let Some((bytes, written)) = existing else {
+            return Err(BackendError::Refused { what: key });
+        };
+        // The request in force must open like any record: one nobody sealed is not a
+        // retirement (the leader ignores it), and it blocks this one until it is deleted.
+        let keys = self.keys.as_mut().ok_or(BackendError::NoKey)?.current();
+        match keys.open(&sub, &bytes, written, None) {
+            Ok((value, _)) => {
+                serde_json::from_value(value).map_err(|source| BackendError::Decode { key, source })
+            }
+            Err(rejection) => Err(BackendError::Refused {
+                what: format!(
+                    "{key}, whose record is not believed ({rejection}: delete it after finding out who wrote it)"
+                ),
+            }),
         }
     }
 
@@ -244,7 +353,8 @@ impl EtcdBackend {
                 None => Compare::version(key.clone(), CompareOp::Equal, 0),
             });
             record.released = Some(release.clone());
-            ops.push(TxnOp::put(key, encode(&record)?, None));
+            let sub = format!("{HOLDS}{}", record.hold.id);
+            ops.push(TxnOp::put(key, self.seal(&sub, 0, &record)?, None));
             released.push(record);
         }
         let txn = Txn::new().when(compares).and_then(ops);
@@ -401,40 +511,45 @@ impl Backend for EtcdBackend {
             })
             .await?;
         let mut state = State::default();
+        let leader_key = self.key(LEADER);
+        let leading = response
+            .kvs()
+            .iter()
+            .find(|kv| kv.key() == leader_key.as_bytes())
+            .map(etcd_client::KeyValue::create_revision);
         for kv in response.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             let sub = key.strip_prefix(&root).unwrap_or(&key);
-            let decode = |source| BackendError::Decode {
-                key: key.clone(),
-                source,
-            };
             if sub == LEADER {
                 state.leader = Some(String::from_utf8_lossy(kv.value()).into_owned());
-            } else if let Some(host) = sub.strip_prefix(REPORTS) {
-                let report: StoredReport = serde_json::from_slice(kv.value()).map_err(decode)?;
-                state.reports.insert(host.to_owned(), report);
-            } else if sub.starts_with(OPERATIONS) {
-                let op: super::StoredOperation =
-                    serde_json::from_slice(kv.value()).map_err(decode)?;
-                state.operations.insert(op.id.clone(), op);
-            } else if sub.starts_with(REMEDIATIONS) {
-                let r: metalguard_api::remediation::Remediation =
-                    serde_json::from_slice(kv.value()).map_err(decode)?;
-                state.remediations.insert(r.id.clone(), r);
-            } else if let Some(host) = sub.strip_prefix(FENCE_REQUESTS) {
-                let request: FenceRequest = serde_json::from_slice(kv.value()).map_err(decode)?;
-                state.fence_requests.insert(host.to_owned(), request);
-            } else if let Some(host) = sub.strip_prefix(RETIREMENTS) {
-                let request: Retirement = serde_json::from_slice(kv.value()).map_err(decode)?;
-                state.retirements.insert(host.to_owned(), request);
-            } else if sub == NOTES {
-                state.notes = Some(serde_json::from_slice(kv.value()).map_err(decode)?);
-            } else if let Some(host) = sub.strip_prefix(HOOKS) {
-                let hooks = serde_json::from_slice(kv.value()).map_err(decode)?;
-                state.hooks.insert(host.to_owned(), hooks);
-            } else if sub.starts_with(HOLDS) {
-                let record: StoredHold = serde_json::from_slice(kv.value()).map_err(decode)?;
-                state.hold_records.insert(record.hold.id.clone(), record);
+                continue;
+            }
+            if kind_of(sub) == "other" {
+                continue;
+            }
+            let Some(keys) = self.keys.as_mut().map(KeyFile::current) else {
+                return Err(BackendError::NoKey);
+            };
+            let signing = keys.signing_id().to_owned();
+            match keys.open(sub, kv.value(), kv.mod_revision(), leading) {
+                Ok((value, by)) => {
+                    if by != signing {
+                        state.stale_seals.push(StaleSeal {
+                            key: sub.to_owned(),
+                            record: value.clone(),
+                            revision: kv.mod_revision(),
+                        });
+                    }
+                    place(&mut state, sub, value).map_err(|source| BackendError::Decode {
+                        key: key.clone(),
+                        source,
+                    })?;
+                }
+                Err(rejection) => state.rejected.push(RejectedRecord {
+                    key: sub.to_owned(),
+                    kind: kind_of(sub).to_owned(),
+                    reason: rejection.to_string(),
+                }),
             }
         }
         state.refresh_holds();
@@ -455,8 +570,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn record_report(&mut self, report: &StoredReport) -> Result<(), BackendError> {
-        let key = self.key(&format!("{REPORTS}{}", report.report.host));
-        let value = encode(report)?;
+        let sub = format!("{REPORTS}{}", report.report.host);
+        let key = self.key(&sub);
+        let value = self.seal(&sub, self.token(), report)?;
         self.etcd
             .call("record report", |mut c| {
                 let (key, value) = (key.clone(), value.clone());
@@ -485,18 +601,27 @@ impl Backend for EtcdBackend {
         for write in writes {
             match write {
                 Write::CreateOperation(op) => {
-                    let key = self.key(&format!("{OPERATIONS}{}", op.id));
+                    let sub = format!("{OPERATIONS}{}", op.id);
+                    let key = self.key(&sub);
                     compares.push(Compare::version(key.clone(), CompareOp::Equal, 0));
                     first_created.get_or_insert_with(|| op.id.to_string());
-                    ops.push(TxnOp::put(key, encode(&op)?, None));
+                    ops.push(TxnOp::put(key, self.seal(&sub, token, &op)?, None));
                 }
                 Write::PutOperation(op) => {
-                    let key = self.key(&format!("{OPERATIONS}{}", op.id));
-                    ops.push(TxnOp::put(key, encode(&op)?, None));
+                    let sub = format!("{OPERATIONS}{}", op.id);
+                    ops.push(TxnOp::put(
+                        self.key(&sub),
+                        self.seal(&sub, token, &op)?,
+                        None,
+                    ));
                 }
                 Write::PutRemediation(r) => {
-                    let key = self.key(&format!("{REMEDIATIONS}{}", r.id));
-                    ops.push(TxnOp::put(key, encode(&r)?, None));
+                    let sub = format!("{REMEDIATIONS}{}", r.id);
+                    ops.push(TxnOp::put(
+                        self.key(&sub),
+                        self.seal(&sub, token, &r)?,
+                        None,
+                    ));
                 }
                 Write::DeleteFenceRequest(host) => {
                     ops.push(TxnOp::delete(
@@ -505,17 +630,41 @@ impl Backend for EtcdBackend {
                     ));
                 }
                 Write::PutHooks(host, hooks) => {
-                    let key = self.key(&format!("{HOOKS}{host}"));
-                    ops.push(TxnOp::put(key, encode(&hooks)?, None));
+                    let sub = format!("{HOOKS}{host}");
+                    ops.push(TxnOp::put(
+                        self.key(&sub),
+                        self.seal(&sub, token, &hooks)?,
+                        None,
+                    ));
                 }
                 Write::PutNotes(notes) => {
-                    ops.push(TxnOp::put(self.key(NOTES), encode(&notes)?, None));
+                    ops.push(TxnOp::put(
+                        self.key(NOTES),
+                        self.seal(NOTES, token, &notes)?,
+                        None,
+                    ));
+                }
+                Write::Reseal(stale) => {
+                    // Only over the very version that was read: a record changed meanwhile
+                    // is left to the writer that changed it.
+                    let key = self.key(&stale.key);
+                    compares.push(Compare::mod_revision(
+                        key.clone(),
+                        CompareOp::Equal,
+                        stale.revision,
+                    ));
+                    ops.push(TxnOp::put(
+                        key,
+                        self.seal(&stale.key, token, &stale.record)?,
+                        None,
+                    ));
                 }
                 Write::CreateHold(record) => {
-                    let key = self.key(&format!("{HOLDS}{}", record.hold.id));
+                    let sub = format!("{HOLDS}{}", record.hold.id);
+                    let key = self.key(&sub);
                     compares.push(Compare::version(key.clone(), CompareOp::Equal, 0));
                     first_created.get_or_insert_with(|| format!("hold {}", record.hold.id));
-                    ops.push(TxnOp::put(key, encode(&record)?, None));
+                    ops.push(TxnOp::put(key, self.seal(&sub, token, &record)?, None));
                 }
                 // Never planned here: the standalone state has no Nodes (`State::nodes`).
                 Write::Node(node) => {

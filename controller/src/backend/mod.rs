@@ -13,7 +13,8 @@ pub mod state;
 use std::future::Future;
 
 pub use state::{
-    ControllerNotes, HoldRelease, OperationKind, State, StoredHold, StoredOperation, StoredReport,
+    ControllerNotes, HoldRelease, OperationKind, StaleSeal, State, StoredHold, StoredOperation,
+    StoredReport,
 };
 
 use metalguard_api::remediation::Remediation;
@@ -37,6 +38,9 @@ pub enum BackendError {
         /// The first key whose guard may have failed.
         what: String,
     },
+    /// The backend has no key to seal records with (nor to believe any).
+    #[error("this controller has no hmac key: it can neither write nor believe records")]
+    NoKey,
     /// Stored data did not decode.
     #[error("stored record {key} could not be decoded")]
     Decode {
@@ -81,6 +85,9 @@ pub enum Write {
     /// Act on a host's Node (Kubernetes backend only: planned only when [`State::nodes`] is
     /// set). Written after the intent that justifies it and before the phase that records it.
     Node(NodeWrite),
+    /// Seal a record again with the signing key, unchanged, if it is still the version read
+    /// (standalone backend only: planned only from [`State::stale_seals`]).
+    Reseal(StaleSeal),
 }
 
 /// What is done to a host's Node object.

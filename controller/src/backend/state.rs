@@ -69,6 +69,15 @@ pub struct StoredOperation {
     pub step: Option<String>,
     /// When the intent was persisted.
     pub created_at: Timestamp,
+    /// Who asked for it: the remediation's cause (an administrator's identity for a fence
+    /// request, the failing health check otherwise) or the retirement's requester; `None`
+    /// for the controller's own membership steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// Who posted the result: the host and serial of the executing agent's client
+    /// certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub executed_by: Option<String>,
     /// The agent's result, once received.
     #[serde(default)]
     pub result: Option<CommandResult>,
@@ -145,6 +154,34 @@ pub struct State {
     /// The Kubernetes backend's Node of each host (by host name); `None` for the standalone
     /// backend, which has no Node objects (an agent's report stands in for its Node).
     pub nodes: Option<BTreeMap<String, metalguard_api::snapshot::NodeStatus>>,
+    /// Stored records that were not believed (their seal does not hold): left out of
+    /// everything above, so never acted on; shown by `status` and counted in metrics.
+    pub rejected: Vec<RejectedRecord>,
+    /// Records whose seal holds but was made with a key that no longer signs (a rotation is
+    /// under way): the leader seals them again with the signing key.
+    pub stale_seals: Vec<StaleSeal>,
+}
+
+/// A stored record that is not believed, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RejectedRecord {
+    /// Its key under the prefix, e.g. `operations/remediation/cp-1/1/power-off`.
+    pub key: String,
+    /// `operation`, `remediation`, `report`, `fence-request`, `retirement`, `hooks`, `notes`.
+    pub kind: String,
+    /// Why its seal does not hold (never the record or a key).
+    pub reason: String,
+}
+
+/// A record sealed with a key that verifies but no longer signs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleSeal {
+    /// Its key under the prefix.
+    pub key: String,
+    /// The record as stored.
+    pub record: serde_json::Value,
+    /// The revision it was read at (it is sealed again only if still unchanged).
+    pub revision: i64,
 }
 
 /// What the leading controller wants people to know, written when it changes and shown by

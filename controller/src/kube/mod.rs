@@ -918,6 +918,11 @@ impl Backend for KubeBackend {
                 Write::CreateHold(record) => {
                     tracing::warn!(hold = %record.hold.id, "hold not stored: the kubernetes backend does not store holds");
                 }
+                // Never planned here: GuardedHost status is not sealed (RBAC is the boundary,
+                // docs/threat-model.md), so no record is ever stale.
+                Write::Reseal(stale) => {
+                    tracing::warn!(key = %stale.key, "reseal ignored: the kubernetes backend does not seal records");
+                }
             }
             i += 1;
         }

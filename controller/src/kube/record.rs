@@ -188,6 +188,8 @@ pub fn operation(s: &OperationStatus) -> Result<StoredOperation, String> {
         remediation_id: s.remediation_id.clone(),
         step: s.step.clone(),
         created_at: timestamp(&s.create_time),
+        requested_by: None,
+        executed_by: None,
         result,
     })
 }
@@ -234,6 +236,8 @@ mod tests {
             remediation_id: Some(r.id.clone()),
             step: Some("power-off".into()),
             created_at: Timestamp(1_700_000_061_000),
+            requested_by: None,
+            executed_by: None,
             result: Some(CommandResult {
                 operation_id: OperationId("remediation/cp-2/3/power-off".into()),
                 outcome: Outcome::Succeeded,
@@ -253,6 +257,8 @@ mod tests {
             remediation_id: None,
             step: None,
             created_at: Timestamp(1_700_000_000_000),
+            requested_by: None,
+            executed_by: None,
             result: None,
         };
         let status = operation_status(&remove);
@@ -269,6 +275,8 @@ mod tests {
             remediation_id: None,
             step: None,
             created_at: Timestamp(0),
+            requested_by: None,
+            executed_by: None,
             result: None,
         });
         s.type_ = "etcd-explode".into();

@@ -355,6 +355,11 @@ impl Lab {
         self.controller
             .handle(Inbound::Result {
                 host: host.to_owned(),
+                certificate: crate::revocation::CertIdentity {
+                    host: host.to_owned(),
+                    serial: "01".to_owned(),
+                    sha256: String::new(),
+                },
                 result: CommandResult {
                     operation_id: metalguard_api::plan::OperationId(operation.to_owned()),
                     outcome: Outcome::Succeeded,

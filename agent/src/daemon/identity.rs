@@ -1,0 +1,204 @@
+//! The agent's TLS identity towards the controller, renewed without a restart: the HTTPS
+//! client is rebuilt from `controller.ca`, `controller.cert` and `controller.key` whenever
+//! one of them changes on disk (modification time, length or inode), so a renewed
+//! certificate copied over the old one is used from the next connection on.
+//!
+//! A change that does not make a usable identity (the certificate copied but not its key
+//! yet, a key others may read) keeps the previous client and says why; the next change is
+//! tried again.
+
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::config::ControllerConfig;
+
+/// Modification time, length and inode of one file (`None` when it cannot be read).
+type FileStamp = Option<(SystemTime, u64, u64)>;
+
+fn stamp(path: &Path) -> FileStamp {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len(), meta.ino()))
+}
+
+/// The HTTPS client built from the identity files, and what they looked like then.
+#[derive(Debug)]
+struct Built {
+    client: reqwest::Client,
+    stamps: [FileStamp; 3],
+    /// How many times the client was rebuilt after the first (for tests and logs).
+    renewals: u64,
+}
+
+/// A client that follows the identity files. Clones share it.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    built: Arc<Mutex<Built>>,
+    config: ControllerConfig,
+}
+
+impl Identity {
+    /// Builds the client from the configured files; an error names the file.
+    pub fn new(config: &ControllerConfig) -> Result<Self, String> {
+        let stamps = stamps(config);
+        let client = build(config)?;
+        Ok(Self {
+            built: Arc::new(Mutex::new(Built {
+                client,
+                stamps,
+                renewals: 0,
+            })),
+            config: config.clone(),
+        })
+    }
+
+    /// The client to use now: rebuilt first if an identity file changed since it was built.
+    pub fn client(&self) -> reqwest::Client {
+        let now = stamps(&self.config);
+        let mut built = self
+            .built
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if built.stamps != now {
+            built.stamps = now;
+            match build(&self.config) {
+                Ok(client) => {
+                    built.client = client;
+                    built.renewals += 1;
+                    tracing::info!(cert = %self.config.cert.display(), renewals = built.renewals, "client certificate files changed: new connections use them");
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "client certificate files changed but are not usable (yet); the previous certificate stays in use");
+                }
+            }
+        }
+        built.client.clone()
+    }
+
+    /// How many times the client was rebuilt after a change.
+    #[cfg(test)]
+    pub fn renewals(&self) -> u64 {
+        self.built
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .renewals
+    }
+}
+
+fn stamps(config: &ControllerConfig) -> [FileStamp; 3] {
+    [stamp(&config.ca), stamp(&config.cert), stamp(&config.key)]
+}
+
+fn build(config: &ControllerConfig) -> Result<reqwest::Client, String> {
+    let tls = client_tls(&config.ca, &config.cert, &config.key)?;
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .connect_timeout(config.request_timeout)
+        .no_proxy()
+        .build()
+        .map_err(|e| format!("building the controller client: {e}"))
+}
+
+fn client_tls(ca: &Path, cert: &Path, key: &Path) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for der in CertificateDer::pem_file_iter(ca)
+        .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?
+    {
+        let der = der.map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
+        roots
+            .add(der)
+            .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?;
+    // The same rule as check-config, also for a key renewed while running.
+    let mode = std::fs::metadata(key)
+        .map_err(|e| format!("controller.key {}: {e}", key.display()))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "controller.key {} is readable by group or others (mode {mode:o}); run chmod 600 on it",
+            key.display()
+        ));
+    }
+    // The key's contents never appear in messages, only its path.
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("controller.key {}: {e}", key.display()))?;
+    // rustls refuses a key that does not belong to the certificate (a half-copied renewal).
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| format!("controller client certificate: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use metalguard_e2e::tls::{ServerCert, write_file};
+
+    use super::*;
+
+    fn config(dir: &Path) -> ControllerConfig {
+        ControllerConfig {
+            url: "https://127.0.0.1:1".into(),
+            urls: Vec::new(),
+            ca: dir.join("ca.crt"),
+            cert: dir.join("agent.crt"),
+            key: dir.join("agent.key"),
+            report_interval: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+            command_wait: Duration::from_secs(1),
+        }
+    }
+
+    fn install(dir: &Path, cert: &ServerCert, key: &ServerCert) {
+        // Through a rename, as `install` and most copies do: a new inode.
+        for (name, text, mode) in [
+            ("agent.crt", &cert.cert_pem, 0o644),
+            ("agent.key", &key.key_pem, 0o600),
+        ] {
+            let tmp = dir.join(format!("{name}.tmp"));
+            write_file(&tmp, text.as_bytes(), mode).unwrap();
+            std::fs::rename(&tmp, dir.join(name)).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_renewed_certificate_is_picked_up_and_a_half_copied_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = ServerCert::ca_signed().unwrap();
+        let second = ServerCert::ca_signed().unwrap();
+        write_file(
+            &dir.path().join("ca.crt"),
+            first.ca_pem.as_deref().unwrap().as_bytes(),
+            0o644,
+        )
+        .unwrap();
+        install(dir.path(), &first, &first);
+        let identity = Identity::new(&config(dir.path())).unwrap();
+        identity.client();
+        assert_eq!(identity.renewals(), 0, "nothing changed");
+        // The new certificate is in place but the old key is still there: not usable.
+        let tmp = dir.path().join("agent.crt.tmp");
+        write_file(&tmp, second.cert_pem.as_bytes(), 0o644).unwrap();
+        std::fs::rename(&tmp, dir.path().join("agent.crt")).unwrap();
+        identity.client();
+        assert_eq!(identity.renewals(), 0, "a certificate without its key");
+        install(dir.path(), &second, &second);
+        identity.client();
+        assert_eq!(identity.renewals(), 1, "the renewed pair");
+        identity.client();
+        assert_eq!(identity.renewals(), 1);
+    }
+}
