@@ -2,7 +2,8 @@
 //!
 //! The pure crates must never reach the network stack, the clock-driven runtime or the
 //! Kubernetes and etcd clients, even transitively; the agent crates must never reach the
-//! Kubernetes client crates. Only normal and build dependencies count (dev-dependencies never
+//! Kubernetes client crates; the test harness reaches no kube-rs crate at all (it checks the
+//! controller's kube-rs calls with its own HTTP client). Only normal and build dependencies count (dev-dependencies never
 //! ship).
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -24,6 +25,10 @@ pub const PURE_FORBIDDEN: &[&str] = &[
 ];
 /// Crates the agent crates must not depend on.
 pub const AGENT_FORBIDDEN: &[&str] = &["kube", "kube-client", "kube-runtime"];
+/// Crates the test harness must not depend on: its Kubernetes client ([`crate::kube::client`])
+/// is plain HTTPS so that the tests check the controller's kube-rs calls with a client that
+/// shares none of their code.
+pub const HARNESS_FORBIDDEN: &[&str] = &["kube", "kube-client", "kube-runtime", "kube-core"];
 
 /// The rules: each workspace crate with the crates it must never reach.
 pub const RULES: &[(&str, &[&str])] = &[
@@ -32,6 +37,7 @@ pub const RULES: &[(&str, &[&str])] = &[
     ("metalguard-agent", AGENT_FORBIDDEN),
     ("metalguard-bmc", AGENT_FORBIDDEN),
     ("metalguard-etcd", AGENT_FORBIDDEN),
+    ("metalguard-e2e", HARNESS_FORBIDDEN),
 ];
 
 /// The resolved dependency graph: package names and normal/build edges.

@@ -49,12 +49,30 @@ pub enum HarnessError {
         /// The last lines of its log.
         tail: String,
     },
+    /// The Kubernetes API server answered a request with an error status.
+    #[error("{what}: the API server answered {status}: {message}")]
+    Api {
+        /// The request (method and path).
+        what: String,
+        /// The HTTP status.
+        status: u16,
+        /// The `message` of the server's `Status`, or the body.
+        message: String,
+    },
     /// Anything else, with a precise message.
     #[error("{0}")]
     Other(String),
 }
 
 impl HarnessError {
+    /// The HTTP status of an [`HarnessError::Api`] error.
+    pub fn api_status(&self) -> Option<u16> {
+        match self {
+            Self::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
     /// Wraps an I/O error with what the harness was doing.
     pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let context = context.into();

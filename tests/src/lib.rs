@@ -11,6 +11,9 @@
 //!   BMCs whose power transitions are logged with timestamps for the test to read.
 //! - [`blackhole::BlackHole`]: a TCP port that accepts and never answers and a UDP port that
 //!   never answers, for timeout tests.
+//! - [`kube::KubeCluster`]: a real Kubernetes control plane (etcd 3.6, kube-apiserver with
+//!   RBAC, optionally kube-controller-manager) with clients for any user, group or
+//!   ServiceAccount, fake kubelets and an audit log, envtest style.
 //! - [`deps`]: the dependency rules of the workspace, checked from `cargo metadata`.
 //!
 //! Every process is killed when its handle drops (also while a test unwinds from a panic), and
@@ -28,6 +31,7 @@ pub mod error;
 pub mod etcd;
 pub mod http;
 pub mod ipmi;
+pub mod kube;
 pub mod lab;
 pub mod netns;
 pub mod ports;

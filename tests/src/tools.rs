@@ -64,6 +64,76 @@ pub fn etcdctl_bin() -> Result<PathBuf> {
     from_env_or_path("METALGUARD_ETCDCTL_BIN", "etcdctl")
 }
 
+/// The version a Go module in `tests/kube/` pins: the second field of the first line of its
+/// `go.mod` that starts with `prefix` (`require k8s.io/kubernetes v1.37.2`,
+/// `\tgo.etcd.io/etcd/server/v3 v3.6.16`).
+fn pinned_version(module_dir: &str, prefix: &str) -> Result<String> {
+    let path = repo_root()
+        .join("tests/kube")
+        .join(module_dir)
+        .join("go.mod");
+    let text = std::fs::read_to_string(&path)
+        .map_err(HarnessError::io(format!("reading {}", path.display())))?;
+    text.lines()
+        .map(str::trim)
+        .find_map(|line| line.strip_prefix(prefix))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_owned)
+        .ok_or_else(|| HarnessError::Other(format!("{} pins no {prefix}", path.display())))
+}
+
+/// The Kubernetes release the tests run (`tests/kube/k8s/go.mod`), e.g. `v1.37.2`.
+pub fn kube_version() -> Result<String> {
+    pinned_version("k8s", "require k8s.io/kubernetes ")
+}
+
+/// The etcd release the Kubernetes tests run (`tests/kube/etcd/go.mod`), e.g. `v3.6.16`.
+pub fn etcd36_version() -> Result<String> {
+    pinned_version("etcd", "go.etcd.io/etcd/server/v3 ")
+}
+
+fn built_program(var: &str, default: PathBuf, name: &str) -> Result<PathBuf> {
+    let path = std::env::var_os(var).map_or(default, PathBuf::from);
+    if is_executable(&path) {
+        Ok(path)
+    } else {
+        Err(HarnessError::MissingProgram {
+            program: name.to_owned(),
+            hint: format!(
+                "{} is missing; scripts/setup.sh builds it with scripts/kube-build.sh (or set {var})",
+                path.display()
+            ),
+        })
+    }
+}
+
+/// A Kubernetes binary (`kube-apiserver`, `kube-controller-manager`, `kubectl`) of the pinned
+/// release: in `METALGUARD_KUBE_BIN_DIR`, else `<repo>/.tools/kube/<version>/`.
+pub fn kube_bin(name: &str) -> Result<PathBuf> {
+    let dir = match std::env::var_os("METALGUARD_KUBE_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => repo_root().join(".tools/kube").join(kube_version()?),
+    };
+    built_program("METALGUARD_KUBE_BIN_DIR", dir.join(name), name)
+}
+
+/// The etcd 3.6 server the Kubernetes tests run: `METALGUARD_ETCD36_BIN`, else
+/// `<repo>/.tools/etcd/<version>/etcd` (never Debian's 3.4 on `PATH`).
+pub fn etcd36_bin() -> Result<PathBuf> {
+    let default = repo_root()
+        .join(".tools/etcd")
+        .join(etcd36_version()?)
+        .join("etcd");
+    built_program("METALGUARD_ETCD36_BIN", default, "etcd 3.6")
+}
+
+/// `etcdctl` next to [`etcd36_bin`].
+pub fn etcdctl36_bin() -> Result<PathBuf> {
+    let etcd = etcd36_bin()?;
+    let etcdctl = etcd.with_file_name("etcdctl");
+    built_program("METALGUARD_ETCD36_BIN", etcdctl, "etcdctl 3.6")
+}
+
 /// The Python virtual environment holding sushy-tools and pyghmi:
 /// `METALGUARD_VENV`, else `<repo>/.tools/venv`.
 pub fn venv_dir() -> PathBuf {
