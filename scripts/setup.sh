@@ -4,6 +4,9 @@
 # and cargo tools. Safe to run again: it only installs what is missing.
 # `setup.sh --lab` installs only what the local lab needs (scripts/lab.sh): no packaging,
 # benchmark or test-only tools, so a first lab run stays within minutes.
+# Without --lab it also builds, when missing, the real Kubernetes control plane and etcd 3.6
+# the Kubernetes tests run (scripts/kube-build.sh; Go 1.26 needed; the first build takes
+# ~18 min and ~2.5 GB of memory on 2 cores, docs/benchmarks.md; later runs reuse it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAB_ONLY=false
@@ -72,6 +75,15 @@ for tool in cargo-deb cargo-generate-rpm; do
     cargo install --locked "$tool"
   fi
 done
+
+# kube-apiserver, kube-controller-manager, kubectl, etcd and etcdctl of the pinned releases
+# (tests/kube/*/go.mod) into .tools/, keyed by version; kube-build.sh skips what is built.
+if ! command -v go >/dev/null 2>&1; then
+  echo "[setup] go not found: Go 1.26 is needed to build the Kubernetes test binaries (tests/kube/)" >&2
+  exit 1
+fi
+say "kube: building or reusing the Kubernetes and etcd 3.6 test binaries"
+scripts/kube-build.sh
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   say "cargo: installing cargo-nextest"

@@ -18,6 +18,7 @@
 //! Each object this controller wrote is kept as the API server returned it until the watch
 //! catches up, so a round never plans from a status older than its own last write.
 
+pub mod hooks;
 pub mod record;
 pub mod run;
 #[cfg(test)]
@@ -48,7 +49,7 @@ use crate::backend::{
     StoredReport, Write,
 };
 use crate::inventory::{ControllerSettings, EtcdSettings, Inventory};
-use world::{HOOK_ANNOTATION_PREFIX, OUT_OF_SERVICE_TAINT, World};
+use world::{OUT_OF_SERVICE_TAINT, World};
 
 /// The field manager of status and hook writes.
 pub const FIELD_MANAGER: &str = "metalguard-controller";
@@ -506,7 +507,7 @@ impl KubeBackend {
     async fn put_hooks(
         &mut self,
         host: &str,
-        hooks: &BTreeSet<String>,
+        wanted: &BTreeSet<String>,
     ) -> Result<(), BackendError> {
         let Some(object) = self.host(host) else {
             return Ok(());
@@ -518,16 +519,21 @@ impl KubeBackend {
             .iter()
             .map(|h| h.name.as_str())
             .collect();
-        let annotations: BTreeMap<String, String> = hooks
-            .iter()
-            .filter(|h| !from_spec.contains(h.as_str()))
-            .map(|h| {
-                (
-                    format!("{HOOK_ANNOTATION_PREFIX}{h}"),
-                    "metalguard".to_owned(),
-                )
-            })
-            .collect();
+        let mut annotations: BTreeMap<String, String> = BTreeMap::new();
+        for hook in wanted.iter().filter(|h| !from_spec.contains(h.as_str())) {
+            match hooks::annotation_for(hook) {
+                Some(key) => {
+                    annotations.insert(key, "metalguard".to_owned());
+                }
+                None => {
+                    return Err(BackendError::Refused {
+                        what: format!(
+                            "hook {hook} of GuardedHost {host}: no annotation key can carry it"
+                        ),
+                    });
+                }
+            }
+        }
         let patch = json!({
             "apiVersion": "metalguard.io/v1alpha1",
             "kind": "GuardedHost",
@@ -650,8 +656,9 @@ impl KubeBackend {
         }
         let event = Event {
             metadata: ObjectMeta {
+                // A generateName must itself be a valid name prefix: `w-1-`, never `w-1.`.
                 generate_name: Some(format!(
-                    "{}.",
+                    "{}-",
                     regarding
                         .name
                         .clone()

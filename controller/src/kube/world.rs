@@ -6,8 +6,8 @@
 //! - `spec.nodeName` → the Node whose conditions, labels and annotations the core reads;
 //! - `spec.bmc` + its credentials Secret (`username`, `password`) → the fence command's BMC;
 //! - `status.remediation` / `status.operations` → the persisted remediation and operations;
-//! - annotations `pre-drain.hook.metalguard.io/<name>` and `spec.lifecycleHooks.preDrain` →
-//!   the host's preDrain hooks (the quorum guard's hook is such an annotation; deleting it
+//! - annotations `pre-drain.hook.metalguard.io/<name>` (hook `metalguard.io/<name>`,
+//!   [`super::hooks`]) and `spec.lifecycleHooks.preDrain` → the host's preDrain hooks (the quorum guard's hook is such an annotation; deleting it
 //!   is the administrator's escape hatch, as deleting the etcd key is in standalone mode).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,8 +36,6 @@ use crate::inventory::{
     TrustSetting,
 };
 
-/// The prefix of hook annotations on a `GuardedHost`.
-pub const HOOK_ANNOTATION_PREFIX: &str = "pre-drain.hook.metalguard.io/";
 /// The taint metalguard puts on the Node of a host that is verified off.
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 
@@ -380,11 +378,11 @@ pub fn hooks(h: &GuardedHost) -> BTreeSet<String> {
         .iter()
         .map(|hook| hook.name.clone())
         .collect();
-    for key in h.annotations().keys() {
-        if let Some(name) = key.strip_prefix(HOOK_ANNOTATION_PREFIX) {
-            hooks.insert(name.to_owned());
-        }
-    }
+    hooks.extend(
+        h.annotations()
+            .keys()
+            .filter_map(|k| super::hooks::hook_for(k)),
+    );
     hooks
 }
 

@@ -47,6 +47,8 @@ pub struct AuditEvent {
     pub stage: String,
     /// The request URI.
     pub uri: String,
+    /// When the API server received the request (`requestReceivedTimestamp`).
+    pub received: Option<std::time::SystemTime>,
 }
 
 impl AuditEvent {
@@ -83,6 +85,7 @@ impl AuditEvent {
             decision: text("/annotations/authorization.k8s.io~1decision"),
             stage: text("/stage"),
             uri: text("/requestURI"),
+            received: super::time::parse_rfc3339(&text("/requestReceivedTimestamp")),
         }
     }
 }

@@ -17,8 +17,11 @@ use super::client::ApiClient;
 use super::time::{rfc3339, rfc3339_micros};
 use crate::{HarnessError, Result};
 
-/// How often a running fake kubelet renews its Lease and posts its status.
+/// How often a running fake kubelet renews its Lease (a kubelet: every 10 s of a 40 s Lease;
+/// faster here so that kube-controller-manager's 10 s grace period sees a steady beat).
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How often it posts its `Ready` condition while nothing changes (a kubelet: 10 s).
+pub const STATUS_EVERY: Duration = Duration::from_secs(10);
 /// The Lease duration a kubelet uses.
 const LEASE_SECONDS: u32 = 40;
 
@@ -128,14 +131,22 @@ impl FakeKubelet {
             self.quit.clone(),
         );
         self.thread = Some(std::thread::spawn(move || {
+            let mut last_status = std::time::Instant::now();
             while !quit.load(Ordering::SeqCst) {
                 let (running, ready, since) = {
                     let s = lock(&shared);
                     (s.running, s.ready, s.ready_since)
                 };
                 if running {
-                    let beat = renew_lease(&api, &name)
-                        .and_then(|()| post_status(&api, &name, ready, since));
+                    let status_due = last_status.elapsed() >= STATUS_EVERY;
+                    let beat = renew_lease(&api, &name).and_then(|()| {
+                        if status_due {
+                            last_status = std::time::Instant::now();
+                            post_status(&api, &name, ready, since)
+                        } else {
+                            Ok(())
+                        }
+                    });
                     let mut s = lock(&shared);
                     match beat {
                         Ok(()) => s.heartbeats += 1,

@@ -1,0 +1,298 @@
+//! Test clients playing the hosts' agents over the real agent API (mTLS with certificates
+//! the controller binary issued): a thread posts every live agent's report every
+//! [`REPORT_EVERY`] and collects the commands offered to it; the test decides when and how
+//! each command "ran" and posts the result itself ([`Agents::finish`]). No BMC is driven:
+//! what these tests check is what the Kubernetes backend does around a verified result.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use metalguard_api::duration::Timestamp;
+use metalguard_api::plan::OperationId;
+use metalguard_api::protocol::{
+    AgentReport, BmcReachability, Command, CommandBatch, CommandResult, Condition, EtcdMemberView,
+    EtcdView, Outcome, commands_path, report_path, results_path,
+};
+use metalguard_api::snapshot::ConditionStatus;
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// How often each live agent reports and looks for commands.
+pub const REPORT_EVERY: Duration = Duration::from_millis(300);
+
+fn now() -> Timestamp {
+    Timestamp(
+        u64::try_from(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap(),
+    )
+}
+
+/// An mTLS client for `host` (`None`: no client certificate) trusting the CA in `tls`.
+pub fn agent_client(tls: &Path, host: &str) -> reqwest::blocking::Client {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(tls.join("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let chain = CertificateDer::pem_file_iter(tls.join(format!("{host}.pem")))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(tls.join(format!("{host}-key.pem"))).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    reqwest::blocking::Client::builder()
+        .tls_backend_preconfigured(config)
+        .timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+}
+
+/// A command an agent was offered.
+#[derive(Debug, Clone)]
+pub struct Offered {
+    /// The agent (host) it was offered to.
+    pub agent: String,
+    /// The command.
+    pub command: Command,
+    /// When the test client first saw it.
+    pub seen_at: Instant,
+}
+
+#[derive(Default)]
+struct Shared {
+    live: BTreeSet<String>,
+    etcd_voter: Option<String>,
+    offered: BTreeMap<String, Offered>,
+    last_status: BTreeMap<String, u16>,
+}
+
+/// The agents of a lab's hosts.
+pub struct Agents {
+    clients: BTreeMap<String, reqwest::blocking::Client>,
+    url: String,
+    shared: Arc<Mutex<Shared>>,
+    quit: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Agents {
+    /// Agents for `hosts`, all live, speaking to the controller at `url`.
+    pub fn start(tls: &Path, url: &str, hosts: &[String]) -> Self {
+        let clients: BTreeMap<String, reqwest::blocking::Client> = hosts
+            .iter()
+            .map(|h| (h.clone(), agent_client(tls, h)))
+            .collect();
+        let shared = Arc::new(Mutex::new(Shared {
+            live: hosts.iter().cloned().collect(),
+            ..Shared::default()
+        }));
+        let quit = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (clients, shared, quit, url) = (
+                clients.clone(),
+                shared.clone(),
+                quit.clone(),
+                url.to_owned(),
+            );
+            let all: Vec<String> = hosts.to_vec();
+            std::thread::spawn(move || {
+                let mut sequence = 0;
+                while !quit.load(Ordering::SeqCst) {
+                    sequence += 1;
+                    let (live, voter) = {
+                        let s = shared.lock().unwrap();
+                        (s.live.clone(), s.etcd_voter.clone())
+                    };
+                    for host in &live {
+                        let client = &clients[host];
+                        let report = report(host, sequence, &all, voter.as_deref());
+                        let status = client
+                            .post(format!("{url}{}", report_path(host)))
+                            .json(&report)
+                            .send()
+                            .map_or(0, |r| r.status().as_u16());
+                        let batch = client
+                            .get(format!("{url}{}", commands_path(host, Duration::ZERO)))
+                            .send()
+                            .ok()
+                            .filter(|r| r.status().is_success())
+                            .and_then(|r| r.json::<CommandBatch>().ok());
+                        let mut s = shared.lock().unwrap();
+                        s.last_status.insert(host.clone(), status);
+                        for command in batch.map(|b| b.commands).unwrap_or_default() {
+                            s.offered
+                                .entry(command.operation_id.0.clone())
+                                .or_insert_with(|| Offered {
+                                    agent: host.clone(),
+                                    command,
+                                    seen_at: Instant::now(),
+                                });
+                        }
+                    }
+                    std::thread::park_timeout(REPORT_EVERY);
+                }
+            })
+        };
+        Self {
+            clients,
+            url: url.to_owned(),
+            shared,
+            quit,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops (`false`) or resumes (`true`) `host`'s agent (its host is off / back).
+    pub fn set_live(&self, host: &str, live: bool) {
+        let mut s = self.shared.lock().unwrap();
+        if live {
+            s.live.insert(host.to_owned());
+        } else {
+            s.live.remove(host);
+        }
+    }
+
+    /// `host`'s agent also reports a healthy single-member etcd whose only voter it runs.
+    pub fn report_etcd_voter(&self, host: &str) {
+        self.shared.lock().unwrap().etcd_voter = Some(host.to_owned());
+    }
+
+    /// The status the controller last answered `host`'s report with (0: no answer).
+    pub fn last_report_status(&self, host: &str) -> u16 {
+        self.shared
+            .lock()
+            .unwrap()
+            .last_status
+            .get(host)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Every command offered so far, by operation id.
+    pub fn offered(&self) -> BTreeMap<String, Offered> {
+        self.shared.lock().unwrap().offered.clone()
+    }
+
+    /// Waits until an agent is offered the command `operation_id`.
+    pub fn wait_offered(&self, operation_id: &str, within: Duration) -> Offered {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(o) = self.offered().get(operation_id) {
+                return o.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agent was offered {operation_id} within {within:?}; offered: {:?}",
+                self.offered().keys().collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The offered agent posts `outcome` for `operation_id`; the HTTP status the
+    /// controller answered.
+    pub fn finish(&self, operation_id: &str, outcome: Outcome) -> u16 {
+        let offered = self.offered()[operation_id].clone();
+        let now = now();
+        let result = CommandResult {
+            operation_id: OperationId(operation_id.to_owned()),
+            outcome,
+            started_at: now,
+            finished_at: now,
+            timeline: Vec::new(),
+            error: (outcome != Outcome::Succeeded).then(|| "the test said so".to_owned()),
+        };
+        self.clients[&offered.agent]
+            .post(format!("{}{}", self.url, results_path(&offered.agent)))
+            .json(&result)
+            .send()
+            .map_or(0, |r| r.status().as_u16())
+    }
+
+    /// [`Agents::finish`] until the controller records it (200), e.g. while it regains the
+    /// Lease.
+    pub fn finish_until_recorded(&self, operation_id: &str, outcome: Outcome, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let status = self.finish(operation_id, outcome);
+            if status == 200 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the result of {operation_id} was not recorded within {within:?} (last answer {status})"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        self.quit.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+fn report(host: &str, sequence: u64, all: &[String], voter: Option<&str>) -> AgentReport {
+    let now = now();
+    AgentReport {
+        host: host.to_owned(),
+        agent_version: "kube-test".to_owned(),
+        sequence,
+        boot_id: "kube-test".to_owned(),
+        sent_at: now,
+        conditions: vec![Condition {
+            type_: "KubeletHealthy".to_owned(),
+            status: ConditionStatus::True,
+            reason: "Healthy".to_owned(),
+            message: String::new(),
+            last_transition: Timestamp(1_700_000_000_000),
+        }],
+        etcd: (voter == Some(host)).then(|| EtcdView {
+            local_member_id: Some(1),
+            leader_id: Some(1),
+            members: vec![EtcdMemberView {
+                id: 1,
+                name: host.to_owned(),
+                peer_urls: Vec::new(),
+                client_urls: Vec::new(),
+                learner: false,
+                healthy: true,
+                alarms: Vec::new(),
+                raft_applied_index: Some(10),
+                error: None,
+            }],
+        }),
+        bmc_reachability: all
+            .iter()
+            .filter(|h| *h != host)
+            .map(|h| BmcReachability {
+                host: h.clone(),
+                reachable: true,
+                checked_at: now,
+                error: None,
+            })
+            .collect(),
+        unacknowledged_results: Vec::new(),
+        holds: Vec::new(),
+    }
+}
