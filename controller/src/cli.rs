@@ -141,13 +141,21 @@ enum BackendKind {
 /// Settings of the Kubernetes backend (ignored by the standalone one, whose inventory file has them).
 #[derive(Debug, clap::Args)]
 struct KubeArgs {
-    /// The namespace of the metalguard resources, Secrets, Lease and Events.
+    /// The namespace of the metalguard resources, Lease and Events.
     #[arg(
         long,
         env = "METALGUARD_NAMESPACE",
         default_value = "metalguard-system"
     )]
     namespace: String,
+    /// The namespace of the BMC credentials Secrets that `GuardedHost`s name (the only
+    /// Secrets the controller may read; keep nothing else there).
+    #[arg(
+        long,
+        env = "METALGUARD_CREDENTIALS_NAMESPACE",
+        default_value = "metalguard-bmc"
+    )]
+    credentials_namespace: String,
     /// The leader election Lease.
     #[arg(long, default_value = "metalguard-controller")]
     lease_name: String,
@@ -651,6 +659,7 @@ async fn run_kubernetes(args: KubeArgs, id: String) -> anyhow::Result<()> {
     };
     let settings = crate::kube::KubeSettings {
         namespace: args.namespace,
+        credentials_namespace: args.credentials_namespace,
         identity: id.clone(),
         lease_name: args.lease_name,
         controller,

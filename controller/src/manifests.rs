@@ -22,13 +22,13 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use metalguard_api::k8s::rbac::{CONTROLLER_PERMISSIONS, CONTROLLER_ROLE, Scope, grants};
+use metalguard_api::k8s::rbac::{
+    CONTROLLER_PERMISSIONS, CONTROLLER_ROLE, CREDENTIALS_NAMESPACE, NAMESPACE, Scope, grants,
+};
 use metalguard_api::k8s::{FenceRequest, GuardedControlPlane, GuardedHost, HostHealthCheck};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-
-const NAMESPACE: &str = "metalguard-system";
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes")
@@ -312,9 +312,9 @@ fn every_manifest_and_example_passes_the_offline_checks() {
         }
         checked += 1;
     }
-    // namespace 1, crds 4, rbac 5, deployment 1, pdb 1, service 1; examples: control plane 1,
+    // namespaces 2, crds 4, rbac 7, deployment 1, pdb 1, service 1; examples: control plane 1,
     // hosts and their Secrets 4, health checks 2, fence request 1, certificates 3.
-    assert_eq!(checked, 24);
+    assert_eq!(checked, 27);
 }
 
 #[test]
@@ -412,10 +412,16 @@ fn the_rbac_manifest_grants_exactly_the_permissions_in_code() {
     let objects = installed();
     let cluster_roles = find(&objects, "ClusterRole");
     let roles = find(&objects, "Role");
-    assert_eq!((cluster_roles.len(), roles.len()), (1, 1));
-    assert_eq!(roles[0]["metadata"]["namespace"], NAMESPACE);
+    assert_eq!((cluster_roles.len(), roles.len()), (1, 2));
     let mut granted = rules_of(cluster_roles[0], Scope::Cluster);
-    granted.extend(rules_of(roles[0], Scope::Namespace));
+    for role in roles {
+        let scope = match role["metadata"]["namespace"].as_str() {
+            Some(NAMESPACE) => Scope::Namespace,
+            Some(CREDENTIALS_NAMESPACE) => Scope::Credentials,
+            other => panic!("a Role in namespace {other:?}"),
+        };
+        granted.extend(rules_of(role, scope));
+    }
     granted.sort();
     let before = granted.len();
     granted.dedup();
@@ -435,17 +441,27 @@ fn the_bindings_give_the_roles_to_the_deployments_service_account() {
     let account = find(&objects, "ServiceAccount")[0];
     assert_eq!(account["metadata"]["name"], CONTROLLER_ROLE);
     assert_eq!(account["metadata"]["namespace"], NAMESPACE);
-    for (binding, role_kind) in [
-        ("ClusterRoleBinding", "ClusterRole"),
-        ("RoleBinding", "Role"),
-    ] {
-        let binding = find(&objects, binding)[0];
+    let bindings = find(&objects, "ClusterRoleBinding")
+        .into_iter()
+        .map(|b| (b, "ClusterRole"))
+        .chain(
+            find(&objects, "RoleBinding")
+                .into_iter()
+                .map(|b| (b, "Role")),
+        );
+    let mut namespaces = BTreeSet::new();
+    for (binding, role_kind) in bindings {
+        namespaces.insert(binding["metadata"]["namespace"].as_str().unwrap_or(""));
         assert_eq!(binding["roleRef"]["kind"], role_kind);
         assert_eq!(binding["roleRef"]["name"], CONTROLLER_ROLE);
         let subject = &binding["subjects"][0];
         assert_eq!(subject["name"], CONTROLLER_ROLE);
         assert_eq!(subject["namespace"], NAMESPACE);
     }
+    assert_eq!(
+        namespaces,
+        BTreeSet::from(["", NAMESPACE, CREDENTIALS_NAMESPACE])
+    );
     let deployment = find(&objects, "Deployment")[0];
     assert_eq!(
         deployment["spec"]["template"]["spec"]["serviceAccountName"],

@@ -65,8 +65,11 @@ const KEEP_OPERATIONS: usize = 16;
 /// The process settings of the Kubernetes backend.
 #[derive(Debug, Clone)]
 pub struct KubeSettings {
-    /// The namespace of the custom resources, Secrets, Lease and Events.
+    /// The namespace of the custom resources, Lease and Events.
     pub namespace: String,
+    /// The namespace of the BMC credentials Secrets (and of nothing else: RBAC lets the
+    /// controller read every Secret there and no other).
+    pub credentials_namespace: String,
     /// This controller's identity (the pod name).
     pub identity: String,
     /// The Lease's name.
@@ -134,6 +137,7 @@ impl KubeBackend {
         world::inventory(
             &self.world,
             &self.settings.namespace,
+            &self.settings.credentials_namespace,
             &self.settings.controller,
             &self.settings.timing,
         )

@@ -69,10 +69,12 @@ where
     })
 }
 
-/// Starts the six watches; returns when every store has its first full list.
+/// Starts the six watches (the custom resources in `namespace`, Secrets in
+/// `credentials_namespace`, Nodes); returns when every store has its first full list.
 pub async fn start_watches(
     client: &Client,
     namespace: &str,
+    credentials_namespace: &str,
 ) -> anyhow::Result<(World, Vec<tokio::task::JoinHandle<()>>)> {
     let (world, writers) = World::new();
     let tasks = vec![
@@ -98,7 +100,7 @@ pub async fn start_watches(
             "fencerequests",
         ),
         watch(
-            Api::<Secret>::namespaced(client.clone(), namespace),
+            Api::<Secret>::namespaced(client.clone(), credentials_namespace),
             writers.secrets,
             "secrets",
         ),
@@ -131,7 +133,12 @@ pub async fn backend(
     Vec<tokio::task::JoinHandle<()>>,
 )> {
     let client = connect().await?;
-    let (world, tasks) = start_watches(&client, &settings.namespace).await?;
+    let (world, tasks) = start_watches(
+        &client,
+        &settings.namespace,
+        &settings.credentials_namespace,
+    )
+    .await?;
     let manager = LeaseManagerBuilder::new(client.clone(), settings.lease_name.clone())
         .with_namespace(settings.namespace.clone())
         .with_identity(settings.identity.clone())

@@ -294,6 +294,7 @@ impl Lab {
             client,
             KubeSettings {
                 namespace: NS.to_owned(),
+                credentials_namespace: "metalguard-bmc".to_owned(),
                 identity: ME.to_owned(),
                 lease_name: "metalguard-controller".to_owned(),
                 controller: ControllerSettings::default(),

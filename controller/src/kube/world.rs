@@ -1,4 +1,5 @@
-//! What the watches see (Nodes, the four custom resources and the namespace's Secrets) and how
+//! What the watches see (Nodes, the four custom resources and the credentials namespace's
+//! Secrets) and how
 //! it becomes the controller's [`Inventory`] and [`State`]. Pure: no request is made here, so
 //! the tests fill the stores by hand and the reflectors fill them in production.
 //!
@@ -52,7 +53,7 @@ pub struct World {
     pub checks: Store<HostHealthCheck>,
     /// `FenceRequest`s of the namespace.
     pub fences: Store<FenceRequest>,
-    /// Secrets of the namespace (BMC credentials).
+    /// Secrets of the credentials namespace (BMC credentials).
     pub secrets: Store<Secret>,
 }
 
@@ -148,6 +149,7 @@ impl World {
 pub fn inventory(
     world: &World,
     namespace: &str,
+    credentials_namespace: &str,
     controller: &ControllerSettings,
     etcd: &EtcdSettings,
 ) -> Result<Inventory, String> {
@@ -155,7 +157,7 @@ pub fn inventory(
     let hosts: Vec<InventoryHost> = world
         .sorted_hosts()
         .iter()
-        .map(|h| inventory_host(world, namespace, h))
+        .map(|h| inventory_host(world, credentials_namespace, h))
         .collect();
     let control_plane = match control_planes.as_slice() {
         [] => ControlPlaneSpec {
@@ -196,7 +198,7 @@ pub fn inventory(
     })
 }
 
-fn inventory_host(world: &World, namespace: &str, h: &GuardedHost) -> InventoryHost {
+fn inventory_host(world: &World, credentials_namespace: &str, h: &GuardedHost) -> InventoryHost {
     let bmc = h.spec.bmc.as_ref().map(|b| BmcSettings {
         address: b.address.clone(),
         credentials_dir: std::path::PathBuf::new(),
@@ -206,7 +208,7 @@ fn inventory_host(world: &World, namespace: &str, h: &GuardedHost) -> InventoryH
             insecure: b.insecure,
         },
         from_cluster: Some(ClusterBmc {
-            credentials: credentials(world, namespace, &b.credentials_secret.name),
+            credentials: credentials(world, credentials_namespace, &b.credentials_secret.name),
             ca_pem: b.ca_bundle.clone(),
         }),
     });
@@ -222,8 +224,8 @@ fn inventory_host(world: &World, namespace: &str, h: &GuardedHost) -> InventoryH
     }
 }
 
-/// The BMC credentials in Secret `name`: keys `username` and `password`. The error names the
-/// Secret and key, never a value.
+/// The BMC credentials in Secret `name` of the credentials namespace: keys `username` and
+/// `password`. The error names the Secret and key, never a value.
 fn credentials(world: &World, namespace: &str, name: &str) -> Result<BmcCredentials, String> {
     let secret = world
         .secrets

@@ -30,7 +30,7 @@ use agents::Agents;
 /// The controller's namespace (custom resources, Lease, Events).
 pub const NS: &str = "metalguard-system";
 /// Where the BMC credentials Secrets live.
-pub const CREDENTIALS_NS: &str = "metalguard-system";
+pub const CREDENTIALS_NS: &str = metalguard_api::k8s::rbac::CREDENTIALS_NAMESPACE;
 /// The controller's ServiceAccount (and Role, ClusterRole, bindings).
 pub const SERVICE_ACCOUNT: &str = "metalguard-controller";
 /// The controller binary under test.

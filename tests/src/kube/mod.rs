@@ -406,6 +406,24 @@ impl KubeCluster {
         run_capture(command, stdin, &format!("kubectl {}", args.join(" ")))
     }
 
+    /// Runs `kubectl` as the admin and returns whether it succeeded and its stdout (for
+    /// commands whose exit status is the answer, like `auth can-i`).
+    pub fn kubectl_answer(&self, args: &[&str]) -> Result<(bool, String)> {
+        let output = Command::new(tools::kube_bin("kubectl")?)
+            .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
+            .args(args)
+            .current_dir(tools::repo_root())
+            .output()
+            .map_err(HarnessError::io(format!(
+                "running kubectl {}",
+                args.join(" ")
+            )))?;
+        Ok((
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+        ))
+    }
+
     /// `kubectl` as the admin.
     pub fn kubectl_admin(&self, args: &[&str]) -> Result<String> {
         self.kubectl(&self.admin_kubeconfig, args, None)

@@ -102,7 +102,8 @@ pub struct Bmc {
     /// `ipmi://10.0.0.5:623` (the metal3 spellings are accepted). No credentials in the URL.
     #[schemars(pattern(schema::BMC_ADDRESS_PATTERN))]
     pub address: String,
-    /// A Secret in this namespace with keys `username` and `password`.
+    /// A Secret in the BMC credentials namespace (`metalguard-bmc` unless the controller's
+    /// `--credentials-namespace` says otherwise) with keys `username` and `password`.
     pub credentials_secret: LocalSecretReference,
     /// PEM CA certificates that signed the BMC's certificate (Redfish over HTTPS).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,7 +9,16 @@ pub enum Scope {
     Cluster,
     /// In a Role of the controller's own namespace.
     Namespace,
+    /// In a Role of the BMC credentials namespace ([`CREDENTIALS_NAMESPACE`]), which holds the
+    /// BMC credentials Secrets and nothing else: the controller reads no other Secret (not
+    /// the CA's key, not an agent's key, not its own serving key, which its pod mounts).
+    Credentials,
 }
+
+/// The controller's namespace: custom resources, Lease, Events.
+pub const NAMESPACE: &str = "metalguard-system";
+/// The namespace of the BMC credentials Secrets, and of nothing else.
+pub const CREDENTIALS_NAMESPACE: &str = "metalguard-bmc";
 
 /// One rule: verbs on one resource of one API group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +60,7 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
         Scope::Cluster,
         "",
         "nodes",
-        &["get", "list", "watch", "delete", "patch"],
+        &["list", "watch", "delete", "patch"],
         "watch Node conditions; delete the Node of a powered-off host or patch the out-of-service taint on it; merge saved labels and annotations back",
     ),
     rule(
@@ -72,7 +81,7 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
         Scope::Namespace,
         "metalguard.io",
         "guardedhosts",
-        &["get", "list", "watch", "patch"],
+        &["list", "watch", "patch"],
         "read hosts; place and release the etcd-quorum preDrain hook",
     ),
     rule(
@@ -86,14 +95,14 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
         Scope::Namespace,
         "metalguard.io",
         "guardedcontrolplanes",
-        &["get", "list", "watch"],
+        &["list", "watch"],
         "read the desired control plane",
     ),
     rule(
         Scope::Namespace,
         "metalguard.io",
         "hosthealthchecks",
-        &["get", "list", "watch"],
+        &["list", "watch"],
         "read health checks",
     ),
     rule(
@@ -107,7 +116,7 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
         Scope::Namespace,
         "metalguard.io",
         "fencerequests",
-        &["get", "list", "watch"],
+        &["list", "watch"],
         "read fence requests (administrators create them)",
     ),
     rule(
@@ -118,11 +127,11 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
         "phase and timeline",
     ),
     rule(
-        Scope::Namespace,
+        Scope::Credentials,
         "",
         "secrets",
-        &["get", "list", "watch"],
-        "BMC credentials named by the GuardedHosts (a watch of the namespace's Secrets; never written)",
+        &["list", "watch"],
+        "BMC credentials named by the GuardedHosts (a watch of the credentials namespace's Secrets; never read one by one, never written)",
     ),
     rule(
         Scope::Namespace,
@@ -162,8 +171,8 @@ mod tests {
         for p in CONTROLLER_PERMISSIONS {
             assert!(!p.verbs.contains(&"*") && p.resource != "*" && p.api_group != "*");
             if p.resource == "secrets" {
-                assert_eq!(p.verbs, &["get", "list", "watch"], "{p:?}");
-                assert_eq!(p.scope, Scope::Namespace);
+                assert_eq!(p.verbs, &["list", "watch"], "{p:?}");
+                assert_eq!(p.scope, Scope::Credentials);
             }
         }
     }
@@ -177,7 +186,8 @@ mod tests {
             "hosthealthchecks",
             "fencerequests",
         ] {
-            for verb in ["get", "list", "watch"] {
+            // Read through watches only (reflectors list, then watch): never a get by name.
+            for verb in ["list", "watch"] {
                 assert!(
                     all.iter()
                         .any(|(_, g, r, v)| g == "metalguard.io" && r == plural && v == verb)
