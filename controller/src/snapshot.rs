@@ -187,7 +187,7 @@ fn synthesized_ready(conditions: &[NodeCondition]) -> NodeCondition {
 
 /// When an active remediation of `host` last had its power-off verified (the agent's
 /// result time), if one did.
-fn verified_off_at(state: &State, host: &str) -> Option<Timestamp> {
+pub(crate) fn verified_off_at(state: &State, host: &str) -> Option<Timestamp> {
     state
         .remediations
         .values()

@@ -18,6 +18,7 @@
 //! Each object this controller wrote is kept as the API server returned it until the watch
 //! catches up, so a round never plans from a status older than its own last write.
 
+pub mod evidence;
 pub mod hooks;
 pub mod record;
 pub mod run;
@@ -227,6 +228,8 @@ impl KubeBackend {
                 });
             }
         }
+        // After our own writes are laid over: a power-off verified in this round counts.
+        evidence::discount_stale_ready(&mut state, |host| self.world.node_of(host));
         state.notes.clone_from(&self.notes);
         state.leader = self.is_leading().then(|| self.settings.identity.clone());
         state
@@ -500,6 +503,52 @@ impl KubeBackend {
             .await
             .map(|_| ())
             .map_err(|e| Self::unavailable(format!("patch of Node {name}"), e))
+    }
+
+    /// The Nodes of the hosts whose next step is the backup of their labels and annotations
+    /// (`VerifiedOff`), read now instead of from the watch: the backup is what the new Node
+    /// gets back, and a watch can lag (a real API server restarted: the Nodes watch was still
+    /// in its retry backoff when the backup was taken and missed a label set meanwhile).
+    async fn refresh_nodes_to_back_up(&self, state: &mut State) -> Result<(), BackendError> {
+        let hosts: Vec<String> = state
+            .remediations
+            .values()
+            .filter(|r| r.phase == RemediationPhase::VerifiedOff)
+            .map(|r| r.target.clone())
+            .collect();
+        if hosts.is_empty() {
+            return Ok(());
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut fresh: BTreeMap<String, std::sync::Arc<Node>> = BTreeMap::new();
+        for host in hosts {
+            let Some(name) = self.node_name(&host) else {
+                continue;
+            };
+            let node = api
+                .get_opt(&name)
+                .await
+                .map_err(|e| Self::unavailable(format!("Node {name} (for its backup)"), e))?;
+            let Some(nodes) = state.nodes.as_mut() else {
+                return Ok(());
+            };
+            match node {
+                Some(node) => {
+                    nodes.insert(host.clone(), world::node_status(&node));
+                    fresh.insert(host, std::sync::Arc::new(node));
+                }
+                None => {
+                    nodes.remove(&host);
+                }
+            }
+        }
+        evidence::discount_stale_ready(state, |host| {
+            fresh
+                .get(host)
+                .cloned()
+                .or_else(|| self.world.node_of(host))
+        });
+        Ok(())
     }
 
     fn node_name(&self, host: &str) -> Option<String> {
@@ -867,7 +916,9 @@ impl Backend for KubeBackend {
             .collect();
         self.written_fences
             .retain(|name, written| fences.get(name).is_some_and(|seen| newer(written, &**seen)));
-        Ok(self.current_state())
+        let mut state = self.current_state();
+        self.refresh_nodes_to_back_up(&mut state).await?;
+        Ok(state)
     }
 
     async fn record_report(&mut self, report: &StoredReport) -> Result<(), BackendError> {

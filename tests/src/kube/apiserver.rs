@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::client::ApiClient;
 use crate::ports::PortLease;
@@ -25,6 +25,7 @@ pub struct ApiServer {
     log: PathBuf,
     started: usize,
     last_ready_after: Duration,
+    unready: Vec<(SystemTime, SystemTime)>,
 }
 
 impl ApiServer {
@@ -43,6 +44,7 @@ impl ApiServer {
             log: dir.join("kube-apiserver.log"),
             started: 0,
             last_ready_after: Duration::ZERO,
+            unready: Vec::new(),
         };
         server.spawn(probe)?;
         Ok(server)
@@ -56,6 +58,7 @@ impl ApiServer {
             .arg("--bind-address=127.0.0.1")
             .arg("--advertise-address=127.0.0.1");
         let started = Instant::now();
+        let started_at = SystemTime::now();
         self.started += 1;
         let mut proc = Proc::spawn(
             format!("kube-apiserver#{}", self.started),
@@ -77,6 +80,7 @@ impl ApiServer {
             });
         }
         self.last_ready_after = started.elapsed();
+        self.unready.push((started_at, SystemTime::now()));
         self.proc = Some(proc);
         Ok(())
     }
@@ -89,6 +93,13 @@ impl ApiServer {
     /// How long the last start took until `/readyz` said ok.
     pub fn ready_after(&self) -> Duration {
         self.last_ready_after
+    }
+
+    /// From each start of the process until `/readyz` said ok. A starting API server already
+    /// serves requests, and until its informers have synced RBAC refuses what it will allow a
+    /// moment later (seen here: one 403 ~100 ms before "Caches are synced").
+    pub fn unready_windows(&self) -> &[(SystemTime, SystemTime)] {
+        &self.unready
     }
 
     /// The process id.

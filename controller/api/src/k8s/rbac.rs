@@ -60,8 +60,8 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
         Scope::Cluster,
         "",
         "nodes",
-        &["list", "watch", "delete", "patch"],
-        "watch Node conditions; delete the Node of a powered-off host or patch the out-of-service taint on it; merge saved labels and annotations back",
+        &["get", "list", "watch", "delete", "patch"],
+        "watch Node conditions; read the Node of a powered-off host when its labels and annotations are backed up (the watch can lag); delete it or patch the out-of-service taint on it; merge saved labels and annotations back",
     ),
     rule(
         Scope::Cluster,
