@@ -12,6 +12,7 @@ use metalguard_api::snapshot::{FenceRequest, Retirement};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend as _;
+use crate::backend::access::EtcdAccess;
 use crate::backend::etcd::EtcdBackend;
 use crate::certs::{self, Usage};
 use crate::clock::now;
@@ -97,7 +98,8 @@ enum Command {
         #[arg(long, env = "METALGUARD_INVENTORY")]
         inventory: PathBuf,
     },
-    /// Check the inventory, the files it names and the TLS files; print every problem.
+    /// Check the inventory, the files it names (BMC credentials, the etcd CA, client
+    /// certificate, key and password) and the TLS files; print every problem.
     CheckConfig {
         /// The inventory file.
         #[arg(long, env = "METALGUARD_INVENTORY")]
@@ -213,15 +215,18 @@ pub fn main(cli: Cli) -> ExitCode {
     }
 }
 
-fn connect(inventory: &Inventory, id: String) -> EtcdBackend {
+/// The store of `run` and of every subcommand that reaches etcd: the inventory's endpoints
+/// with its TLS files and credentials (read now; a bad file stops the command with its key
+/// and path).
+fn connect(inventory: &Inventory, id: String) -> anyhow::Result<EtcdBackend> {
     let etcd = &inventory.etcd;
-    EtcdBackend::new(
+    let access = EtcdAccess::load(etcd)?;
+    Ok(EtcdBackend::new(
         &etcd.endpoints,
-        &etcd.prefix,
+        access,
         id,
         etcd.lease_ttl,
-        etcd.timeout,
-    )
+    ))
 }
 
 fn random_id() -> String {
@@ -253,14 +258,21 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Plan(_) => Ok(()),
         Command::Status { inventory, json } => {
             let inventory = Inventory::load(&inventory)?;
-            let mut backend = connect(&inventory, "status".to_owned());
-            let state = match backend.load().await {
+            let access = EtcdAccess::load(&inventory.etcd)?;
+            let mut backend = connect(&inventory, "status".to_owned())?;
+            // Each endpoint on its own, at the same time as the state is read.
+            let (endpoints, state) = tokio::join!(
+                crate::etcd_report::ask_each(&inventory.etcd.endpoints, &access),
+                backend.load()
+            );
+            let state = match state {
                 Ok(state) => state,
                 Err(error) => {
-                    eprintln!(
+                    eprint!(
                         "{}",
-                        crate::status::store_unavailable(&inventory, &error).await
+                        crate::status::store_unavailable(crate::etcd_report::no_quorum(&endpoints))
                     );
+                    eprint!("{}", crate::etcd_report::render(&endpoints, &access));
                     return Err(error.into());
                 }
             };
@@ -270,11 +282,11 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 .map_err(|error| crate::cli::chain(&error));
             let at = now();
             if json {
-                println!(
-                    "{}",
-                    crate::status::render_json(&inventory, &state, &alarms, at)
-                );
+                let mut document = crate::status::render_json(&inventory, &state, &alarms, at);
+                document["etcd_endpoints"] = serde_json::json!(endpoints);
+                println!("{document}");
             } else {
+                print!("{}", crate::etcd_report::render(&endpoints, &access));
                 print!("{}", crate::status::render_alarms(&alarms));
                 print!("{}", crate::status::render(&state, at));
                 print!("{}", crate::status::render_progress(&inventory, &state, at));
@@ -295,7 +307,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 inventory.host(&host).is_some(),
                 "host {host} is not in the inventory"
             );
-            let mut backend = connect(&inventory, "cli".to_owned());
+            let mut backend = connect(&inventory, "cli".to_owned())?;
             let request = FenceRequest {
                 requested_at: now(),
                 requested_by: Some(format!("cli: {reason}")),
@@ -321,6 +333,11 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::CheckConfig { inventory } => {
             let inv = Inventory::load(&inventory)?;
             let mut problems: Vec<String> = inv.check_files().iter().map(|e| chain(e)).collect();
+            problems.extend(
+                crate::backend::access::check_files(&inv.etcd, std::time::SystemTime::now())
+                    .iter()
+                    .map(|e| chain(e)),
+            );
             match &inv.controller.tls_dir {
                 Some(dir) => {
                     let files = TlsFiles::in_dir(dir, &inv.controller.server_cert_name);
@@ -379,7 +396,7 @@ async fn retire(
 ) -> anyhow::Result<()> {
     let inventory = Inventory::load(inventory)?;
     crate::retire::check_retirable(&inventory, host)?;
-    let mut backend = connect(&inventory, "cli".to_owned());
+    let mut backend = connect(&inventory, "cli".to_owned())?;
     if cancel {
         let state = backend.load().await?;
         let blockers = crate::retire::check_cancellable(&inventory, &state, host, now())?;
@@ -411,7 +428,7 @@ async fn retire(
 
 async fn run(inventory_path: &std::path::Path, id: String) -> anyhow::Result<()> {
     let inventory = Inventory::load(inventory_path)?;
-    let backend = connect(&inventory, id.clone());
+    let backend = connect(&inventory, id.clone())?;
     serve(backend, inventory, Some(inventory_path), id).await
 }
 
@@ -430,6 +447,11 @@ async fn run_kubernetes(args: KubeArgs, id: String) -> anyhow::Result<()> {
         controller,
         timing: crate::inventory::EtcdSettings {
             endpoints: Vec::new(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password_file: None,
             prefix: String::new(),
             lease_ttl: std::time::Duration::from_secs(crate::kube::run::LEASE_SECONDS),
             timeout: std::time::Duration::from_secs(5),
