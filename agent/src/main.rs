@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 mod admin;
 mod assets;
 mod bmc_cmd;
+mod client_tls;
 mod config;
 mod daemon;
 mod etcd_cmd;

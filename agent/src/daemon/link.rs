@@ -3,7 +3,6 @@
 //! this host's client certificate. While the controller is away every loop keeps trying with
 //! capped exponential backoff; probes keep running regardless.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,8 +13,6 @@ use metalguard_api::protocol::{
     EtcdView, ReportAck, ResultAck,
 };
 use metalguard_api::snapshot::ConditionStatus;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -82,7 +79,8 @@ pub struct Link {
 impl Link {
     /// Builds the client from the configured CA, certificate and key.
     pub fn new(config: &ControllerConfig, host: &str) -> Result<Self, String> {
-        let tls = client_tls(&config.ca, &config.cert, &config.key)?;
+        let tls =
+            crate::client_tls::config("controller", &config.ca, Some((&config.cert, &config.key)))?;
         let client = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .connect_timeout(config.request_timeout)
@@ -181,31 +179,6 @@ impl Link {
         )
         .await
     }
-}
-
-fn client_tls(ca: &Path, cert: &Path, key: &Path) -> Result<rustls::ClientConfig, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for der in CertificateDer::pem_file_iter(ca)
-        .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?
-    {
-        let der = der.map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
-        roots
-            .add(der)
-            .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
-    }
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?;
-    // The key's contents never appear in messages, only its path.
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("controller.key {}: {e}", key.display()))?;
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| format!("controller client certificate: {e}"))
 }
 
 /// Capped exponential backoff.
