@@ -147,7 +147,10 @@ pub(crate) fn classify(code: Option<i32>, text: &str) -> Reading {
         || (code == Some(CODE_INVALID_ARGUMENT) && has("auth"))
     {
         FailureKind::Authentication
-    } else if has("request timed out") || has("etcdserver: no leader") {
+    } else if has("request timed out")
+        || has("etcdserver: no leader")
+        || has("etcdserver: leader changed")
+    {
         FailureKind::NoQuorum
     } else if code == Some(CODE_DEADLINE_EXCEEDED)
         || has("Timeout expired")
@@ -164,6 +167,9 @@ pub(crate) fn classify(code: Option<i32>, text: &str) -> Reading {
         || has("operation was canceled")
     {
         return Reading::Closed;
+    } else if has("etcdserver: ") {
+        // The member answered, in its own words.
+        FailureKind::Other
     } else if code == Some(CODE_UNAVAILABLE) {
         FailureKind::Unreachable
     } else {
@@ -251,7 +257,8 @@ fn known_detail(kind: FailureKind, words: &str, access: &EtcdAccess) -> String {
             format!("etcd did not accept {} ({words})", access.identity())
         }
         FailureKind::NoQuorum => format!(
-            "the member answered but cannot serve the request ({words}): no leader, the cluster has no quorum"
+            "the member answered but has no leader to serve the request ({words}): an election, \
+             or the cluster has no quorum"
         ),
         FailureKind::Unreachable => format!("nothing answers there ({words})"),
         FailureKind::Timeout => format!("no answer in time ({words})"),
@@ -482,6 +489,16 @@ mod tests {
                 Some(14),
                 "etcdserver: request timed out",
                 Reading::Known(FailureKind::NoQuorum),
+            ),
+            (
+                Some(14),
+                "etcdserver: leader changed",
+                Reading::Known(FailureKind::NoQuorum),
+            ),
+            (
+                Some(14),
+                "etcdserver: unhealthy cluster",
+                Reading::Known(FailureKind::Other),
             ),
             (
                 Some(4),
