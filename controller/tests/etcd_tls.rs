@@ -121,6 +121,19 @@ async fn status_fence_and_retire_work_with_one_endpoint_a_black_hole() {
         doc["etcd_endpoints"][1]["answer"]["member_id"].is_string(),
         "{doc}"
     );
+    let (ok, json, err, _) = cli(&[
+        "status",
+        "--json",
+        "--no-endpoint-probes",
+        "--inventory",
+        inventory.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert!(
+        doc["etcd_endpoints"].is_null() && doc["leader"] == "ctl-a",
+        "{doc}"
+    );
 
     // fence and retire reach etcd through the same endpoints.
     let (ok, out, err, _) = cli(&[

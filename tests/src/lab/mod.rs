@@ -589,8 +589,12 @@ impl Lab {
     }
 
     /// The controller's status as JSON (`status --json`), or why it could not be read.
+    /// Without the per-endpoint probes: each would cost the request timeout while a member
+    /// hangs, and the narration, which polls every [`STATUS_PERIOD`], would lag the controller
+    /// by seconds (the controller-crash scenario needs to see a power-off while it is in
+    /// flight at a BMC that takes 2 s).
     pub fn status(&self) -> Result<Value> {
-        let out = self.controller_cli(&["status", "--json"])?;
+        let out = self.controller_cli(&["status", "--json", "--no-endpoint-probes"])?;
         serde_json::from_str(&out)
             .map_err(|e| HarnessError::Other(format!("status --json unparsable ({e}): {out}")))
     }
