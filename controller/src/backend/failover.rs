@@ -8,10 +8,12 @@
 //! final. A hung member costs one request timeout, after which calls stay on the endpoint that
 //! answered.
 //!
-//! Every connection and every call sits under a deadline of its own: the client's timeouts do
-//! not cover a TLS handshake that never finishes (a listener that accepts and never answers
-//! hung a call for minutes). When no endpoint answers, the error lists each endpoint with how
-//! it failed ([`super::diagnosis`]).
+//! Every connect and every call sits under a deadline of its own, a backstop half a request
+//! timeout after the client's own: the client's timeouts do not cover a TLS handshake that
+//! never finishes (a listener that accepts and never answers hung a call for minutes). Only
+//! when the backstop fires is the endpoint's client dropped and made afresh; a call the client
+//! timed out itself (etcd busy electing) keeps its connection. When no endpoint answers, the
+//! error lists each endpoint with how it failed ([`super::diagnosis`]).
 
 use std::future::Future;
 use std::time::Duration;
@@ -81,6 +83,12 @@ impl Endpoints {
         self.access.timeout()
     }
 
+    /// The deadline of one connect or call: after the client's own timeout, so that this one
+    /// fires only where the client's does not.
+    fn backstop(&self) -> Duration {
+        self.timeout() + self.timeout() / 2
+    }
+
     /// A client of endpoint `i`, connected under the request timeout (connecting
     /// authenticates when a user is configured).
     async fn client(&mut self, i: usize) -> Attempt<Client> {
@@ -88,7 +96,7 @@ impl Endpoints {
             return Attempt::Answer(client.clone());
         }
         let connect = Client::connect([&self.urls[i]], Some(self.access.options()));
-        match tokio::time::timeout(self.timeout(), connect).await {
+        match tokio::time::timeout(self.backstop(), connect).await {
             Ok(Ok(client)) => {
                 self.clients[i] = Some(client.clone());
                 Attempt::Answer(client)
@@ -111,7 +119,7 @@ impl Endpoints {
             let i = (self.current + k) % n;
             let attempt = match self.client(i).await {
                 Attempt::Answer(client) => {
-                    match tokio::time::timeout(self.timeout(), call(client)).await {
+                    match tokio::time::timeout(self.backstop(), call(client)).await {
                         Ok(Ok(value)) => Attempt::Answer(value),
                         Ok(Err(error)) => Attempt::Failed(error),
                         Err(_) => Attempt::NoAnswer,
@@ -130,7 +138,7 @@ impl Endpoints {
                     tracing::debug!(%endpoint, what, "etcd endpoint did not answer in time; trying the next");
                     // A connection stuck in its handshake never recovers: start afresh next time.
                     self.clients[i] = None;
-                    failures.push(EndpointFailure::timeout(endpoint, self.timeout()));
+                    failures.push(EndpointFailure::timeout(endpoint, self.backstop()));
                 }
                 Attempt::Failed(error) if is_transport(&error) => {
                     tracing::debug!(%endpoint, %error, what, "etcd endpoint failed; trying the next");
