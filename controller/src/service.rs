@@ -388,7 +388,7 @@ impl<B: Backend> Controller<B> {
             }
             Err(error) => {
                 if self.metrics.store_unavailable.get() == 0 {
-                    tracing::error!(error = %crate::cli::chain(&error), "cannot act: the backend store is unavailable (etcd without quorum?)");
+                    tracing::error!(error = %crate::cli::chain(&error), "cannot act: the backend store is unavailable");
                 }
                 self.metrics.store_unavailable.set(1);
                 // Keep leading only while the lease certainly still holds: the hub's deadline

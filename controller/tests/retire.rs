@@ -137,7 +137,7 @@ plan_interval = "200ms"
 endpoints = [{endpoints}]
 lease_ttl = "2s"
 timeout = "500ms"
-
+{etcd_tls}
 [control_plane]
 desired_replicas = 1
 
@@ -152,6 +152,7 @@ role = "worker"
 {extra_hosts}"#,
         tls = lab.tls().display(),
         endpoints = endpoints.join(", "),
+        etcd_tls = lab.etcd_tls_keys(),
         creds = creds.display(),
     )
 }

@@ -99,6 +99,7 @@ impl AgentConfig {
             if etcd.cert.is_some() != etcd.key.is_some() {
                 problems.push("etcd: cert and key must be given together".to_owned());
             }
+            check_etcd_tls(etcd, &mut problems);
             check_timing("etcd.probe", etcd.probe, &mut problems);
             check_join(etcd, &mut problems);
         }
@@ -332,6 +333,43 @@ fn check_timing(key: &str, timing: ProbeTiming, problems: &mut Vec<String>) {
     }
     if timing.success_threshold == 0 {
         problems.push(format!("{key}.success_threshold: must be at least 1"));
+    }
+}
+
+/// TLS to etcd: a CA with `https://` endpoints (etcd's CA is a private one, the system's
+/// trust store is not used), none with `http://`, and files that parse into a client
+/// configuration (the key matching the certificate); the metrics URL is plain HTTP.
+fn check_etcd_tls(etcd: &EtcdConfig, problems: &mut Vec<String>) {
+    let https = etcd.endpoints.iter().any(|e| e.starts_with("https://"));
+    let http = etcd.endpoints.iter().any(|e| e.starts_with("http://"));
+    if https && etcd.ca.is_none() {
+        problems.push(
+            "etcd.ca: must be set with https:// endpoints (kubeadm: /etc/kubernetes/pki/etcd/ca.crt)"
+                .to_owned(),
+        );
+    }
+    if http && !https && (etcd.ca.is_some() || etcd.cert.is_some()) {
+        problems.push(
+            "etcd: ca/cert/key are set but every endpoint is http://; write https:// endpoints"
+                .to_owned(),
+        );
+    }
+    if let Some(url) = &etcd.metrics_url
+        && !url.starts_with("http://")
+    {
+        problems.push(format!(
+            "etcd.metrics_url: {url} must start with http:// (etcd's --listen-metrics-urls)"
+        ));
+    }
+    if let Some(ca) = &etcd.ca
+        && ca.exists()
+        && etcd.cert.as_ref().is_none_or(|c| c.exists())
+        && etcd.key.as_ref().is_none_or(|k| k.exists())
+    {
+        let identity = etcd.cert.as_deref().zip(etcd.key.as_deref());
+        if let Err(problem) = crate::client_tls::config("etcd", ca, identity) {
+            problems.push(problem);
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use metalguard_api::duration::Timestamp;
 use metalguard_api::protocol::{
     AgentReport, CommandBatch, EtcdMemberView, EtcdView, commands_path, report_path,
 };
-use metalguard_e2e::etcd::EtcdCluster;
+use metalguard_e2e::etcd::{ClientTls, EtcdCluster};
 use metalguard_e2e::ports::PortLease;
 use metalguard_e2e::process::Proc;
 use rustls_pki_types::pem::PemObject as _;
@@ -25,6 +25,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_metalguard-controller");
 pub struct Lab {
     pub dir: tempfile::TempDir,
     pub etcd: EtcdCluster,
+    /// The controller's etcd CA and client certificate (CN `metalguard`).
+    pub etcd_client: ClientTls,
 }
 
 impl Lab {
@@ -34,7 +36,12 @@ impl Lab {
 
     pub fn start_with(etcd_members: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        // etcd as kubeadm runs it: TLS, client certificates required.
         let etcd = EtcdCluster::start(etcd_members).unwrap();
+        let etcd_client = ClientTls {
+            ca: etcd.pki().unwrap().ca().to_owned(),
+            client: etcd.pki().unwrap().issue_client("metalguard").unwrap(),
+        };
         let tls = dir.path().join("tls");
         run(&["certs", "init", tls.to_str().unwrap()]);
         run(&[
@@ -54,7 +61,16 @@ impl Lab {
             std::fs::write(&path, value).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         }
-        Self { dir, etcd }
+        Self {
+            dir,
+            etcd,
+            etcd_client,
+        }
+    }
+
+    /// The `[etcd]` keys naming the controller's CA, client certificate and key.
+    pub fn etcd_tls_keys(&self) -> String {
+        etcd_tls_keys(&self.etcd_client)
     }
 
     pub fn inventory(&self, name: &str, port: u16) -> PathBuf {
@@ -81,7 +97,7 @@ plan_interval = "200ms"
 endpoints = [{endpoints}]
 lease_ttl = "2s"
 timeout = "500ms"
-
+{etcd_tls}
 [control_plane]
 desired_replicas = 1
 
@@ -101,6 +117,7 @@ bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
 "#,
             tls = self.tls().display(),
             endpoints = endpoints.join(", "),
+            etcd_tls = self.etcd_tls_keys(),
             creds = self.dir.path().join("bmc-creds").display(),
         );
         let path = self.dir.path().join(format!("{name}.toml"));
@@ -134,6 +151,16 @@ bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
             .env("RUST_LOG", "info,metalguard_controller::service=debug");
         Proc::spawn(name, command, &self.dir.path().join(format!("{name}.log"))).unwrap()
     }
+}
+
+/// `ca_file`, `cert_file` and `key_file` lines for `tls`.
+pub fn etcd_tls_keys(tls: &ClientTls) -> String {
+    format!(
+        "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+        tls.ca.display().to_string(),
+        tls.client.cert.display().to_string(),
+        tls.client.key.display().to_string()
+    )
 }
 
 pub fn run(args: &[&str]) -> String {
