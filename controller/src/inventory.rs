@@ -19,6 +19,8 @@ use metalguard_api::protocol::{BmcCredentials, BmcTrust, Secret};
 use metalguard_api::snapshot::{ControlPlaneSpec, Role};
 use serde::Deserialize;
 
+pub(crate) mod checks;
+
 /// Default etcd key prefix.
 pub const DEFAULT_PREFIX: &str = "/metalguard";
 /// Default leader lease: a dead leader is replaced within this long.
@@ -250,7 +252,8 @@ impl Inventory {
     }
 
     /// The semantic rules: unique host names, known failure domains, odd replicas, a usable
-    /// etcd section, at most one trust mode per BMC.
+    /// etcd section, at most one trust mode per BMC, and every value within bounds
+    /// ([`checks`]: BMC addresses, fingerprints, etcd endpoints, durations).
     pub fn validate(&self) -> Result<(), String> {
         if self.etcd.endpoints.is_empty() {
             return Err("etcd.endpoints is empty".to_owned());
@@ -264,6 +267,7 @@ impl Inventory {
         if self.etcd.lease_ttl < Duration::from_secs(2) {
             return Err("etcd.lease_ttl must be at least 2s".to_owned());
         }
+        checks::check(self)?;
         let replicas = self.control_plane.desired_replicas;
         if replicas == 0 || replicas.is_multiple_of(2) {
             return Err(format!(
