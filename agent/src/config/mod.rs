@@ -7,6 +7,7 @@
 //! must fail loudly, never be ignored.
 
 mod load;
+mod bounds;
 mod schema;
 mod validate;
 
