@@ -195,14 +195,19 @@ role = "control-plane"
             )
         };
         for (tick, (text, names)) in [
-            (host("redfish+https://admin:hunter2@10.0.0.4"), "host cp-4 bmc.address"),
+            (
+                host("redfish+https://admin:hunter2@10.0.0.4"),
+                "host cp-4 bmc.address",
+            ),
             (host("ftp://10.0.0.4"), "host cp-4 bmc.address"),
             (
                 BASE.replace("http://127.0.0.1:2379", "https://u:hunter2@127.0.0.1:2379"),
                 "etcd.endpoints[0]",
             ),
             (
-                format!("{BASE}\n[policy.remediation]\nexecutor_heartbeat_timeout = \"1000000h\"\n"),
+                format!(
+                    "{BASE}\n[policy.remediation]\nexecutor_heartbeat_timeout = \"1000000h\"\n"
+                ),
                 "policy.remediation.executor_heartbeat_timeout",
             ),
         ]

@@ -62,7 +62,10 @@ pub(super) fn check_url(key: &str, text: &str, rule: &UrlRule, problems: &mut Ve
             return;
         }
         Err(_) if has_scheme => {
-            problems.push(format!("{key}: {:?} is not a url", excerpt(text, EXCERPT_CHARS)));
+            problems.push(format!(
+                "{key}: {:?} is not a url",
+                excerpt(text, EXCERPT_CHARS)
+            ));
             return;
         }
         Err(_) => {
@@ -90,7 +93,10 @@ pub(super) fn check_url(key: &str, text: &str, rule: &UrlRule, problems: &mut Ve
         return;
     }
     if host.is_empty() {
-        problems.push(format!("{key}: {:?} has no host", excerpt(text, EXCERPT_CHARS)));
+        problems.push(format!(
+            "{key}: {:?} has no host",
+            excerpt(text, EXCERPT_CHARS)
+        ));
         return;
     }
     if !rule.query && (url.query().is_some() || url.fragment().is_some()) {
@@ -229,7 +235,10 @@ mod tests {
     #[test]
     fn durations_are_bounded_and_spinning_zeros_refused() {
         for (extra, key) in [
-            ("report_interval = \"100000h\"\n", "controller.report_interval"),
+            (
+                "report_interval = \"100000h\"\n",
+                "controller.report_interval",
+            ),
             ("request_timeout = \"25h\"\n", "controller.request_timeout"),
             ("command_wait = \"0s\"\n", "controller.command_wait"),
             ("command_wait = \"10m\"\n", "controller.command_wait"),
@@ -242,8 +251,14 @@ mod tests {
                 "[probes.kubelet]\nurl = \"http://127.0.0.1:10248/healthz\"\nperiod = \"5000000000h\"\ntimeout = \"1s\"\n",
                 "probes.kubelet.period",
             ),
-            ("[probes.clock]\nmax_offset = \"48h\"\n", "probes.clock.max_offset"),
-            ("[bmc_reachability]\nperiod = \"48h\"\n", "bmc_reachability.period"),
+            (
+                "[probes.clock]\nmax_offset = \"48h\"\n",
+                "probes.clock.max_offset",
+            ),
+            (
+                "[bmc_reachability]\nperiod = \"48h\"\n",
+                "bmc_reachability.period",
+            ),
         ] {
             let found = problems(&format!("host = \"cp-0\"\n{text}"));
             assert!(has(&found, key), "{text}: {found:?}");
@@ -255,7 +270,10 @@ mod tests {
         for (extra, key) in [
             ("timeout = \"100000h\"\n", "etcd.join.timeout"),
             ("start_timeout = \"100000h\"\n", "etcd.join.start_timeout"),
-            ("stall_after = \"48h\"\ntimeout = \"49h\"\n", "etcd.join.stall_after"),
+            (
+                "stall_after = \"48h\"\ntimeout = \"49h\"\n",
+                "etcd.join.stall_after",
+            ),
         ] {
             let found = problems(&format!("{join}{extra}"));
             assert!(has(&found, key), "{extra}: {found:?}");

@@ -6,8 +6,8 @@
 //! document is parsed and [`validate`](AgentConfig::validate)d. A typo in a fencing setting
 //! must fail loudly, never be ignored.
 
-mod load;
 mod bounds;
+mod load;
 mod schema;
 mod validate;
 

@@ -42,7 +42,12 @@ impl AgentConfig {
             ));
         }
         if let Some(controller) = &self.controller {
-            check_url("controller.url", &controller.url, &CONTROLLER_URL, &mut problems);
+            check_url(
+                "controller.url",
+                &controller.url,
+                &CONTROLLER_URL,
+                &mut problems,
+            );
             for url in &controller.urls {
                 check_url("controller.urls", url, &CONTROLLER_URL, &mut problems);
             }

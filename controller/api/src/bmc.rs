@@ -43,7 +43,13 @@ mod tests {
             parse_sha256_fingerprint(&format!("SHA256 Fingerprint={colons}")),
             Some([0xab; 32])
         );
-        for bad in ["zz", "", &"ab".repeat(31), &"zz".repeat(32), &"+a".repeat(32)] {
+        for bad in [
+            "zz",
+            "",
+            &"ab".repeat(31),
+            &"zz".repeat(32),
+            &"+a".repeat(32),
+        ] {
             assert_eq!(parse_sha256_fingerprint(bad), None, "{bad}");
         }
     }

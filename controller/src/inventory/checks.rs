@@ -82,7 +82,10 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
         return Err(if endpoint.contains('@') {
             "is not a url (http://host:port or https://host:port)".to_owned()
         } else {
-            format!("{:?} is not a url (http://host:port or https://host:port)", quoted())
+            format!(
+                "{:?} is not a url (http://host:port or https://host:port)",
+                quoted()
+            )
         });
     };
     if !url.username().is_empty() || url.password().is_some() {
@@ -234,10 +237,7 @@ executor_heartbeat_timeout = "1m"
     }
 
     fn bmc(address: &str) -> String {
-        BASE.replace(
-            "redfish+https://10.0.0.1/redfish/v1/Systems/1",
-            address,
-        )
+        BASE.replace("redfish+https://10.0.0.1/redfish/v1/Systems/1", address)
     }
 
     #[test]
@@ -273,7 +273,9 @@ executor_heartbeat_timeout = "1m"
         ] {
             let error = refused(&bmc(address));
             assert!(
-                error.contains("host cp-1") && error.contains("bmc.address") && error.contains(says),
+                error.contains("host cp-1")
+                    && error.contains("bmc.address")
+                    && error.contains(says),
                 "{address}: {error}"
             );
         }
@@ -287,9 +289,15 @@ executor_heartbeat_timeout = "1m"
             "redfish+https://10.0.0.1/redfish/v1/Systems/1?password=hunter2",
         ] {
             let error = refused(&bmc(address));
-            assert!(error.contains("host cp-1") && error.contains("bmc.address"), "{error}");
+            assert!(
+                error.contains("host cp-1") && error.contains("bmc.address"),
+                "{error}"
+            );
             assert!(!error.contains("hunter2"), "{error}");
-            assert!(!error.contains("admin:") && !error.contains("root:"), "{error}");
+            assert!(
+                !error.contains("admin:") && !error.contains("root:"),
+                "{error}"
+            );
         }
     }
 
@@ -298,7 +306,9 @@ executor_heartbeat_timeout = "1m"
         for fingerprint in ["zz", "", &"ab".repeat(31), &"+a".repeat(32)] {
             let text = BASE.replace(
                 "credentials_dir = \"/etc/metalguard/bmc/cp-1\"",
-                &format!("credentials_dir = \"/c\", tls = {{ fingerprint-sha256 = \"{fingerprint}\" }}"),
+                &format!(
+                    "credentials_dir = \"/c\", tls = {{ fingerprint-sha256 = \"{fingerprint}\" }}"
+                ),
             );
             let error = refused(&text);
             assert!(
@@ -346,7 +356,11 @@ executor_heartbeat_timeout = "1m"
     fn zero_timeouts_and_intervals_are_refused() {
         for (from, to, key) in [
             ("timeout = \"2s\"", "timeout = \"0\"", "etcd.timeout"),
-            ("plan_interval = \"1s\"", "plan_interval = \"0\"", "controller.plan_interval"),
+            (
+                "plan_interval = \"1s\"",
+                "plan_interval = \"0\"",
+                "controller.plan_interval",
+            ),
             (
                 "executor_heartbeat_timeout = \"1m\"",
                 "executor_heartbeat_timeout = \"0\"",
@@ -366,9 +380,17 @@ executor_heartbeat_timeout = "1m"
     #[test]
     fn huge_durations_are_refused_naming_the_key() {
         for (from, to, key) in [
-            ("lease_ttl = \"5s\"", "lease_ttl = \"5000000000h\"", "etcd.lease_ttl"),
+            (
+                "lease_ttl = \"5s\"",
+                "lease_ttl = \"5000000000h\"",
+                "etcd.lease_ttl",
+            ),
             ("timeout = \"2s\"", "timeout = \"48h\"", "etcd.timeout"),
-            ("plan_interval = \"1s\"", "plan_interval = \"25h\"", "controller.plan_interval"),
+            (
+                "plan_interval = \"1s\"",
+                "plan_interval = \"25h\"",
+                "controller.plan_interval",
+            ),
             (
                 "timeout = \"5m\"",
                 "timeout = \"100000000h\"",
@@ -379,7 +401,11 @@ executor_heartbeat_timeout = "1m"
                 "node_startup_timeout = \"9000000h\"",
                 "policy.health_checks[0].node_startup_timeout",
             ),
-            ("retry_period = \"5m\"", "retry_period = \"1000h\"", "policy.remediation.retry_period"),
+            (
+                "retry_period = \"5m\"",
+                "retry_period = \"1000h\"",
+                "policy.remediation.retry_period",
+            ),
             (
                 "min_healthy_period = \"1h\"",
                 "min_healthy_period = \"1000000h\"",
@@ -387,7 +413,10 @@ executor_heartbeat_timeout = "1m"
             ),
         ] {
             let error = refused(&BASE.replace(from, to));
-            assert!(error.contains(key) && error.contains("at most"), "{to}: {error}");
+            assert!(
+                error.contains(key) && error.contains("at most"),
+                "{to}: {error}"
+            );
         }
     }
 }

@@ -60,7 +60,9 @@ pub enum AddressError {
         address: String,
     },
     /// The URL has a query (`?…`) or a fragment (`#…`); neither is quoted.
-    #[error("bmc address for host {host} has a query or fragment, which a bmc address does not use")]
+    #[error(
+        "bmc address for host {host} has a query or fragment, which a bmc address does not use"
+    )]
     Query {
         /// The host part only.
         host: String,
