@@ -654,7 +654,7 @@ fn check(s: &Snapshot, pol: &Policy, now: Timestamp) -> Result<(), String> {
                 let h = hosts.get(target.as_str()).copied();
                 if *step == RemediationStep::PowerOff
                     && r.forced.is_none()
-                    && h.is_some_and(|h| short_circuited(h))
+                    && h.is_some_and(short_circuited)
                 {
                     return fail(format!("{remediation_id} powered off past a short-circuit"));
                 }
@@ -688,12 +688,11 @@ fn check(s: &Snapshot, pol: &Policy, now: Timestamp) -> Result<(), String> {
                 }
                 after.members.remove(member_id);
             }
-            ActionKind::AddLearner { .. } => {
+            ActionKind::AddLearner { .. }
                 if before.members.values().any(|m| m.1)
-                    || before.members.values().any(|m| !m.1 && !m.2)
-                {
-                    return fail("learner added next to a learner or a down voter".into());
-                }
+                    || before.members.values().any(|m| !m.1 && !m.2) =>
+            {
+                return fail("learner added next to a learner or a down voter".into());
             }
             ActionKind::PromoteLearner { member_id, .. } => {
                 if let Some(m) = after.members.get_mut(member_id) {

@@ -118,7 +118,7 @@ fn short_circuit_stops_starts_and_power_offs_unless_forced() {
     let gated = remediation("cp-0", 1, P::Gated, "w-0", true);
     s.remediations = vec![gated.clone()];
     let off = step(&gated, "w-0", RemediationStep::PowerOff);
-    assert_eq!(rules(&s, &[off.clone()]), [Rule::ShortCircuit]);
+    assert_eq!(rules(&s, std::slice::from_ref(&off)), [Rule::ShortCircuit]);
     s.remediations[0].forced = Some("person".into());
     assert_eq!(rules(&s, &[off]), []);
 }
@@ -222,7 +222,7 @@ fn a_learner_is_added_only_with_every_voter_up_and_promoted_only_when_ready() {
             host: "cp-3".into(),
         },
     );
-    assert_eq!(rules(&s, &[add.clone()]), []);
+    assert_eq!(rules(&s, std::slice::from_ref(&add)), []);
     find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = false;
     assert_eq!(rules(&s, &[add]), [Rule::LearnerAdd]);
     find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = true;
@@ -236,13 +236,13 @@ fn a_learner_is_added_only_with_every_voter_up_and_promoted_only_when_ready() {
             member_id: 4,
         },
     );
-    assert_eq!(rules(&s, &[promote.clone()]), [Rule::Promotion]);
+    assert_eq!(rules(&s, std::slice::from_ref(&promote)), [Rule::Promotion]);
     find(&mut s, "cp-3")
         .etcd
         .as_mut()
         .unwrap()
         .progress_permille = 950;
-    assert_eq!(rules(&s, &[promote.clone()]), []);
+    assert_eq!(rules(&s, std::slice::from_ref(&promote)), []);
     find(&mut s, "cp-3").pre_drain_hooks.clear();
     assert_eq!(rules(&s, &[promote]), [Rule::Promotion]);
 }
@@ -281,7 +281,7 @@ fn hooks_retirement_reprovisioning_and_scaling() {
             executor: "cp-1".into(),
         },
     );
-    assert_eq!(rules(&s, &[off.clone()]), [Rule::Retirement]);
+    assert_eq!(rules(&s, std::slice::from_ref(&off)), [Rule::Retirement]);
     let h = find(&mut s, "cp-0");
     h.etcd = None;
     h.pre_drain_hooks.clear();
