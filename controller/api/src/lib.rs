@@ -15,6 +15,7 @@ pub mod bmc;
 pub mod duration;
 #[cfg(feature = "k8s")]
 pub mod k8s;
+pub mod limits;
 pub mod plan;
 pub mod policy;
 pub mod protocol;
