@@ -19,7 +19,10 @@ use metalguard_api::protocol::{BmcCredentials, BmcTrust, Secret};
 use metalguard_api::snapshot::{ControlPlaneSpec, Role};
 use serde::Deserialize;
 
+mod api_limits;
 pub(crate) mod checks;
+
+pub use api_limits::ApiLimits;
 
 /// Default etcd key prefix.
 pub const DEFAULT_PREFIX: &str = "/metalguard";
@@ -115,6 +118,9 @@ pub struct ControllerSettings {
     /// Re-plan at least this often.
     #[serde(default = "default_plan_interval", with = "go_duration")]
     pub plan_interval: Duration,
+    /// What one agent may hold or send (`[controller.limits]`).
+    #[serde(default)]
+    pub limits: ApiLimits,
 }
 
 impl Default for ControllerSettings {
@@ -125,6 +131,7 @@ impl Default for ControllerSettings {
             tls_dir: None,
             server_cert_name: default_server_name(),
             plan_interval: DEFAULT_PLAN_INTERVAL,
+            limits: ApiLimits::default(),
         }
     }
 }

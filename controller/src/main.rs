@@ -30,6 +30,7 @@ mod plan_cmd;
 mod reachability;
 mod reload;
 mod retire;
+mod rlimit;
 mod server;
 mod service;
 mod snapshot;

@@ -104,7 +104,10 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
     if url.host_str().is_none_or(str::is_empty) {
         return Err(format!("{:?} has no host", quoted()));
     }
-    if url.query().is_some() || url.fragment().is_some() || url.path().trim_end_matches('/') != "" {
+    if url.query().is_some()
+        || url.fragment().is_some()
+        || !url.path().trim_end_matches('/').is_empty()
+    {
         return Err(format!(
             "the url for {} has a path, query or fragment; an etcd endpoint is scheme://host:port",
             excerpt(url.host_str().unwrap_or(""), EXCERPT_CHARS)
@@ -114,6 +117,7 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
 }
 
 fn check_controller(inventory: &Inventory) -> Result<(), String> {
+    inventory.controller.limits.check()?;
     let plan = inventory.controller.plan_interval;
     bounded("controller.plan_interval", plan, true)?;
     if plan < MIN_PLAN_INTERVAL {
@@ -375,6 +379,50 @@ executor_heartbeat_timeout = "1m"
             let error = refused(&BASE.replace(from, to));
             assert!(error.contains(key), "{to}: {error}");
         }
+    }
+
+    #[test]
+    fn api_limits_are_checked_naming_the_key() {
+        let with = |lines: &str| {
+            BASE.replace(
+                "plan_interval = \"1s\"\n",
+                &format!("plan_interval = \"1s\"\n[controller.limits]\n{lines}\n"),
+            )
+        };
+        Inventory::parse(
+            Path::new("inv.toml"),
+            &with("idle_timeout = \"30s\"\nrequests_per_second = 5"),
+        )
+        .unwrap();
+        for (lines, key) in [
+            (
+                "header_read_timeout = \"0\"",
+                "controller.limits.header_read_timeout",
+            ),
+            (
+                "body_read_timeout = \"2h\"",
+                "controller.limits.body_read_timeout",
+            ),
+            ("max_handshakes = 0", "controller.limits.max_handshakes"),
+            (
+                "max_connections_per_host = 1",
+                "controller.limits.max_connections_per_host",
+            ),
+            (
+                "max_long_polls_per_host = 100",
+                "controller.limits.max_long_polls_per_host",
+            ),
+            (
+                "requests_per_second = 0",
+                "controller.limits.requests_per_second",
+            ),
+            ("request_burst = 0", "controller.limits.request_burst"),
+        ] {
+            let error = refused(&with(lines));
+            assert!(error.contains(key), "{lines}: {error}");
+        }
+        let typo = Inventory::parse(Path::new("inv.toml"), &with("idle_timout = \"1s\""));
+        assert!(typo.unwrap_err().to_string().contains("idle_timout"));
     }
 
     #[test]

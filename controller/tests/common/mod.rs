@@ -134,6 +134,26 @@ bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
             .env("RUST_LOG", "info,metalguard_controller::service=debug");
         Proc::spawn(name, command, &self.dir.path().join(format!("{name}.log"))).unwrap()
     }
+
+    /// The controller started with the open-file soft limit at `nofile` (a login shell's or an
+    /// old init's default of 1024), whatever this test process raised its own to.
+    pub fn controller_with_nofile(&self, name: &str, port: &PortLease, nofile: u64) -> Proc {
+        let inventory = self.inventory(name, port.port());
+        let mut command = Command::new("sh");
+        command
+            .args([
+                "-c",
+                &format!("ulimit -Sn {nofile} && exec \"$0\" \"$@\""),
+                BIN,
+                "run",
+                "--inventory",
+                inventory.to_str().unwrap(),
+                "--id",
+                name,
+            ])
+            .env("RUST_LOG", "info");
+        Proc::spawn(name, command, &self.dir.path().join(format!("{name}.log"))).unwrap()
+    }
 }
 
 pub fn run(args: &[&str]) -> String {
@@ -146,7 +166,8 @@ pub fn run(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
+/// The rustls client configuration of an agent (`host`) or of a client without certificate.
+pub fn client_config(tls: &Path, host: Option<&str>) -> rustls::ClientConfig {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(tls.join("ca.pem")).unwrap() {
@@ -156,7 +177,7 @@ pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots);
-    let config = match host {
+    match host {
         Some(host) => {
             let chain = CertificateDer::pem_file_iter(tls.join(format!("{host}.pem")))
                 .unwrap()
@@ -166,12 +187,27 @@ pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
             builder.with_client_auth_cert(chain, key).unwrap()
         }
         None => builder.with_no_client_auth(),
-    };
+    }
+}
+
+pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
     reqwest::Client::builder()
-        .tls_backend_preconfigured(config)
+        .tls_backend_preconfigured(client_config(tls, host))
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap()
+}
+
+/// How many times `key` was written since it was created (etcd's per-key `version`; 0 when
+/// absent).
+pub fn key_version(etcd: &EtcdCluster, key: &str) -> u64 {
+    let out = etcd.etcdctl(&["get", key, "-w", "json"]).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    json["kvs"]
+        .as_array()
+        .and_then(|kvs| kvs.first())
+        .and_then(|kv| kv["version"].as_u64())
+        .unwrap_or(0)
 }
 
 pub fn report(host: &str, sequence: u64) -> AgentReport {
