@@ -50,6 +50,10 @@ pub struct Metrics {
     /// Times an agent started reporting a reserved condition type (`Ready`, the kubelet's),
     /// which the controller ignores, by condition type.
     pub reserved_conditions_ignored: Family<Labels, Counter>,
+    /// Reports accepted from agents (each refreshes its host's heartbeat).
+    pub reports_received: Counter,
+    /// Reports written to the store (a change, or once per heartbeat interval).
+    pub report_writes: Counter,
 }
 
 impl Metrics {
@@ -75,6 +79,8 @@ impl Metrics {
             inventory_rejected: Gauge::default(),
             held_hosts: Gauge::default(),
             reserved_conditions_ignored: Family::default(),
+            reports_received: Counter::default(),
+            report_writes: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -151,6 +157,16 @@ impl Metrics {
             "reserved_conditions_ignored",
             "Times an agent started reporting a reserved condition type, which is ignored",
             metrics.reserved_conditions_ignored.clone(),
+        );
+        registry.register(
+            "reports_received",
+            "Reports accepted from agents",
+            metrics.reports_received.clone(),
+        );
+        registry.register(
+            "report_writes",
+            "Reports written to the store: a change, or once per heartbeat interval",
+            metrics.report_writes.clone(),
         );
         registry.register(
             "inventory_rejected",

@@ -32,26 +32,45 @@ use crate::metrics::{Metrics, label};
 use crate::reload::{InventoryFile, Reload};
 
 mod holds;
+mod report_store;
 mod reserved;
 
+use report_store::ReportStore;
 use reserved::ReservedSeen;
 
 /// Most plan rounds run back to back after one trigger (each round that persisted something
 /// is followed by another).
 const MAX_ROUNDS: usize = 8;
 
-/// Puts into `state` every report this controller received after the stored one but could
-/// not store: while etcd refuses writes (NOSPACE) the agents still report to the leader, and
-/// planning from the stored, ever older reports would take them for silent and fence hosts as
-/// soon as the store accepts writes again (seen in `tests/tests/lab_nospace.rs`).
-fn overlay_unstored(state: &mut crate::backend::State, unstored: &BTreeMap<String, StoredReport>) {
-    for (host, report) in unstored {
+/// Puts into `state` every report this controller received after the stored one: the store
+/// gets a host's report only when it changed or once per heartbeat interval
+/// ([`report_store`]), and while etcd refuses writes (NOSPACE) not at all — planning from the
+/// stored, older reports would take healthy agents for silent ones and fence hosts (seen in
+/// `tests/tests/lab_nospace.rs` before reports were kept in memory).
+fn overlay_latest(state: &mut crate::backend::State, latest: &BTreeMap<String, StoredReport>) {
+    for (host, report) in latest {
         let newer = state
             .reports
             .get(host)
             .is_none_or(|stored| stored.received_at < report.received_at);
         if newer {
             state.reports.insert(host.clone(), report.clone());
+        }
+    }
+}
+
+/// How often the leader gauge is checked against the hub's lease deadline.
+const LAPSE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Sets the leader gauge to 0 as soon as the hub's leadership lapses by itself: the loop
+/// notices only when its current store call returns (up to three etcd timeouts later), and an
+/// operator's dashboard must not show a leader that answers 503.
+async fn gauge_lapses(hub: Arc<Hub>, metrics: Arc<Metrics>) {
+    let mut tick = tokio::time::interval(LAPSE_CHECK);
+    loop {
+        tick.tick().await;
+        if !hub.is_leader() {
+            metrics.leader.set(0);
         }
     }
 }
@@ -70,9 +89,11 @@ pub struct Controller<B> {
     file: Option<InventoryFile>,
     /// This controller's identity (in its notes).
     identity: String,
-    /// The latest report of each host that the store refused to record (under etcd's NOSPACE
-    /// alarm every write fails): the agent is not silent, and its conditions say why.
-    unstored: BTreeMap<String, StoredReport>,
+    /// The latest report of each host, as received (planned from; the store gets it when it
+    /// changed or once per heartbeat interval, and not at all under etcd's NOSPACE alarm).
+    latest: BTreeMap<String, StoredReport>,
+    /// What of each host's report was written to the store, and when.
+    stored_reports: ReportStore,
     /// Per host, the reserved condition types its agent reported last (logged on change).
     reserved_seen: ReservedSeen,
     /// Hold ids already logged as not recordable (logged once each).
@@ -91,7 +112,8 @@ impl<B: Backend> Controller<B> {
             renewed_at: None,
             file: None,
             identity: String::new(),
-            unstored: BTreeMap::new(),
+            latest: BTreeMap::new(),
+            stored_reports: ReportStore::default(),
             reserved_seen: ReservedSeen::default(),
             holds_warned: BTreeSet::new(),
         }
@@ -204,7 +226,9 @@ impl<B: Backend> Controller<B> {
         self.publish_bmc_targets();
         let (wake_tx, mut wake) = mpsc::channel(16);
         let watch = tokio::spawn(self.backend.watch_inputs(wake_tx));
+        let lapse = tokio::spawn(gauge_lapses(self.hub.clone(), self.metrics.clone()));
         loop {
+            let mut ticked = false;
             tokio::select! {
                 // Leadership rounds first: a busy inbox must not starve lease renewal.
                 biased;
@@ -212,6 +236,7 @@ impl<B: Backend> Controller<B> {
                 _ = tick.tick() => {
                     self.reload_inventory();
                     self.campaign().await;
+                    ticked = true;
                 }
                 Some(()) = wake.recv() => {}
                 message = inbox.recv() => match message {
@@ -229,10 +254,15 @@ impl<B: Backend> Controller<B> {
                 .agents_connected
                 .set(i64::try_from(self.hub.agents_polling()).unwrap_or(i64::MAX));
             if self.hub.is_leader() {
+                if ticked {
+                    // Changes that waited for their host's next write slot.
+                    self.store_due_reports().await;
+                }
                 self.plan_and_execute().await;
             }
         }
         watch.abort();
+        lapse.abort();
         self.set_leader(false);
         self.backend.resign().await;
     }
@@ -306,19 +336,11 @@ impl<B: Backend> Controller<B> {
             Inbound::Report(report) => {
                 self.note_reserved_conditions(&report);
                 self.note_foreign_holds(&report);
-                let stored = StoredReport {
+                self.take_report(StoredReport {
                     report,
                     received_at: now(),
-                };
-                match self.backend.record_report(&stored).await {
-                    Ok(()) => {
-                        self.unstored.remove(&stored.report.host);
-                    }
-                    Err(error) => {
-                        tracing::warn!(host = %stored.report.host, error = %crate::cli::chain(&error), "report could not be stored");
-                        self.unstored.insert(stored.report.host.clone(), stored);
-                    }
-                }
+                })
+                .await;
             }
             Inbound::Result {
                 host,
@@ -416,7 +438,7 @@ impl<B: Backend> Controller<B> {
                     return;
                 }
             };
-            overlay_unstored(&mut state, &self.unstored);
+            overlay_latest(&mut state, &self.latest);
             state.refresh_holds();
             self.hub.set_released_holds(state.released_hold_ids());
             self.metrics
@@ -585,17 +607,17 @@ mod tests {
     }
 
     #[test]
-    fn reports_the_store_refused_count_only_when_newer() {
+    fn reports_kept_in_memory_count_only_when_newer() {
         let mut state = crate::backend::State::default();
         state.reports.insert("cp-1".into(), report("cp-1", 10));
         state.reports.insert("cp-2".into(), report("cp-2", 30));
-        let unstored: BTreeMap<String, StoredReport> = [
+        let latest: BTreeMap<String, StoredReport> = [
             ("cp-1".to_owned(), report("cp-1", 20)),
             ("cp-2".to_owned(), report("cp-2", 25)),
             ("cp-3".to_owned(), report("cp-3", 5)),
         ]
         .into();
-        overlay_unstored(&mut state, &unstored);
+        overlay_latest(&mut state, &latest);
         let at = |h: &str| state.reports[h].received_at;
         assert_eq!(
             (at("cp-1"), at("cp-2"), at("cp-3")),
