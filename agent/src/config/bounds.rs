@@ -173,6 +173,14 @@ pub(super) fn check_durations(config: &AgentConfig, problems: &mut Vec<String>) 
     }
     for (i, probe) in probes.exec.iter().enumerate() {
         timing(&format!("probes.exec[{i}]"), probe.timing(), problems);
+        // The name is the condition type of every report; the controller refuses longer ones.
+        if probe.name.len() > metalguard_api::limits::MAX_NAME {
+            problems.push(format!(
+                "probes.exec[{i}].name: {} bytes long; at most {}",
+                probe.name.len(),
+                metalguard_api::limits::MAX_NAME
+            ));
+        }
     }
 }
 
@@ -278,6 +286,11 @@ mod tests {
             let found = problems(&format!("{join}{extra}"));
             assert!(has(&found, key), "{extra}: {found:?}");
         }
+        let long = "p".repeat(300);
+        let found = problems(&format!(
+            "host = \"cp-0\"\n[[probes.exec]]\nname = \"{long}\"\ncommand = [\"/bin/true\"]\n"
+        ));
+        assert!(has(&found, "probes.exec[0].name: 300 bytes"), "{found:?}");
         let fine = problems(&format!("{join}timeout = \"2h\"\n"));
         assert!(fine.is_empty(), "{fine:?}");
     }
