@@ -33,7 +33,7 @@ use metalguard_api::protocol::{
 use metalguard_api::snapshot::Hold;
 use serde::Deserialize;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use self::conn::{Activity, ConnectionSlot, Connections, HandshakeSlot};
@@ -299,7 +299,7 @@ pub async fn serve(
     max_connections: usize,
     cancel: CancellationToken,
 ) {
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let tls = Arc::new(tls);
     let guards = Guards::new(limits.clone(), Arc::clone(&hub));
     let app = router(hub, &guards, &limits);
     let connections = Connections::new(&limits, max_connections);
@@ -332,39 +332,63 @@ pub async fn serve(
             }
             continue;
         };
-        let handshake = connections.begin_handshake();
+        let hello = connections.await_hello();
         tokio::spawn(serve_one(
             tcp,
             remote,
-            acceptor.clone(),
+            Arc::clone(&tls),
             app.clone(),
             Arc::clone(&connections),
             Arc::clone(&limits),
-            (slot, handshake),
+            (slot, hello),
             cancel.clone(),
         ));
     }
 }
 
-/// One connection: the handshake (bounded, evictable), the host's share of connections, then
-/// HTTP/1 with the header timeout, closed after the idle timeout.
+/// One connection: the handshake in its two evictable stages under one deadline, the host's
+/// share of connections, then HTTP/1 with the header timeout, closed after the idle timeout.
 #[allow(clippy::too_many_arguments)]
 async fn serve_one(
     tcp: tokio::net::TcpStream,
     remote: std::net::SocketAddr,
-    acceptor: TlsAcceptor,
+    tls: Arc<rustls::ServerConfig>,
     app: Router,
     connections: Arc<Connections>,
     limits: Arc<ApiLimits>,
-    (_slot, handshake): (ConnectionSlot, HandshakeSlot),
+    (_slot, hello): (ConnectionSlot, HandshakeSlot),
     cancel: CancellationToken,
 ) {
-    let stream = tokio::select! {
-        () = handshake.evicted() => {
-            tracing::debug!(%remote, "agent api handshake evicted by a newer connection");
+    let deadline = tokio::time::Instant::now() + limits.handshake_timeout;
+    // Stage 1: the complete ClientHello. Biased: a hello that has arrived wins over eviction.
+    let accepted = tokio::select! {
+        biased;
+        started = tokio::time::timeout_at(
+            deadline,
+            LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp),
+        ) => started,
+        () = hello.evicted() => {
+            tracing::debug!(%remote, "agent api connection evicted before its ClientHello arrived");
             return;
         }
-        accepted = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)) => match accepted {
+    };
+    drop(hello);
+    let start = match accepted {
+        Ok(Ok(start)) => start,
+        Ok(Err(error)) => {
+            tracing::info!(%remote, %error, "agent api handshake refused");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%remote, "agent api ClientHello did not arrive in time");
+            return;
+        }
+    };
+    // Stage 2: the rest of the handshake (client certificate verified).
+    let handshake = connections.begin_handshake();
+    let stream = tokio::select! {
+        biased;
+        done = tokio::time::timeout_at(deadline, start.into_stream(tls)) => match done {
             Ok(Ok(stream)) => stream,
             Ok(Err(error)) => {
                 tracing::info!(%remote, %error, "agent api handshake refused");
@@ -375,6 +399,10 @@ async fn serve_one(
                 return;
             }
         },
+        () = handshake.evicted() => {
+            tracing::debug!(%remote, "agent api handshake evicted by a newer connection");
+            return;
+        }
     };
     drop(handshake);
     let host = stream

@@ -1,8 +1,13 @@
 //! The agent API's connection bounds: how many connections are served at once, how many TLS
-//! handshakes may be in progress (a new connection evicts the oldest handshake when they are
-//! full, so idle or half-open connections can delay an agent's handshake but never lock it
-//! out), how many established connections one host may hold, and when an idle connection is
-//! closed.
+//! handshakes may be in progress, how many established connections one host may hold, and
+//! when an idle connection is closed.
+//!
+//! A handshake goes through two stages, each with `max_handshakes` slots, and a new arrival in
+//! a full stage evicts the oldest connection in it: waiting for the client's complete
+//! ClientHello (where idle and half-open connections sit for free), then the rest of the
+//! handshake. An agent sends its ClientHello at once and finishes within milliseconds, so a
+//! flood of idle, half-open or stalled connections can delay it but not lock it out (an
+//! agent's handshake was evicted in the first stage when both stages were one).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,16 +28,53 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Slots that, when full, make room for a newcomer by evicting the oldest holder.
+#[derive(Debug)]
+struct EvictingSlots {
+    max: usize,
+    next_id: AtomicU64,
+    /// Holders, oldest first, each with the token that evicts it.
+    held: Mutex<VecDeque<(u64, CancellationToken)>>,
+}
+
+impl EvictingSlots {
+    fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            max: max.max(1),
+            next_id: AtomicU64::new(0),
+            held: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    fn take(self: &Arc<Self>) -> HandshakeSlot {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let token = CancellationToken::new();
+        let mut held = lock(&self.held);
+        while held.len() >= self.max {
+            match held.pop_front() {
+                Some((_, oldest)) => oldest.cancel(),
+                None => break,
+            }
+        }
+        held.push_back((id, token.clone()));
+        HandshakeSlot {
+            slots: self.clone(),
+            id,
+            evicted: token,
+        }
+    }
+}
+
 /// The counts behind the bounds.
 #[derive(Debug)]
 pub struct Connections {
     max_open: usize,
-    max_handshakes: usize,
     max_per_host: usize,
     open: AtomicUsize,
-    next_id: AtomicU64,
-    /// Handshakes in progress, oldest first, each with the token that evicts it.
-    handshakes: Mutex<VecDeque<(u64, CancellationToken)>>,
+    /// Connections waiting for their complete ClientHello.
+    hellos: Arc<EvictingSlots>,
+    /// Connections past their ClientHello, finishing the handshake.
+    handshakes: Arc<EvictingSlots>,
     per_host: Mutex<HashMap<String, usize>>,
 }
 
@@ -40,13 +82,13 @@ impl Connections {
     /// Counts for `limits`, serving at most `max_connections` at once (the configured number,
     /// or less when the open-file limit is lower).
     pub fn new(limits: &ApiLimits, max_connections: usize) -> Arc<Self> {
+        let stage = limits.max_handshakes.min(max_connections);
         Arc::new(Self {
             max_open: max_connections,
-            max_handshakes: limits.max_handshakes.min(max_connections),
             max_per_host: limits.max_connections_per_host,
             open: AtomicUsize::new(0),
-            next_id: AtomicU64::new(0),
-            handshakes: Mutex::new(VecDeque::new()),
+            hellos: EvictingSlots::new(stage),
+            handshakes: EvictingSlots::new(stage),
             per_host: Mutex::new(HashMap::new()),
         })
     }
@@ -69,24 +111,15 @@ impl Connections {
         })
     }
 
-    /// A slot for a TLS handshake; when every slot is taken, the oldest handshake in progress
-    /// is told to give up (its token is cancelled).
-    pub fn begin_handshake(self: &Arc<Self>) -> HandshakeSlot {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let token = CancellationToken::new();
-        let mut handshakes = lock(&self.handshakes);
-        while handshakes.len() >= self.max_handshakes {
-            match handshakes.pop_front() {
-                Some((_, oldest)) => oldest.cancel(),
-                None => break,
-            }
-        }
-        handshakes.push_back((id, token.clone()));
-        HandshakeSlot {
-            connections: self.clone(),
-            id,
-            evicted: token,
-        }
+    /// A slot while waiting for the client's complete ClientHello; when every slot is taken,
+    /// the oldest waiting connection is told to give up (its token is cancelled).
+    pub fn await_hello(&self) -> HandshakeSlot {
+        self.hellos.take()
+    }
+
+    /// A slot for the rest of the handshake, evicting the oldest the same way.
+    pub fn begin_handshake(&self) -> HandshakeSlot {
+        self.handshakes.take()
     }
 
     /// A slot among `host`'s established connections; `None` when it holds as many as allowed.
@@ -116,10 +149,10 @@ impl Drop for ConnectionSlot {
     }
 }
 
-/// A TLS handshake in progress.
+/// A connection in one stage of its TLS handshake.
 #[derive(Debug)]
 pub struct HandshakeSlot {
-    connections: Arc<Connections>,
+    slots: Arc<EvictingSlots>,
     id: u64,
     evicted: CancellationToken,
 }
@@ -133,9 +166,9 @@ impl HandshakeSlot {
 
 impl Drop for HandshakeSlot {
     fn drop(&mut self) {
-        let mut handshakes = lock(&self.connections.handshakes);
-        if let Some(at) = handshakes.iter().position(|(id, _)| *id == self.id) {
-            handshakes.remove(at);
+        let mut held = lock(&self.slots.held);
+        if let Some(at) = held.iter().position(|(id, _)| *id == self.id) {
+            held.remove(at);
         }
     }
 }
@@ -226,11 +259,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_new_handshake_evicts_the_oldest_when_all_slots_are_taken() {
+    async fn a_new_handshake_evicts_the_oldest_of_its_stage_when_all_slots_are_taken() {
         let connections = Connections::new(&limits(2, 2), 100);
+        let waiting = connections.await_hello();
         let first = connections.begin_handshake();
         let second = connections.begin_handshake();
         let third = connections.begin_handshake();
+        assert!(
+            !waiting.evicted.is_cancelled(),
+            "the other stage is not touched"
+        );
         tokio::time::timeout(std::time::Duration::from_millis(100), first.evicted())
             .await
             .expect("the oldest handshake was not evicted");
