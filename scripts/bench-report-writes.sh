@@ -11,5 +11,5 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 export METALGUARD_BENCH_SECONDS=${1:-60}
 echo "etcd: $(etcd --version | head -n1); $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-cargo nextest run -p metalguard-controller --test bounded etcd_writes_per_agent_per_minute \
+cargo nextest run -p metalguard-controller --test report_store etcd_writes_per_agent_per_minute \
   --success-output immediate 2>&1 | grep -E '^ +(over|steady|flapping|flood)' >&2

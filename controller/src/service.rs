@@ -35,29 +35,12 @@ mod holds;
 mod report_store;
 mod reserved;
 
-use report_store::ReportStore;
+use report_store::{ReportStore, overlay_latest};
 use reserved::ReservedSeen;
 
 /// Most plan rounds run back to back after one trigger (each round that persisted something
 /// is followed by another).
 const MAX_ROUNDS: usize = 8;
-
-/// Puts into `state` every report this controller received after the stored one: the store
-/// gets a host's report only when it changed or once per heartbeat interval
-/// ([`report_store`]), and while etcd refuses writes (NOSPACE) not at all — planning from the
-/// stored, older reports would take healthy agents for silent ones and fence hosts (seen in
-/// `tests/tests/lab_nospace.rs` before reports were kept in memory).
-fn overlay_latest(state: &mut crate::backend::State, latest: &BTreeMap<String, StoredReport>) {
-    for (host, report) in latest {
-        let newer = state
-            .reports
-            .get(host)
-            .is_none_or(|stored| stored.received_at < report.received_at);
-        if newer {
-            state.reports.insert(host.clone(), report.clone());
-        }
-    }
-}
 
 /// How often the leader gauge is checked against the hub's lease deadline.
 const LAPSE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
@@ -586,42 +569,5 @@ impl<B: Backend> Controller<B> {
                 .get_or_create(&label("phase", phase))
                 .set(count);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use metalguard_api::duration::Timestamp;
-
-    use super::*;
-
-    fn report(host: &str, received_at: u64) -> StoredReport {
-        StoredReport {
-            report: serde_json::from_value(serde_json::json!({
-                "host": host, "agent_version": "t", "sequence": received_at,
-                "boot_id": "", "sent_at": received_at,
-            }))
-            .unwrap(),
-            received_at: Timestamp(received_at),
-        }
-    }
-
-    #[test]
-    fn reports_kept_in_memory_count_only_when_newer() {
-        let mut state = crate::backend::State::default();
-        state.reports.insert("cp-1".into(), report("cp-1", 10));
-        state.reports.insert("cp-2".into(), report("cp-2", 30));
-        let latest: BTreeMap<String, StoredReport> = [
-            ("cp-1".to_owned(), report("cp-1", 20)),
-            ("cp-2".to_owned(), report("cp-2", 25)),
-            ("cp-3".to_owned(), report("cp-3", 5)),
-        ]
-        .into();
-        overlay_latest(&mut state, &latest);
-        let at = |h: &str| state.reports[h].received_at;
-        assert_eq!(
-            (at("cp-1"), at("cp-2"), at("cp-3")),
-            (Timestamp(20), Timestamp(30), Timestamp(5))
-        );
     }
 }

@@ -38,6 +38,26 @@ pub fn heartbeat_interval(policy: &Policy) -> Duration {
     (shortest / 4).clamp(HEARTBEAT_BOUNDS.0, HEARTBEAT_BOUNDS.1)
 }
 
+/// Puts into `state` every report this controller received after the stored one: the store
+/// gets a host's report only when it changed or once per heartbeat interval
+/// (this module), and while etcd refuses writes (NOSPACE) not at all — planning from the
+/// stored, older reports would take healthy agents for silent ones and fence hosts (seen in
+/// `tests/tests/lab_nospace.rs` before reports were kept in memory).
+pub(super) fn overlay_latest(
+    state: &mut crate::backend::State,
+    latest: &BTreeMap<String, StoredReport>,
+) {
+    for (host, report) in latest {
+        let newer = state
+            .reports
+            .get(host)
+            .is_none_or(|stored| stored.received_at < report.received_at);
+        if newer {
+            state.reports.insert(host.clone(), report.clone());
+        }
+    }
+}
+
 /// What of a report counts as a change: everything but the sequence, the send time, message
 /// texts, raft indexes and check times, which move on every report.
 fn change_key(report: &AgentReport) -> u64 {
@@ -217,6 +237,36 @@ mod tests {
             heartbeat_interval(&policy),
             Duration::from_secs(1),
             "at least a second"
+        );
+    }
+
+    fn stored(host: &str, received_at: u64) -> StoredReport {
+        StoredReport {
+            report: serde_json::from_value(serde_json::json!({
+                "host": host, "agent_version": "t", "sequence": received_at,
+                "boot_id": "", "sent_at": received_at,
+            }))
+            .unwrap(),
+            received_at: Timestamp(received_at),
+        }
+    }
+
+    #[test]
+    fn reports_kept_in_memory_count_only_when_newer() {
+        let mut state = crate::backend::State::default();
+        state.reports.insert("cp-1".into(), stored("cp-1", 10));
+        state.reports.insert("cp-2".into(), stored("cp-2", 30));
+        let latest: BTreeMap<String, StoredReport> = [
+            ("cp-1".to_owned(), stored("cp-1", 20)),
+            ("cp-2".to_owned(), stored("cp-2", 25)),
+            ("cp-3".to_owned(), stored("cp-3", 5)),
+        ]
+        .into();
+        overlay_latest(&mut state, &latest);
+        let at = |h: &str| state.reports[h].received_at;
+        assert_eq!(
+            (at("cp-1"), at("cp-2"), at("cp-3")),
+            (Timestamp(20), Timestamp(30), Timestamp(5))
         );
     }
 }

@@ -322,3 +322,35 @@ pub fn scrape(port: u16) -> String {
     stream.read_to_string(&mut text).unwrap();
     text
 }
+
+/// w-1's stored report in etcd.
+pub const W1_REPORT_KEY: &str = "/metalguard/reports/w-1";
+
+/// A `KubeletHealthy` condition.
+pub fn kubelet(
+    status: metalguard_api::snapshot::ConditionStatus,
+    since: u64,
+    message: String,
+) -> metalguard_api::protocol::Condition {
+    metalguard_api::protocol::Condition {
+        type_: "KubeletHealthy".into(),
+        status,
+        reason: "Probe".into(),
+        message,
+        last_transition: Timestamp(since),
+    }
+}
+
+/// Posts `report` for its host; true when the controller took it.
+pub async fn send(
+    agent: &reqwest::Client,
+    port: u16,
+    report: &metalguard_api::protocol::AgentReport,
+) -> bool {
+    agent
+        .post(url(port, &report_path(&report.host)))
+        .json(report)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
