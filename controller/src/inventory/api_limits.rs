@@ -22,7 +22,8 @@ pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default number of connections served at once (handshaking or established).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
-/// Default number of TLS handshakes in progress; when full, the oldest gives way.
+/// Default number of TLS handshakes in each of their two stages (waiting for the complete
+/// ClientHello; the rest); when a stage is full, its oldest gives way.
 pub const DEFAULT_MAX_HANDSHAKES: usize = 256;
 /// Default number of established connections of one host (one certificate).
 pub const DEFAULT_MAX_CONNECTIONS_PER_HOST: usize = 16;
@@ -53,7 +54,8 @@ pub struct ApiLimits {
     /// Connections served at once; beyond it a new connection is closed at once.
     #[serde(default = "max_connections")]
     pub max_connections: usize,
-    /// TLS handshakes in progress; a new connection beyond it evicts the oldest handshake.
+    /// TLS handshakes in each stage (waiting for the ClientHello; the rest); a newcomer to a
+    /// full stage evicts its oldest.
     #[serde(default = "max_handshakes")]
     pub max_handshakes: usize,
     /// Established connections of one host; a further one is closed after its handshake.
