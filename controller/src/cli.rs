@@ -759,7 +759,28 @@ async fn serve<B: crate::backend::Backend + 'static>(
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("agent api address {} could not be bound", settings.listen))?;
-    tracing::info!(address = %settings.listen, identity = %id, "agent api listening");
+    let files = match crate::rlimit::raise_open_files() {
+        Ok((before, now)) => {
+            if before != now {
+                tracing::info!(before, now, "open-file soft limit raised to the hard limit");
+            }
+            now
+        }
+        Err(error) => {
+            tracing::warn!(%error, "open-file limit could not be read or raised");
+            1024
+        }
+    };
+    let max_connections = crate::rlimit::connection_budget(settings.limits.max_connections, files);
+    if max_connections < settings.limits.max_connections {
+        tracing::warn!(
+            configured = settings.limits.max_connections,
+            serving = max_connections,
+            open_files = files,
+            "the open-file limit allows fewer agent api connections than configured"
+        );
+    }
+    tracing::info!(address = %settings.listen, identity = %id, max_connections, "agent api listening");
     let metrics = Metrics::new();
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -767,6 +788,8 @@ async fn serve<B: crate::backend::Backend + 'static>(
         listener,
         tls,
         hub.clone(),
+        settings.limits.clone(),
+        max_connections,
         cancel.clone(),
     ));
     if let Some(addr) = settings.metrics_listen {

@@ -19,6 +19,11 @@ use metalguard_api::protocol::{BmcCredentials, BmcTrust, Secret};
 use metalguard_api::snapshot::{ControlPlaneSpec, Role};
 use serde::Deserialize;
 
+mod api_limits;
+pub(crate) mod checks;
+
+pub use api_limits::ApiLimits;
+
 /// Default etcd key prefix.
 pub const DEFAULT_PREFIX: &str = "/metalguard";
 /// Default leader lease: a dead leader is replaced within this long.
@@ -120,6 +125,9 @@ pub struct ControllerSettings {
     /// A deny list of agent certificates (`crate::revocation`), re-read when it changes.
     #[serde(default)]
     pub revoked_certificates: Option<PathBuf>,
+    /// What one agent may hold or send (`[controller.limits]`).
+    #[serde(default)]
+    pub limits: ApiLimits,
 }
 
 impl Default for ControllerSettings {
@@ -132,6 +140,7 @@ impl Default for ControllerSettings {
             plan_interval: DEFAULT_PLAN_INTERVAL,
             hmac_key: None,
             revoked_certificates: None,
+            limits: ApiLimits::default(),
         }
     }
 }
@@ -290,8 +299,12 @@ impl Inventory {
     }
 
     /// The semantic rules: unique host names, known failure domains, odd replicas, a usable
-    /// etcd section, at most one trust mode per BMC.
+    /// etcd section, at most one trust mode per BMC, and every value within bounds
+    /// ([`checks`]: BMC addresses, fingerprints, etcd endpoints, durations).
     pub fn validate(&self) -> Result<(), String> {
+        // Each value first (the endpoint's own error names its index), then how they go
+        // together (schemes and TLS files).
+        checks::check(self)?;
         crate::backend::access::validate(&self.etcd)?;
         if !self.etcd.prefix.starts_with('/') || self.etcd.prefix.ends_with('/') {
             return Err(format!(

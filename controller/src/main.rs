@@ -33,6 +33,7 @@ mod reachability;
 mod reload;
 mod retire;
 mod revocation;
+mod rlimit;
 mod seal;
 mod server;
 mod service;

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::bounds::{CONTROLLER_URL, ETCD_URL, PROBE_URL, check_durations, check_url};
 use super::schema::{AgentConfig, DEFAULT_ETCD_BINARY, EtcdConfig, ProbeTiming};
 use crate::etcd_join::LauncherKind;
 
@@ -41,20 +42,14 @@ impl AgentConfig {
             ));
         }
         if let Some(controller) = &self.controller {
-            if !controller.url.starts_with("https://") {
-                problems.push(format!(
-                    "controller.url: {} must use https:// (the agent API is mutual TLS only)",
-                    controller.url
-                ));
-            }
-            for url in controller
-                .urls
-                .iter()
-                .filter(|u| !u.starts_with("https://"))
-            {
-                problems.push(format!(
-                    "controller.urls: {url} must use https:// (the agent API is mutual TLS only)"
-                ));
+            check_url(
+                "controller.url",
+                &controller.url,
+                &CONTROLLER_URL,
+                &mut problems,
+            );
+            for url in &controller.urls {
+                check_url("controller.urls", url, &CONTROLLER_URL, &mut problems);
             }
             check_file("controller.ca", &controller.ca, &mut problems);
             check_file("controller.cert", &controller.cert, &mut problems);
@@ -81,11 +76,7 @@ impl AgentConfig {
                 problems.push("etcd.endpoints: must list at least the local member".to_owned());
             }
             for endpoint in &etcd.endpoints {
-                if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-                    problems.push(format!(
-                        "etcd.endpoints: {endpoint} must start with http:// or https://"
-                    ));
-                }
+                check_url("etcd.endpoints", endpoint, &ETCD_URL, &mut problems);
             }
             if let Some(ca) = &etcd.ca {
                 check_file("etcd.ca", ca, &mut problems);
@@ -109,12 +100,7 @@ impl AgentConfig {
             ("probes.kubelet", &probes.kubelet),
         ] {
             if let Some(probe) = probe {
-                if !(probe.url.starts_with("http://") || probe.url.starts_with("https://")) {
-                    problems.push(format!(
-                        "{key}.url: {} must start with http:// or https://",
-                        probe.url
-                    ));
-                }
+                check_url(&format!("{key}.url"), &probe.url, &PROBE_URL, &mut problems);
                 if let Some(ca) = &probe.ca {
                     check_file(&format!("{key}.ca"), ca, &mut problems);
                 }
@@ -158,6 +144,7 @@ impl AgentConfig {
             }
             check_timing(&key, probe.timing(), &mut problems);
         }
+        check_durations(self, &mut problems);
         problems
     }
 }
@@ -179,10 +166,8 @@ fn check_join(etcd: &EtcdConfig, problems: &mut Vec<String>) {
             join.listen_client_url.as_ref(),
         ),
     ] {
-        if let Some(url) = url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            problems.push(format!("{key}: {url} must start with http:// or https://"));
+        if let Some(url) = url {
+            check_url(key, url, &ETCD_URL, problems);
         }
     }
     match join.data_dir.as_ref().or(etcd.data_dir.as_ref()) {

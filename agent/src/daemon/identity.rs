@@ -96,6 +96,7 @@ fn build(config: &ControllerConfig) -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .connect_timeout(config.request_timeout)
+        .pool_idle_timeout(super::link::POOL_IDLE)
         .no_proxy()
         .build()
         .map_err(|e| format!("building the controller client: {e}"))

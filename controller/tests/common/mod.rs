@@ -151,6 +151,26 @@ bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
             .env("RUST_LOG", "info,metalguard_controller::service=debug");
         Proc::spawn(name, command, &self.dir.path().join(format!("{name}.log"))).unwrap()
     }
+
+    /// The controller started with the open-file soft limit at `nofile` (a login shell's or an
+    /// old init's default of 1024), whatever this test process raised its own to.
+    pub fn controller_with_nofile(&self, name: &str, port: &PortLease, nofile: u64) -> Proc {
+        let inventory = self.inventory(name, port.port());
+        let mut command = Command::new("sh");
+        command
+            .args([
+                "-c",
+                &format!("ulimit -Sn {nofile} && exec \"$0\" \"$@\""),
+                BIN,
+                "run",
+                "--inventory",
+                inventory.to_str().unwrap(),
+                "--id",
+                name,
+            ])
+            .env("RUST_LOG", "info");
+        Proc::spawn(name, command, &self.dir.path().join(format!("{name}.log"))).unwrap()
+    }
 }
 
 /// `ca_file`, `cert_file` and `key_file` lines for `tls`.
@@ -173,7 +193,8 @@ pub fn run(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
+/// The rustls client configuration of an agent (`host`) or of a client without certificate.
+pub fn client_config(tls: &Path, host: Option<&str>) -> rustls::ClientConfig {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(tls.join("ca.pem")).unwrap() {
@@ -183,7 +204,7 @@ pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots);
-    let config = match host {
+    match host {
         Some(host) => {
             let chain = CertificateDer::pem_file_iter(tls.join(format!("{host}.pem")))
                 .unwrap()
@@ -193,12 +214,27 @@ pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
             builder.with_client_auth_cert(chain, key).unwrap()
         }
         None => builder.with_no_client_auth(),
-    };
+    }
+}
+
+pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
     reqwest::Client::builder()
-        .tls_backend_preconfigured(config)
+        .tls_backend_preconfigured(client_config(tls, host))
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap()
+}
+
+/// How many times `key` was written since it was created (etcd's per-key `version`; 0 when
+/// absent).
+pub fn key_version(etcd: &EtcdCluster, key: &str) -> u64 {
+    let out = etcd.etcdctl(&["get", key, "-w", "json"]).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    json["kvs"]
+        .as_array()
+        .and_then(|kvs| kvs.first())
+        .and_then(|kv| kv["version"].as_u64())
+        .unwrap_or(0)
 }
 
 pub fn report(host: &str, sequence: u64) -> AgentReport {
@@ -312,4 +348,36 @@ pub fn scrape(port: u16) -> String {
     let mut text = String::new();
     stream.read_to_string(&mut text).unwrap();
     text
+}
+
+/// w-1's stored report in etcd.
+pub const W1_REPORT_KEY: &str = "/metalguard/reports/w-1";
+
+/// A `KubeletHealthy` condition.
+pub fn kubelet(
+    status: metalguard_api::snapshot::ConditionStatus,
+    since: u64,
+    message: String,
+) -> metalguard_api::protocol::Condition {
+    metalguard_api::protocol::Condition {
+        type_: "KubeletHealthy".into(),
+        status,
+        reason: "Probe".into(),
+        message,
+        last_transition: Timestamp(since),
+    }
+}
+
+/// Posts `report` for its host; true when the controller took it.
+pub async fn send(
+    agent: &reqwest::Client,
+    port: u16,
+    report: &metalguard_api::protocol::AgentReport,
+) -> bool {
+    agent
+        .post(url(port, &report_path(&report.host)))
+        .json(report)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
 }
