@@ -287,22 +287,40 @@ async fn agents_report(
 ) {
     for round in 0..3 {
         for host in agents {
-            let agent = reqwest::Client::builder()
-                .tls_backend_preconfigured(client_config(&lab.tls(), Some(host)))
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap();
+            // As the agent does: a connection the flood got closed is tried again after the
+            // agent's first back-off (250 ms); the report must be answered within the agent's
+            // request timeout (5 s) counted from the first try.
             let sent = Instant::now();
-            let answer = agent
-                .post(url(port, &report_path(host)))
-                .json(&report(host, 100 + round))
-                .send()
-                .await;
+            let mut tries = 0;
+            let answer = loop {
+                tries += 1;
+                let agent = reqwest::Client::builder()
+                    .tls_backend_preconfigured(client_config(&lab.tls(), Some(host)))
+                    .timeout(Duration::from_secs(5).saturating_sub(sent.elapsed()))
+                    .build()
+                    .unwrap();
+                let answer = agent
+                    .post(url(port, &report_path(host)))
+                    .json(&report(host, 100 + round))
+                    .send()
+                    .await;
+                match answer {
+                    Err(error)
+                        if error.is_connect()
+                            && sent.elapsed() + Duration::from_millis(250)
+                                < Duration::from_secs(5) =>
+                    {
+                        eprintln!("round {round}, {host}: try {tries} not connected: {error}");
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    answer => break answer,
+                }
+            };
             let status = answer.as_ref().map(|r| r.status().as_u16());
             assert_eq!(
                 status.as_ref().ok(),
                 Some(&200),
-                "round {round}, {host}: {answer:?} after {:?}\n{}",
+                "round {round}, {host}: {answer:?} after {:?} and {tries} tries\n{}",
                 sent.elapsed(),
                 controller.log_tail(20)
             );
@@ -378,7 +396,9 @@ async fn five_thousand_idle_connections_keep_no_agent_report_out() {
         })
         .collect();
     // While they open and are held, every agent's report gets through within its default
-    // request timeout (5 s), on a fresh connection (a fresh handshake) each time.
+    // request timeout (5 s), on a fresh connection (a fresh handshake) each time. The flood
+    // may close an agent's handshake (its ClientHello came after 256 newer connections: seen
+    // once on a loaded 2-core CI machine); the agent's retry 250 ms later gets through.
     tokio::time::sleep(Duration::from_secs(2)).await;
     eprintln!(
         "after {:?} the controller holds {} files",
