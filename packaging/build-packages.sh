@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Builds the agent's packages from a clean checkout:
+# Builds the packages from a clean checkout:
 #   target/debian/metalguard-agent_<version>-1_amd64.deb      (cargo-deb)
 #   target/generate-rpm/metalguard-agent-<version>-1.x86_64.rpm (cargo-generate-rpm)
 #   target/x86_64-unknown-linux-musl/release/metalguard-agent  (static, for older glibc)
+#   target/debian/metalguard-controller_<version>-1_amd64.deb and
+#   target/generate-rpm/metalguard-controller-<version>-1.x86_64.rpm (standalone hosts: built
+#   without the Kubernetes backend, `--no-default-features`)
 # Usage: packaging/build-packages.sh [--no-musl]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +27,12 @@ say "deb"
 cargo deb -p metalguard-agent --no-build --no-strip --locked
 say "rpm"
 cargo generate-rpm -p agent
+
+say "controller: release build (standalone, no Kubernetes backend)"
+cargo build --release --locked -p metalguard-controller --no-default-features
+strip -s target/release/metalguard-controller
+cargo deb -p metalguard-controller --no-build --no-strip --locked
+cargo generate-rpm -p controller
 
 if [ "${1:-}" != "--no-musl" ]; then
   say "static musl build"

@@ -3,6 +3,9 @@
 # and the .rpm, boots a cached Debian bookworm root with systemd-nspawn, and checks install,
 # enable-but-not-started, start when configured, READY, structured journal fields, the
 # watchdog killing a frozen agent, clean stop, upgrade keeping an edited agent.toml, and purge.
+# Then the controller's .deb (standalone hosts): enabled but inactive without an inventory, the
+# unit verifies, and configured (no etcd in the container) it runs sandboxed as `metalguard`
+# with its open-file limit, listens, says it cannot act, and stops cleanly.
 # The .rpm is checked for contents and scriptlets (no RPM distribution can be booted here).
 # Every container and temporary copy is removed on exit.
 set -euo pipefail
@@ -18,6 +21,8 @@ check() { # check NAME CONDITION-COMMAND...
 packaging/build-packages.sh "${PACKAGE_TEST_BUILD_ARGS:---no-musl}"
 DEB1=$(ls target/debian/metalguard-agent_*_amd64.deb | head -1)
 RPM=$(ls target/generate-rpm/metalguard-agent-*.rpm | head -1)
+CONTROLLER_DEB=$(ls target/debian/metalguard-controller_*_amd64.deb | head -1)
+CONTROLLER_RPM=$(ls target/generate-rpm/metalguard-controller-*.rpm | head -1)
 WORK=$(mktemp -d /tmp/mg-pkgtest-XXXXXX)
 NSPAWN_PID=""
 cleanup() {
@@ -31,6 +36,7 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$WORK/pkgs"
 cp "$DEB1" "$WORK/pkgs/v1.deb"
+cp "$CONTROLLER_DEB" "$WORK/pkgs/controller.deb"
 # A "newer build": same content, higher Debian revision.
 cargo deb -p metalguard-agent --no-build --no-strip --locked --deb-revision 2 -o "$WORK/pkgs/v2.deb" >/dev/null
 
@@ -45,6 +51,14 @@ done
 check "rpm marks agent.toml as config" grep -qx /etc/metalguard/agent.toml <<<"$rpm_config"
 check "rpm postinstall runs sysusers and enables" grep -q "systemctl enable metalguard-agent" <<<"$rpm_scripts"
 check "rpm preuninstall stops on removal" grep -q "disable --now metalguard-agent" <<<"$rpm_scripts"
+
+crpm_files=$(rpm -qlp "$CONTROLLER_RPM" 2>/dev/null)
+crpm_scripts=$(rpm -qp --scripts "$CONTROLLER_RPM" 2>/dev/null)
+for f in /usr/bin/metalguard-controller /usr/lib/systemd/system/metalguard-controller.service \
+         /usr/lib/sysusers.d/metalguard-controller.conf; do
+  check "controller rpm contains $f" grep -qx "$f" <<<"$crpm_files"
+done
+check "controller rpm postinstall runs sysusers and enables" grep -q "systemctl enable metalguard-controller" <<<"$crpm_scripts"
 
 say "deb: unit files verify"
 dpkg-deb -x "$WORK/pkgs/v1.deb" "$WORK/unpacked"
@@ -151,6 +165,44 @@ in_ct dpkg --purge metalguard-agent >"$WORK/purge.log" 2>&1 || { cat "$WORK/purg
 check "service gone after purge" bash -c "! nsenter --target $leader --mount --pid -- systemctl is-active --quiet metalguard-agent"
 check "config removed by purge" bash -c "! nsenter --target $leader --mount -- test -e /etc/metalguard/agent.toml"
 check "state removed by purge" bash -c "! nsenter --target $leader --mount -- test -e /var/lib/metalguard"
+
+say "controller: install, unconfigured"
+in_ct dpkg -i /pkgs/controller.deb >"$WORK/controller-install.log" 2>&1 || { cat "$WORK/controller-install.log"; fail "dpkg -i controller failed"; }
+check "controller unit is enabled" test "$(in_ct systemctl is-enabled metalguard-controller)" = enabled
+check "controller unconfigured: not started (condition failed)" test "$(in_ct systemctl show -p ConditionResult --value metalguard-controller)" = no
+check "controller unconfigured: not failed" test "$(in_ct systemctl is-failed metalguard-controller || true)" != failed
+check "controller: systemd-analyze verify passes" in_ct systemd-analyze verify --man=no metalguard-controller.service
+
+say "controller: configured without etcd (it runs, sandboxed, and says it cannot act)"
+CPORT=$((20000 + $$ % 20000))
+in_ct metalguard-controller certs init /etc/metalguard/tls >/dev/null
+in_ct metalguard-controller certs issue controller /etc/metalguard/tls --server >/dev/null
+in_ct chown -R metalguard:metalguard /etc/metalguard/tls
+in_ct sh -c "cat > /etc/metalguard/inventory.toml <<EOT
+[controller]
+listen = \"127.0.0.1:$CPORT\"
+tls_dir = \"/etc/metalguard/tls\"
+[etcd]
+endpoints = [\"http://127.0.0.1:9\"]
+[control_plane]
+desired_replicas = 1
+EOT"
+in_ct systemctl start metalguard-controller || in_ct journalctl -u metalguard-controller --no-pager | tail -20
+sleep 2
+check "controller configured: active" test "$(in_ct systemctl is-active metalguard-controller)" = active
+cpid=$(in_ct systemctl show -p MainPID --value metalguard-controller)
+check "controller runs as metalguard" test "$(in_ct stat -c %U "/proc/${cpid:-1}")" = metalguard
+climits=$(in_ct cat "/proc/${cpid:-1}/limits" | grep 'Max open files' || true)
+say "controller: $climits (the unit asks 65536; a container's own hard limit caps it)"
+check "controller open-file soft limit raised to its hard limit" bash -c "read -r _ _ _ soft hard _ <<<\"\$1\"; [ -n \"\$soft\" ] && [ \"\$soft\" = \"\$hard\" ] && [ \"\$soft\" -gt 1024 ]" _ "$climits"
+cjournal=$(in_ct journalctl -u metalguard-controller --no-pager)
+check "controller listens on its agent api" grep -q "agent api listening" <<<"$cjournal"
+check "controller says it cannot act without etcd" grep -q "cannot act" <<<"$cjournal"
+in_ct systemctl stop metalguard-controller
+check "controller stopped cleanly" test "$(in_ct systemctl show -p Result --value metalguard-controller)" = success
+in_ct dpkg --purge metalguard-controller >"$WORK/controller-purge.log" 2>&1 || { cat "$WORK/controller-purge.log"; fail "controller purge failed"; }
+check "controller gone after purge" bash -c "! nsenter --target $leader --mount -- test -e /usr/bin/metalguard-controller"
+check "the operator's inventory stays" in_ct test -e /etc/metalguard/inventory.toml
 
 say "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -337,8 +337,14 @@ mod tests {
 
     #[test]
     fn the_bmc_address_is_logged_without_credentials() {
+        // A query is refused by the address parser (the fence is refused too): scheme and
+        // host only.
         assert_eq!(
             redact_bmc("redfish+https://10.0.0.5/redfish/v1/Systems/1?password=hunter2"),
+            "redfish+https://10.0.0.5"
+        );
+        assert_eq!(
+            redact_bmc("redfish+https://10.0.0.5/redfish/v1/Systems/1"),
             "redfish+https://10.0.0.5:443/redfish/v1/Systems/1"
         );
         let text = redact_bmc("redfish+https://admin:hunter2@10.0.0.5/redfish/v1/Systems/1");

@@ -15,6 +15,7 @@ mod admin;
 mod assets;
 mod bmc_cmd;
 mod break_glass;
+mod client_tls;
 mod config;
 mod daemon;
 mod etcd_cmd;

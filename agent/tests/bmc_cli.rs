@@ -428,3 +428,47 @@ fn fence_agent_metadata_validates_against_the_fence_agents_schema() {
     let run2 = cli(&["fence-agent"], Some("action=metadata\n"), &mut transcript);
     assert_eq!(run2.stdout, run.stdout);
 }
+
+#[test]
+fn fence_agent_refuses_impossible_delays_and_never_echoes_stray_stdin_lines() {
+    let mut transcript = String::new();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().to_str().unwrap().to_owned();
+    for delay in ["1e30", "-1", "NaN", "inf"] {
+        let run = cli(
+            &[
+                "fence-agent",
+                "-o",
+                "off",
+                "--bmc",
+                "redfish+http://127.0.0.1:9",
+                "--credentials",
+                &creds,
+                &format!("--delay={delay}"),
+            ],
+            None,
+            &mut transcript,
+        );
+        assert_eq!(run.code, 1, "{delay}: {run:?}");
+        assert!(
+            run.stderr.contains("ERROR: option delay") && !run.stderr.contains("panicked"),
+            "{delay}: {run:?}"
+        );
+    }
+    let run = cli(
+        &["fence-agent"],
+        Some(
+            "action=validate-all\nip=127.0.0.1\nlogin=admin\npasswd=x\nS3cr3t-pasted-here\n\
+             passwd_tpyo=S3cr3t\n\u{1b}]0;owned\u{7}title=1\n",
+        ),
+        &mut transcript,
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains("WARNING: ignoring stdin line 5"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("passwd_tpyo"), "{run:?}");
+    assert!(!run.stderr.contains('\u{1b}'), "{run:?}");
+    assert_never_printed(&transcript, "S3cr3t");
+}

@@ -1,5 +1,10 @@
 //! `metalguard-agent etcd …` as a real process against real etcd: status output, and a join
 //! whose agent is SIGKILLed at each step and restarted.
+//!
+//! Plain HTTP on purpose (`EtcdCluster::start_plain_http`): the subject here is the membership
+//! mechanics, not the transport. The same client over TLS with client certificates is tested
+//! in `agent/etcd/tests/tls.rs`, and every membership step runs over TLS in the lab's
+//! `replace` scenario (`tests/tests/lab_replace.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use metalguard_e2e::etcd::EtcdCluster;
@@ -45,7 +50,7 @@ impl Drop for Agent {
 
 #[test]
 fn status_prints_every_member_and_exits_degraded_with_a_dead_voter() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let endpoints = cluster.endpoints().join(",");
     let out = Command::new(AGENT)
         .args(["etcd", "--endpoints", &endpoints, "status"])
@@ -81,7 +86,7 @@ fn status_prints_every_member_and_exits_degraded_with_a_dead_voter() {
 
 #[test]
 fn join_survives_the_agent_being_killed_at_each_step() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let slot = cluster.reserve_host().unwrap();
     let state_file = slot
         .data_dir

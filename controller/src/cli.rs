@@ -13,6 +13,7 @@ use metalguard_api::snapshot::{FenceRequest, Retirement};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend as _;
+use crate::backend::access::EtcdAccess;
 use crate::backend::etcd::EtcdBackend;
 use crate::certs::{self, Usage};
 use crate::clock::now;
@@ -65,6 +66,10 @@ enum Command {
         /// One JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// Leave out the line per etcd endpoint (each endpoint is asked on its own, so a hung
+        /// one costs one request timeout): for scripts that poll often, as the lab does.
+        #[arg(long)]
+        no_endpoint_probes: bool,
     },
     /// Ask the leader to fence a host.
     Fence {
@@ -112,7 +117,8 @@ enum Command {
         #[arg(long, env = "METALGUARD_INVENTORY")]
         inventory: PathBuf,
     },
-    /// Check the inventory, the files it names and the TLS files; print every problem.
+    /// Check the inventory, the files it names (BMC credentials, the etcd CA, client
+    /// certificate, key and password) and the TLS files; print every problem.
     CheckConfig {
         /// The inventory file.
         #[arg(long, env = "METALGUARD_INVENTORY")]
@@ -273,21 +279,17 @@ pub fn main(cli: Cli) -> ExitCode {
     }
 }
 
-/// The standalone store, sealing and opening records with the controllers' hmac key.
+/// The store of `run` and of every subcommand that reaches etcd: the inventory's endpoints
+/// with its TLS files and credentials (read now; a bad file stops the command with its key
+/// and path), sealing and opening records with the controllers' hmac key.
 fn connect(inventory: &Inventory, id: String) -> anyhow::Result<EtcdBackend> {
     let etcd = &inventory.etcd;
+    let access = EtcdAccess::load(etcd)?;
     let path = inventory.controller.hmac_key_path().context(
         "controller.tls_dir or controller.hmac_key must name the controllers' hmac key file",
     )?;
     let keys = crate::seal::KeyFile::open(&path)?;
-    Ok(EtcdBackend::new(
-        &etcd.endpoints,
-        &etcd.prefix,
-        id,
-        etcd.lease_ttl,
-        etcd.timeout,
-    )
-    .sealing(keys))
+    Ok(EtcdBackend::new(&etcd.endpoints, access, id, etcd.lease_ttl).sealing(keys))
 }
 
 /// Who runs this command, for the records of what it asks: the invoking user (`$SUDO_USER`
@@ -348,16 +350,33 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         // Handled in `main` before the runtime starts (it has its own exit statuses).
         Command::Plan(_) => Ok(()),
-        Command::Status { inventory, json } => {
+        Command::Status {
+            inventory,
+            json,
+            no_endpoint_probes,
+        } => {
             let inventory = Inventory::load(&inventory)?;
+            let access = EtcdAccess::load(&inventory.etcd)?;
             let mut backend = connect(&inventory, "status".to_owned())?;
-            let state = match backend.load().await {
+            // Each endpoint on its own, at the same time as the state is read.
+            let probes = async {
+                if no_endpoint_probes {
+                    Vec::new()
+                } else {
+                    crate::etcd_report::ask_each(&inventory.etcd.endpoints, &access).await
+                }
+            };
+            let (endpoints, state) = tokio::join!(probes, backend.load());
+            let state = match state {
                 Ok(state) => state,
                 Err(error) => {
-                    eprintln!(
+                    eprint!(
                         "{}",
-                        crate::status::store_unavailable(&inventory, &error).await
+                        crate::status::store_unavailable(crate::etcd_report::no_quorum(&endpoints))
                     );
+                    if !no_endpoint_probes {
+                        eprint!("{}", crate::etcd_report::render(&endpoints, &access));
+                    }
                     return Err(error.into());
                 }
             };
@@ -367,11 +386,15 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 .map_err(|error| crate::cli::chain(&error));
             let at = now();
             if json {
-                println!(
-                    "{}",
-                    crate::status::render_json(&inventory, &state, &alarms, at)
-                );
+                let mut document = crate::status::render_json(&inventory, &state, &alarms, at);
+                if !no_endpoint_probes {
+                    document["etcd_endpoints"] = serde_json::json!(endpoints);
+                }
+                println!("{document}");
             } else {
+                if !no_endpoint_probes {
+                    print!("{}", crate::etcd_report::render(&endpoints, &access));
+                }
                 print!("{}", crate::status::render_alarms(&alarms));
                 print!("{}", crate::status::render_rejected(&inventory, &state));
                 print!("{}", crate::status::render(&inventory, &state, at));
@@ -424,6 +447,11 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::CheckConfig { inventory } => {
             let inv = Inventory::load(&inventory)?;
             let mut problems: Vec<String> = inv.check_files().iter().map(|e| chain(e)).collect();
+            problems.extend(
+                crate::backend::access::check_files(&inv.etcd, std::time::SystemTime::now())
+                    .iter()
+                    .map(|e| chain(e)),
+            );
             problems.extend(check_controller_files(&inv));
             if let Some(dir) = &inv.controller.tls_dir
                 && dir.join(certs::CA_KEY).exists()
@@ -665,6 +693,11 @@ async fn run_kubernetes(args: KubeArgs, id: String) -> anyhow::Result<()> {
         controller,
         timing: crate::inventory::EtcdSettings {
             endpoints: Vec::new(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password_file: None,
             prefix: String::new(),
             lease_ttl: std::time::Duration::from_secs(crate::kube::run::LEASE_SECONDS),
             timeout: std::time::Duration::from_secs(5),
@@ -735,7 +768,28 @@ async fn serve<B: crate::backend::Backend + 'static>(
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("agent api address {} could not be bound", settings.listen))?;
-    tracing::info!(address = %settings.listen, identity = %id, "agent api listening");
+    let files = match crate::rlimit::raise_open_files() {
+        Ok((before, now)) => {
+            if before != now {
+                tracing::info!(before, now, "open-file soft limit raised to the hard limit");
+            }
+            now
+        }
+        Err(error) => {
+            tracing::warn!(%error, "open-file limit could not be read or raised");
+            1024
+        }
+    };
+    let max_connections = crate::rlimit::connection_budget(settings.limits.max_connections, files);
+    if max_connections < settings.limits.max_connections {
+        tracing::warn!(
+            configured = settings.limits.max_connections,
+            serving = max_connections,
+            open_files = files,
+            "the open-file limit allows fewer agent api connections than configured"
+        );
+    }
+    tracing::info!(address = %settings.listen, identity = %id, max_connections, "agent api listening");
     let metrics = Metrics::new();
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -743,6 +797,8 @@ async fn serve<B: crate::backend::Backend + 'static>(
         listener,
         tls,
         hub.clone(),
+        settings.limits.clone(),
+        max_connections,
         cancel.clone(),
     ));
     if let Some(addr) = settings.metrics_listen {

@@ -19,6 +19,11 @@ use metalguard_api::protocol::{BmcCredentials, BmcTrust, Secret};
 use metalguard_api::snapshot::{ControlPlaneSpec, Role};
 use serde::Deserialize;
 
+mod api_limits;
+pub(crate) mod checks;
+
+pub use api_limits::ApiLimits;
+
 /// Default etcd key prefix.
 pub const DEFAULT_PREFIX: &str = "/metalguard";
 /// Default leader lease: a dead leader is replaced within this long.
@@ -120,6 +125,9 @@ pub struct ControllerSettings {
     /// A deny list of agent certificates (`crate::revocation`), re-read when it changes.
     #[serde(default)]
     pub revoked_certificates: Option<PathBuf>,
+    /// What one agent may hold or send (`[controller.limits]`).
+    #[serde(default)]
+    pub limits: ApiLimits,
 }
 
 impl Default for ControllerSettings {
@@ -132,6 +140,7 @@ impl Default for ControllerSettings {
             plan_interval: DEFAULT_PLAN_INTERVAL,
             hmac_key: None,
             revoked_certificates: None,
+            limits: ApiLimits::default(),
         }
     }
 }
@@ -167,12 +176,31 @@ fn default_etcd_timeout() -> Duration {
     DEFAULT_ETCD_TIMEOUT
 }
 
-/// Where state and leadership live.
+/// Where state and leadership live, and how the controller authenticates to etcd
+/// (`crate::backend::access` reads the files; never their content in messages).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EtcdSettings {
-    /// Client URLs of the guarded etcd cluster.
+    /// Client URLs of the guarded etcd cluster, all `https://` or all `http://`.
     pub endpoints: Vec<String>,
+    /// CA bundle that signed the members' server certificates (kubeadm:
+    /// `/etc/kubernetes/pki/etcd/ca.crt`); required with `https://` endpoints.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate for etcd's `--client-cert-auth` (kubeadm:
+    /// `/etc/kubernetes/pki/etcd/healthcheck-client.crt`, or one of metalguard's own).
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// Its private key; refused when group or others may read it.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// etcd user for RBAC with a password; unset, etcd takes the client certificate's common
+    /// name as the user once its authentication is enabled.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// File holding `username`'s password; refused when group or others may read it.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
     /// Every key metalguard writes starts with this prefix.
     #[serde(default = "default_prefix")]
     pub prefix: String,
@@ -271,11 +299,13 @@ impl Inventory {
     }
 
     /// The semantic rules: unique host names, known failure domains, odd replicas, a usable
-    /// etcd section, at most one trust mode per BMC.
+    /// etcd section, at most one trust mode per BMC, and every value within bounds
+    /// ([`checks`]: BMC addresses, fingerprints, etcd endpoints, durations).
     pub fn validate(&self) -> Result<(), String> {
-        if self.etcd.endpoints.is_empty() {
-            return Err("etcd.endpoints is empty".to_owned());
-        }
+        // Each value first (the endpoint's own error names its index), then how they go
+        // together (schemes and TLS files).
+        checks::check(self)?;
+        crate::backend::access::validate(&self.etcd)?;
         if !self.etcd.prefix.starts_with('/') || self.etcd.prefix.ends_with('/') {
             return Err(format!(
                 "etcd.prefix {:?} must start with / and not end with /",

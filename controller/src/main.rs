@@ -14,6 +14,7 @@ mod cli;
 mod clock;
 #[cfg(feature = "kubernetes")]
 mod crd;
+mod etcd_report;
 mod executor;
 mod holds;
 mod hub;
@@ -32,6 +33,7 @@ mod reachability;
 mod reload;
 mod retire;
 mod revocation;
+mod rlimit;
 mod seal;
 mod server;
 mod service;

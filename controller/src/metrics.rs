@@ -59,6 +59,10 @@ pub struct Metrics {
     pub records_resealed: Counter,
     /// Certificates on the deny list in force.
     pub revoked_certificates: Gauge,
+    /// Reports accepted from agents (each refreshes its host's heartbeat).
+    pub reports_received: Counter,
+    /// Reports written to the store (a change, or once per heartbeat interval).
+    pub report_writes: Counter,
 }
 
 impl Metrics {
@@ -88,6 +92,8 @@ impl Metrics {
             operations_withheld: Gauge::default(),
             records_resealed: Counter::default(),
             revoked_certificates: Gauge::default(),
+            reports_received: Counter::default(),
+            report_writes: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -164,6 +170,16 @@ impl Metrics {
             "reserved_conditions_ignored",
             "Times an agent started reporting a reserved condition type, which is ignored",
             metrics.reserved_conditions_ignored.clone(),
+        );
+        registry.register(
+            "reports_received",
+            "Reports accepted from agents",
+            metrics.reports_received.clone(),
+        );
+        registry.register(
+            "report_writes",
+            "Reports written to the store: a change, or once per heartbeat interval",
+            metrics.report_writes.clone(),
         );
         registry.register(
             "inventory_rejected",

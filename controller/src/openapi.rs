@@ -188,10 +188,34 @@ fn errors() -> Value {
         b["description"] = json!(text);
         b
     };
+    let mut throttled = with(
+        "the host posts faster than its token bucket allows (reports, results and holds), or holds as many long-polls as allowed; retry after Retry-After seconds",
+    );
+    throttled["headers"] = json!({ "Retry-After": {
+        "description": "whole seconds to wait before the next request",
+        "schema": { "type": "integer", "minimum": 1 },
+    }});
     json!({
+        "400": with("the query or the body is not well-formed"),
         "403": with("the path names a host other than the client certificate's, or the certificate may not speak: its host is not in the inventory, is retired and powered off, or it is revoked"),
+        "429": throttled,
         "503": with("this controller is not the leader, or is stopping"),
     })
+}
+
+/// The refusals of a posted body: time, size, media type and the protocol's limits
+/// (`metalguard_api::limits`).
+fn body_errors(responses: &mut Value, max_bytes: usize, unprocessable: &str) {
+    let with = |text: String| {
+        json!({
+            "description": text,
+            "content": { "application/json": { "schema": reference("ErrorBody") } },
+        })
+    };
+    responses["408"] = with("the body did not arrive within the body read timeout".to_owned());
+    responses["413"] = with(format!("the body is over {max_bytes} bytes"));
+    responses["415"] = with("the body is not declared application/json".to_owned());
+    responses["422"] = with(unprocessable.to_owned());
 }
 
 fn json_body(name: &str) -> Value {
@@ -229,12 +253,26 @@ pub fn document() -> Value {
             "content": { "application/json": { "schema": reference("ErrorBody") } },
         })
     };
+    body_errors(
+        &mut result_responses,
+        metalguard_api::limits::MAX_RESULT_BYTES,
+        "a field is missing or unknown, or a list or string is beyond the protocol's limits (the message names the field)",
+    );
+    let mut report_responses =
+        with_errors(json!({ "200": ok("ReportAck", "the report was received") }));
+    body_errors(
+        &mut report_responses,
+        metalguard_api::limits::MAX_REPORT_BYTES,
+        "a field is missing or unknown, or a list or string is beyond the protocol's limits (the message names the field)",
+    );
     let mut hold_responses =
         with_errors(json!({ "200": ok("HoldAck", "the hold is persisted (or was already)") }));
-    hold_responses["409"] = error_response("a person released this hold; it is not honoured again");
-    hold_responses["422"] = error_response(
-        "the hold's id is not <host>/<milliseconds>, or its target is not an inventory host",
+    body_errors(
+        &mut hold_responses,
+        metalguard_api::limits::MAX_HOLD_BYTES,
+        "the hold's id is not <host>/<milliseconds>, its target is not an inventory host, a field is missing or unknown, or a string is beyond the protocol's limits",
     );
+    hold_responses["409"] = error_response("a person released this hold; it is not honoured again");
     hold_responses["501"] = error_response(
         "this controller's backend does not store holds (the agent's reports carry it)",
     );
@@ -255,7 +293,7 @@ pub fn document() -> Value {
                     "schema": { "type": "boolean" },
                 }],
                 "requestBody": json_body("AgentReport"),
-                "responses": with_errors(json!({ "200": ok("ReportAck", "the report was received") })),
+                "responses": report_responses,
             }},
             COMMANDS_PATH: { "get": {
                 "operationId": "commands",

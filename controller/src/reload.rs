@@ -180,4 +180,47 @@ role = "control-plane"
         assert_eq!(restart_needed, ["etcd"]);
         assert_eq!((file.generation, file.error.as_deref()), (3, None));
     }
+
+    #[test]
+    fn a_reload_with_a_bad_value_is_rejected_naming_host_and_key_without_credentials() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inventory.toml");
+        write(&path, BASE, 0);
+        let current = Inventory::load(&path).unwrap();
+        let mut file = InventoryFile::new(&path);
+        let host = |address: &str| {
+            format!(
+                "{BASE}\n[[hosts]]\nname = \"cp-4\"\nrole = \"control-plane\"\n\
+                 bmc = {{ address = \"{address}\", credentials_dir = \"/c\" }}\n"
+            )
+        };
+        for (tick, (text, names)) in [
+            (
+                host("redfish+https://admin:hunter2@10.0.0.4"),
+                "host cp-4 bmc.address",
+            ),
+            (host("ftp://10.0.0.4"), "host cp-4 bmc.address"),
+            (
+                BASE.replace("http://127.0.0.1:2379", "https://u:hunter2@127.0.0.1:2379"),
+                "etcd.endpoints[0]",
+            ),
+            (
+                format!(
+                    "{BASE}\n[policy.remediation]\nexecutor_heartbeat_timeout = \"1000000h\"\n"
+                ),
+                "policy.remediation.executor_heartbeat_timeout",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            write(&path, &text, 10 + tick as u64);
+            let Reload::Rejected(error) = file.check(&current) else {
+                panic!("not rejected: {text}")
+            };
+            assert!(error.contains(names), "{error}");
+            assert!(!error.contains("hunter2"), "{error}");
+            assert_eq!(file.generation, 1, "the previous inventory stays in use");
+        }
+    }
 }

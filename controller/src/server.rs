@@ -6,6 +6,15 @@
 //! hub does not admit (a host outside the inventory in force, a retired host verified off, a
 //! revoked certificate: [`Hub::admits`]). A controller that is not the leader answers 503 so
 //! the agent tries again (or another controller).
+//!
+//! Bounded everywhere (`[controller.limits]`): connections, TLS handshakes in progress and each
+//! host's connections ([`conn`]); the handshake, the request headers, the body and idle time;
+//! each host's posts (token bucket, 429 with `Retry-After`) and long-polls ([`guard`]); the
+//! size and the lists and strings of what is posted (`metalguard_api::limits`, 413 and 422).
+//! Every error answer is the documented [`ErrorBody`].
+
+pub mod conn;
+pub mod guard;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +24,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use metalguard_api::limits::{
+    MAX_HOLD_BYTES, MAX_REPORT_BYTES, MAX_RESULT_BYTES, check_hold, check_report, check_result,
+};
 use metalguard_api::protocol::{
     AgentReport, COMMANDS_PATH, CommandBatch, CommandResult, ErrorBody, HOLDS_PATH, MAX_WAIT,
     REPORT_PATH, RESULTS_PATH, ReportAck,
@@ -23,29 +35,64 @@ use metalguard_api::protocol::{
 use metalguard_api::snapshot::Hold;
 use serde::Deserialize;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use self::conn::{Activity, ConnectionSlot, Connections, HandshakeSlot};
+use self::guard::{BodyBound, Guards};
 use crate::clock::now;
 use crate::hub::{HoldError, Hub, Inbound, ResultError};
+use crate::inventory::ApiLimits;
 use crate::revocation::CertIdentity;
 
-/// How long a client may take to complete the TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// hyper's read buffer per connection (headers must fit; bodies stream through it).
+const MAX_BUF_SIZE: usize = 64 * 1024;
+/// How often refused connections are logged at most.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The connection's verified client certificate: the host it names, its serial and
 /// fingerprint.
 #[derive(Debug, Clone)]
 pub struct PeerHost(pub CertIdentity);
 
-/// The routes, to be served per connection with a [`PeerHost`] extension.
-pub fn router(hub: Arc<Hub>) -> Router {
-    // The protocol constants use `{host}`, which is also axum 0.8's capture syntax.
+/// The routes, to be served per connection with a [`PeerHost`] extension (and an
+/// [`Activity`] one for the idle timeout), each behind its guards: posts rate-limited per host
+/// and their bodies read within their bound, long-polls counted per host, every error answer
+/// the documented JSON body.
+pub fn router(hub: Arc<Hub>, guards: &Arc<Guards>, limits: &ApiLimits) -> Router {
+    let body = |max| {
+        axum::middleware::from_fn_with_state(
+            BodyBound {
+                max,
+                timeout: limits.body_read_timeout,
+            },
+            guard::bounded_body,
+        )
+    };
+    let rate = axum::middleware::from_fn_with_state(guards.clone(), guard::rate_limit);
+    let polls = axum::middleware::from_fn_with_state(guards.clone(), guard::long_poll_cap);
+    // The protocol constants use `{host}`, which is also axum 0.8's capture syntax. Of two
+    // layers, the later runs first: the rate is checked before any body is read.
     Router::new()
-        .route(REPORT_PATH, post(report))
-        .route(COMMANDS_PATH, get(commands))
-        .route(RESULTS_PATH, post(results))
-        .route(HOLDS_PATH, post(holds))
+        .route(
+            REPORT_PATH,
+            post(report)
+                .layer(body(MAX_REPORT_BYTES))
+                .layer(rate.clone()),
+        )
+        .route(COMMANDS_PATH, get(commands).layer(polls))
+        .route(
+            RESULTS_PATH,
+            post(results)
+                .layer(body(MAX_RESULT_BYTES))
+                .layer(rate.clone()),
+        )
+        .route(
+            HOLDS_PATH,
+            post(holds).layer(body(MAX_HOLD_BYTES)).layer(rate),
+        )
+        .layer(axum::middleware::from_fn(conn::track_activity))
+        .layer(axum::middleware::map_response(guard::json_errors))
         .with_state(hub)
 }
 
@@ -96,6 +143,12 @@ async fn report(
                 "report for host {} sent to the path of host {host}",
                 report.host
             ),
+        );
+    }
+    if let Err(error) = check_report(&report) {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("report of host {host}: {error}"),
         );
     }
     let ack = ReportAck {
@@ -157,6 +210,15 @@ async fn results(
     if let Err(refusal) = admit(&hub, &peer, &host) {
         return *refusal;
     }
+    if let Err(error) = check_result(&result) {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "result of {} from host {host}: {error}",
+                result.operation_id
+            ),
+        );
+    }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let sent = hub
         .send(Inbound::Result {
@@ -194,6 +256,12 @@ async fn holds(
     if let Err(refusal) = admit(&hub, &peer, &host) {
         return *refusal;
     }
+    if let Err(error) = check_hold(&hold) {
+        return refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("hold from host {host}: {error}"),
+        );
+    }
     if !crate::backend::state::hold_made_by(&hold, &host) {
         return refuse(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -230,16 +298,23 @@ async fn holds(
     }
 }
 
-/// Accepts TLS connections until `cancel`; each connection is served with the host its
-/// client certificate names.
+/// Accepts TLS connections until `cancel`, at most `max_connections` at once; each
+/// connection is served with the host its client certificate names.
 pub async fn serve(
     listener: TcpListener,
     tls: rustls::ServerConfig,
     hub: Arc<Hub>,
+    limits: ApiLimits,
+    max_connections: usize,
     cancel: CancellationToken,
 ) {
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
-    let app = router(hub);
+    let tls = Arc::new(tls);
+    let guards = Guards::new(limits.clone(), Arc::clone(&hub));
+    let app = router(hub, &guards, &limits);
+    let connections = Connections::new(&limits, max_connections);
+    let limits = Arc::new(limits);
+    let mut refusals_logged: Option<tokio::time::Instant> = None;
+    let mut refused = 0u64;
     loop {
         let (tcp, remote) = tokio::select! {
             () = cancel.cancelled() => return,
@@ -252,44 +327,141 @@ pub async fn serve(
                 }
             },
         };
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(error)) => {
-                    tracing::info!(%remote, %error, "agent api handshake refused");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(%remote, "agent api handshake timed out");
-                    return;
-                }
-            };
-            let host = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|certs| certs.first())
-                .and_then(CertIdentity::of);
-            let Some(host) = host else {
-                tracing::warn!(%remote, "client certificate names no host");
-                return;
-            };
-            let service =
-                hyper_util::service::TowerToHyperService::new(app.layer(Extension(PeerHost(host))));
-            let connection = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        tracing::debug!(%remote, %error, "agent api connection ended with an error");
-                    }
-                }
-                () = cancel.cancelled() => {}
+        let Some(slot) = connections.admit() else {
+            drop(tcp);
+            refused += 1;
+            if refusals_logged.is_none_or(|at| at.elapsed() >= REFUSAL_LOG_INTERVAL) {
+                tracing::warn!(
+                    refused,
+                    open = connections.open(),
+                    "agent api connections refused: the connection limit is reached"
+                );
+                refusals_logged = Some(tokio::time::Instant::now());
+                refused = 0;
             }
-        });
+            continue;
+        };
+        let hello = connections.await_hello();
+        tokio::spawn(serve_one(
+            tcp,
+            remote,
+            Arc::clone(&tls),
+            app.clone(),
+            Arc::clone(&connections),
+            Arc::clone(&limits),
+            (slot, hello),
+            cancel.clone(),
+        ));
+    }
+}
+
+/// One connection: the handshake in its two evictable stages under one deadline, the host's
+/// share of connections, then HTTP/1 with the header timeout, closed after the idle timeout.
+#[allow(clippy::too_many_arguments)]
+async fn serve_one(
+    tcp: tokio::net::TcpStream,
+    remote: std::net::SocketAddr,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    connections: Arc<Connections>,
+    limits: Arc<ApiLimits>,
+    (_slot, hello): (ConnectionSlot, HandshakeSlot),
+    cancel: CancellationToken,
+) {
+    let deadline = tokio::time::Instant::now() + limits.handshake_timeout;
+    // Stage 1: the complete ClientHello. Biased: a hello that has arrived wins over eviction.
+    let accepted = tokio::select! {
+        biased;
+        started = tokio::time::timeout_at(
+            deadline,
+            LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp),
+        ) => started,
+        () = hello.evicted() => {
+            tracing::debug!(%remote, "agent api connection evicted before its ClientHello arrived");
+            return;
+        }
+    };
+    drop(hello);
+    let start = match accepted {
+        Ok(Ok(start)) => start,
+        Ok(Err(error)) => {
+            tracing::info!(%remote, %error, "agent api handshake refused");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%remote, "agent api ClientHello did not arrive in time");
+            return;
+        }
+    };
+    // Stage 2: the rest of the handshake (client certificate verified).
+    let handshake = connections.begin_handshake();
+    let stream = tokio::select! {
+        biased;
+        done = tokio::time::timeout_at(deadline, start.into_stream(tls)) => match done {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                tracing::info!(%remote, %error, "agent api handshake refused");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%remote, "agent api handshake timed out");
+                return;
+            }
+        },
+        () = handshake.evicted() => {
+            tracing::debug!(%remote, "agent api handshake evicted by a newer connection");
+            return;
+        }
+    };
+    drop(handshake);
+    let host = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .and_then(CertIdentity::of);
+    let Some(host) = host else {
+        tracing::warn!(%remote, "client certificate names no host");
+        return;
+    };
+    let Some(_host_slot) = connections.join_host(&host.host) else {
+        tracing::warn!(%remote, host = %host.host, max = limits.max_connections_per_host, "agent api connection closed: the host holds its share of connections");
+        return;
+    };
+    let activity = Activity::new();
+    let service = hyper_util::service::TowerToHyperService::new(
+        app.layer(Extension(PeerHost(host)))
+            .layer(Extension(Arc::clone(&activity))),
+    );
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_BUF_SIZE);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let mut closing = false;
+    loop {
+        let idle_until = activity
+            .idle_since()
+            .unwrap_or_else(tokio::time::Instant::now)
+            + limits.idle_timeout;
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(error) = result {
+                    tracing::debug!(%remote, %error, "agent api connection ended with an error");
+                }
+                return;
+            }
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep_until(idle_until), if !closing => {
+                let idle = activity.idle_since().is_some_and(|since| since.elapsed() >= limits.idle_timeout);
+                if idle {
+                    tracing::debug!(%remote, "agent api connection closed after its idle timeout");
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
     }
 }

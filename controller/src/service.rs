@@ -39,26 +39,28 @@ use crate::revocation::{CertIdentity, DenyListFile, DenyListReload};
 const RESEAL_BATCH: usize = 64;
 
 mod holds;
+mod report_store;
 mod reserved;
 
+use report_store::{ReportStore, overlay_latest};
 use reserved::ReservedSeen;
 
 /// Most plan rounds run back to back after one trigger (each round that persisted something
 /// is followed by another).
 const MAX_ROUNDS: usize = 8;
 
-/// Puts into `state` every report this controller received after the stored one but could
-/// not store: while etcd refuses writes (NOSPACE) the agents still report to the leader, and
-/// planning from the stored, ever older reports would take them for silent and fence hosts as
-/// soon as the store accepts writes again (seen in `tests/tests/lab_nospace.rs`).
-fn overlay_unstored(state: &mut crate::backend::State, unstored: &BTreeMap<String, StoredReport>) {
-    for (host, report) in unstored {
-        let newer = state
-            .reports
-            .get(host)
-            .is_none_or(|stored| stored.received_at < report.received_at);
-        if newer {
-            state.reports.insert(host.clone(), report.clone());
+/// How often the leader gauge is checked against the hub's lease deadline.
+const LAPSE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Sets the leader gauge to 0 as soon as the hub's leadership lapses by itself: the loop
+/// notices only when its current store call returns (up to three etcd timeouts later), and an
+/// operator's dashboard must not show a leader that answers 503.
+async fn gauge_lapses(hub: Arc<Hub>, metrics: Arc<Metrics>) {
+    let mut tick = tokio::time::interval(LAPSE_CHECK);
+    loop {
+        tick.tick().await;
+        if !hub.is_leader() {
+            metrics.leader.set(0);
         }
     }
 }
@@ -77,9 +79,11 @@ pub struct Controller<B> {
     file: Option<InventoryFile>,
     /// This controller's identity (in its notes).
     identity: String,
-    /// The latest report of each host that the store refused to record (under etcd's NOSPACE
-    /// alarm every write fails): the agent is not silent, and its conditions say why.
-    unstored: BTreeMap<String, StoredReport>,
+    /// The latest report of each host, as received (planned from; the store gets it when it
+    /// changed or once per heartbeat interval, and not at all under etcd's NOSPACE alarm).
+    latest: BTreeMap<String, StoredReport>,
+    /// What of each host's report was written to the store, and when.
+    stored_reports: ReportStore,
     /// Per host, the reserved condition types its agent reported last (logged on change).
     reserved_seen: ReservedSeen,
     /// Hold ids already logged as not recordable (logged once each).
@@ -102,7 +106,8 @@ impl<B: Backend> Controller<B> {
             renewed_at: None,
             file: None,
             identity: String::new(),
-            unstored: BTreeMap::new(),
+            latest: BTreeMap::new(),
+            stored_reports: ReportStore::default(),
             reserved_seen: ReservedSeen::default(),
             holds_warned: BTreeSet::new(),
             deny_list: None,
@@ -323,7 +328,9 @@ impl<B: Backend> Controller<B> {
         self.reload_deny_list();
         let (wake_tx, mut wake) = mpsc::channel(16);
         let watch = tokio::spawn(self.backend.watch_inputs(wake_tx));
+        let lapse = tokio::spawn(gauge_lapses(self.hub.clone(), self.metrics.clone()));
         loop {
+            let mut ticked = false;
             tokio::select! {
                 // Leadership rounds first: a busy inbox must not starve lease renewal.
                 biased;
@@ -332,6 +339,7 @@ impl<B: Backend> Controller<B> {
                     self.reload_inventory();
                     self.reload_deny_list();
                     self.campaign().await;
+                    ticked = true;
                 }
                 Some(()) = wake.recv() => {}
                 message = inbox.recv() => match message {
@@ -349,10 +357,15 @@ impl<B: Backend> Controller<B> {
                 .agents_connected
                 .set(i64::try_from(self.hub.agents_polling()).unwrap_or(i64::MAX));
             if self.hub.is_leader() {
+                if ticked {
+                    // Changes that waited for their host's next write slot.
+                    self.store_due_reports().await;
+                }
                 self.plan_and_execute().await;
             }
         }
         watch.abort();
+        lapse.abort();
         self.set_leader(false);
         self.backend.resign().await;
     }
@@ -388,7 +401,7 @@ impl<B: Backend> Controller<B> {
             }
             Err(error) => {
                 if self.metrics.store_unavailable.get() == 0 {
-                    tracing::error!(error = %crate::cli::chain(&error), "cannot act: the backend store is unavailable (etcd without quorum?)");
+                    tracing::error!(error = %crate::cli::chain(&error), "cannot act: the backend store is unavailable");
                 }
                 self.metrics.store_unavailable.set(1);
                 // Keep leading only while the lease certainly still holds: the hub's deadline
@@ -426,19 +439,11 @@ impl<B: Backend> Controller<B> {
             Inbound::Report(report) => {
                 self.note_reserved_conditions(&report);
                 self.note_foreign_holds(&report);
-                let stored = StoredReport {
+                self.take_report(StoredReport {
                     report,
                     received_at: now(),
-                };
-                match self.backend.record_report(&stored).await {
-                    Ok(()) => {
-                        self.unstored.remove(&stored.report.host);
-                    }
-                    Err(error) => {
-                        tracing::warn!(host = %stored.report.host, error = %crate::cli::chain(&error), "report could not be stored");
-                        self.unstored.insert(stored.report.host.clone(), stored);
-                    }
-                }
+                })
+                .await;
             }
             Inbound::Result {
                 host,
@@ -538,7 +543,7 @@ impl<B: Backend> Controller<B> {
                     return;
                 }
             };
-            overlay_unstored(&mut state, &self.unstored);
+            overlay_latest(&mut state, &self.latest);
             self.note_state(&state);
             state.refresh_holds();
             self.hub.set_released_holds(state.released_hold_ids());
@@ -688,42 +693,5 @@ impl<B: Backend> Controller<B> {
                 .get_or_create(&label("phase", phase))
                 .set(count);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use metalguard_api::duration::Timestamp;
-
-    use super::*;
-
-    fn report(host: &str, received_at: u64) -> StoredReport {
-        StoredReport {
-            report: serde_json::from_value(serde_json::json!({
-                "host": host, "agent_version": "t", "sequence": received_at,
-                "boot_id": "", "sent_at": received_at,
-            }))
-            .unwrap(),
-            received_at: Timestamp(received_at),
-        }
-    }
-
-    #[test]
-    fn reports_the_store_refused_count_only_when_newer() {
-        let mut state = crate::backend::State::default();
-        state.reports.insert("cp-1".into(), report("cp-1", 10));
-        state.reports.insert("cp-2".into(), report("cp-2", 30));
-        let unstored: BTreeMap<String, StoredReport> = [
-            ("cp-1".to_owned(), report("cp-1", 20)),
-            ("cp-2".to_owned(), report("cp-2", 25)),
-            ("cp-3".to_owned(), report("cp-3", 5)),
-        ]
-        .into();
-        overlay_unstored(&mut state, &unstored);
-        let at = |h: &str| state.reports[h].received_at;
-        assert_eq!(
-            (at("cp-1"), at("cp-2"), at("cp-3")),
-            (Timestamp(20), Timestamp(30), Timestamp(5))
-        );
     }
 }

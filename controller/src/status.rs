@@ -307,45 +307,19 @@ pub fn render_progress(inventory: &Inventory, state: &State, now: Timestamp) -> 
     out
 }
 
-/// Why nothing can be shown or done while the store cannot be read, with each etcd
-/// endpoint's own answer (a member that answers but sees no leader means lost quorum).
-pub async fn store_unavailable(
-    inventory: &Inventory,
-    error: &crate::backend::BackendError,
-) -> String {
-    let mut out = format!(
-        "cannot read the controller's store: {}\n\
-         metalguard acts only through its store: while etcd has no quorum it persists no \
-         intent and so fences nothing (fencing cannot restore quorum; a person must recover \
-         etcd, see docs/runbooks.md)\n\
-         etcd members as seen from here:\n",
-        crate::cli::chain(error)
-    );
-    let timeout = inventory.etcd.timeout;
-    for endpoint in &inventory.etcd.endpoints {
-        let options = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(timeout)
-            .with_timeout(timeout);
-        let answer = match tokio::time::timeout(
-            timeout * 2,
-            etcd_client::Client::connect([endpoint.as_str()], Some(options)),
-        )
-        .await
-        {
-            Ok(Ok(mut client)) => match tokio::time::timeout(timeout * 2, client.status()).await {
-                Ok(Ok(status)) if status.leader() == 0 => {
-                    "answers but sees no leader (no quorum)".to_owned()
-                }
-                Ok(Ok(status)) => format!("answers, leader {:x}", status.leader()),
-                Ok(Err(e)) => format!("no status: {e}"),
-                Err(_) => format!("no answer within {:?}", timeout * 2),
-            },
-            Ok(Err(e)) => format!("unreachable: {e}"),
-            Err(_) => format!("no answer within {:?}", timeout * 2),
-        };
-        let _ = writeln!(out, "  {endpoint}: {answer}");
+/// What `status` says when the store cannot be read, before the per-endpoint lines
+/// (`crate::etcd_report`) and the error itself: when the members that answered see no leader,
+/// why metalguard then fences nothing; otherwise that it waits for its store.
+pub fn store_unavailable(no_quorum: bool) -> &'static str {
+    if no_quorum {
+        "cannot read the controller's store: etcd has no quorum. metalguard acts only through \
+         its store: while etcd has no quorum it persists no intent and so fences nothing \
+         (fencing cannot restore quorum; a person must recover etcd, see docs/runbooks.md)\n"
+    } else {
+        "cannot read the controller's store: metalguard acts only through its store and does \
+         nothing until it can reach it; each endpoint's answer is below, the error at the end \
+         (docs/runbooks.md, \"metalguard cannot reach etcd\")\n"
     }
-    out
 }
 
 #[cfg(test)]

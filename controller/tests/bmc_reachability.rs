@@ -101,13 +101,19 @@ async fn reports_carry_the_bmc_targets_and_the_fence_goes_to_an_agent_that_reach
     post(&lab, port.port(), &w1_report).await;
 
     let inventory = lab.inventory("ctl-a", port.port());
-    let status = run(&["status", "--inventory", inventory.to_str().unwrap()]);
-    assert!(
-        status.contains(&format!(
-            "  w-2 (ipmi://127.0.0.1:2623): reached by w-1\n    NOT reached by cp-1: {UNREACHABLE}\n"
-        )),
-        "{status}"
+    // A changed report is stored within a second of the host's previous write.
+    let want = format!(
+        "  w-2 (ipmi://127.0.0.1:2623): reached by w-1\n    NOT reached by cp-1: {UNREACHABLE}\n"
     );
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let status = loop {
+        let status = run(&["status", "--inventory", inventory.to_str().unwrap()]);
+        if status.contains(&want) || std::time::Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(status.contains(&want), "{status}");
     assert!(
         status.contains("  w-1 (ipmi://127.0.0.1:1623): reached by cp-1\n"),
         "{status}"

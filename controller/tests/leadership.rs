@@ -138,11 +138,15 @@ async fn a_leader_stopped_with_sigterm_resigns_and_the_other_takes_over_before_t
     );
 }
 
+/// Limits that let a test report as a leadership probe, ten times a second.
+const PROBE_RATE: &str = "[controller.limits]\nrequests_per_second = 50\nrequest_burst = 100\n";
+
 /// Keeps reporting for 6 s after `fault` and counts refusals.
 async fn refusals_after(fault: impl FnOnce(&mut EtcdCluster)) -> (usize, String) {
     let mut lab = Lab::start_with(3);
     let port = reserve_port().unwrap();
-    let controller = lab.controller("ctl-a", &port);
+    // The probe reports ten times a second, five times what one agent may sustain.
+    let controller = lab.controller_with("ctl-a", &port, PROBE_RATE);
     let w1 = client(&lab.tls(), Some("w-1"));
     wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
     fault(&mut lab.etcd);

@@ -1,10 +1,19 @@
 //! A cluster of real `etcd` processes, on 127.0.0.1 unless [`EtcdOptions::placements`] puts
 //! members on other addresses or in network namespaces (the lab's netns mode).
 //!
+//! By default the cluster runs as kubeadm runs it ([`EtcdSecurity::ClientCertTls`]): client
+//! and peer URLs are `https://`, both require a client certificate signed by the cluster's
+//! CA (`--client-cert-auth`, `--peer-client-cert-auth`), and the certificates are generated
+//! per cluster in kubeadm's layout ([`crate::etcd_pki`]). [`EtcdSecurity::PlainHttp`] is the
+//! explicit exception. Either way every member also serves `/health` and `/metrics` over plain
+//! HTTP on its own metrics URL (`--listen-metrics-urls`, kubeadm's `http://127.0.0.1:2381`),
+//! which the harness's health checks read.
+//!
 //! Each member has its own data directory under the cluster's temporary directory and its
-//! own reserved client and peer ports. Membership is driven with `etcdctl` (a client
-//! independent of metalguard's code under test). Election and heartbeat timings are etcd's
-//! defaults unless [`EtcdOptions`] says otherwise.
+//! own reserved client, peer and metrics ports. Membership is driven with `etcdctl` (a client
+//! independent of metalguard's code under test; with TLS it presents a client certificate with
+//! CN `root`). Election and heartbeat timings are etcd's defaults unless [`EtcdOptions`] says
+//! otherwise.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -13,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use crate::etcd_pki::{CertFiles, EtcdPki, MemberPki, ROOT_CLIENT_CN};
 use crate::ports::{PortLease, reserve_port};
 use crate::process::{Proc, run_capture, wait_until};
 use crate::{HarnessError, Result, http, netns, tools};
@@ -43,6 +53,29 @@ pub struct EtcdOptions {
     pub names: Vec<String>,
     /// Where members run, in start order (then [`Placement::default`]).
     pub placements: Vec<Placement>,
+    /// How clients and peers talk to the members (default: TLS with client certificates).
+    pub security: EtcdSecurity,
+}
+
+/// How clients and peers reach the members.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EtcdSecurity {
+    /// kubeadm's setup: `https://` client and peer URLs, client certificates required on
+    /// both (`--client-cert-auth`, `--peer-client-cert-auth`), one CA for all.
+    #[default]
+    ClientCertTls,
+    /// `http://` everywhere, no authentication: only for tests that say so in their name or
+    /// their module documentation.
+    PlainHttp,
+}
+
+impl EtcdSecurity {
+    fn scheme(self) -> &'static str {
+        match self {
+            Self::ClientCertTls => "https",
+            Self::PlainHttp => "http",
+        }
+    }
 }
 
 /// Where a member runs: the address it listens on (client and peer) and the network
@@ -74,6 +107,7 @@ impl Default for EtcdOptions {
             extra_args: Vec::new(),
             names: Vec::new(),
             placements: Vec::new(),
+            security: EtcdSecurity::default(),
         }
     }
 }
@@ -95,21 +129,44 @@ pub enum MemberState {
 pub struct HostSlot {
     /// Member name.
     pub name: String,
-    /// `http://<address>:<client port>`.
+    /// `https://<address>:<client port>` (`http://` for a plain-HTTP cluster).
     pub client_url: String,
-    /// `http://<address>:<peer port>`.
+    /// `https://<address>:<peer port>` (`http://` for a plain-HTTP cluster).
     pub peer_url: String,
+    /// `http://<address>:<metrics port>`: `/health` and `/metrics` without TLS.
+    pub metrics_url: String,
     /// Data directory (does not exist yet).
     pub data_dir: PathBuf,
+    /// The member's certificates in kubeadm's layout (`None` for a plain-HTTP cluster).
+    pub pki: Option<MemberPki>,
     placement: Placement,
     client: PortLease,
     peer: PortLease,
+    metrics: PortLease,
 }
 
 impl HostSlot {
     /// Where the member runs.
     pub fn placement(&self) -> &Placement {
         &self.placement
+    }
+
+    /// The `ETCD_*` variables a member in this slot needs beyond its name, URLs, data directory
+    /// and initial cluster: its metrics URL and, with TLS, its certificates and the
+    /// client-certificate requirements.
+    pub fn extra_env(&self) -> Vec<(String, String)> {
+        let mut env = vec![(
+            "ETCD_LISTEN_METRICS_URLS".to_owned(),
+            self.metrics_url.clone(),
+        )];
+        if let Some(pki) = &self.pki {
+            env.extend(pki.etcd_env());
+        }
+        env
+    }
+
+    fn metrics_addr(&self) -> SocketAddr {
+        SocketAddr::from((self.placement.address, self.metrics.port()))
     }
 
     /// The client port.
@@ -161,8 +218,17 @@ impl EtcdMember {
     pub fn log_path(&self) -> PathBuf {
         self.slot.data_dir.with_extension("log")
     }
-    fn client_addr(&self) -> SocketAddr {
-        SocketAddr::from((self.slot.placement.address, self.slot.client_port()))
+    /// Plain-HTTP metrics URL (`/health`, `/metrics`).
+    pub fn metrics_url(&self) -> &str {
+        &self.slot.metrics_url
+    }
+    /// The member's certificates in kubeadm's layout (`None` for a plain-HTTP cluster).
+    pub fn pki(&self) -> Option<&MemberPki> {
+        self.slot.pki.as_ref()
+    }
+    /// Address of the plain-HTTP metrics listener (`/health`).
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.slot.metrics_addr()
     }
 }
 
@@ -206,7 +272,24 @@ pub struct EtcdCluster {
     members: Vec<EtcdMember>,
     options: EtcdOptions,
     next_index: usize,
+    tls: Option<ClusterTls>,
     dir: tempfile::TempDir,
+}
+
+/// The CA of a TLS cluster and the harness's own client certificate.
+#[derive(Debug)]
+struct ClusterTls {
+    pki: EtcdPki,
+    root_client: CertFiles,
+}
+
+/// The files a client needs to reach a TLS cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// The CA that signed the members' certificates.
+    pub ca: PathBuf,
+    /// The client certificate and key.
+    pub client: CertFiles,
 }
 
 impl EtcdCluster {
@@ -226,10 +309,19 @@ impl EtcdCluster {
             ));
         }
         let dir = tools::temp_dir("etcd")?;
+        let tls = match options.security {
+            EtcdSecurity::ClientCertTls => {
+                let pki = EtcdPki::create(&dir.path().join("pki"))?;
+                let root_client = pki.issue_client(ROOT_CLIENT_CN)?;
+                Some(ClusterTls { pki, root_client })
+            }
+            EtcdSecurity::PlainHttp => None,
+        };
         let mut cluster = Self {
             members: Vec::new(),
             options,
             next_index: 0,
+            tls,
             dir,
         };
         let slots: Vec<HostSlot> = (0..cluster.options.members)
@@ -256,7 +348,18 @@ impl EtcdCluster {
         Ok(cluster)
     }
 
-    /// Reserves ports and a data directory for a further host (`m<N>`) without starting it.
+    /// Starts `members` voting members over plain HTTP (no TLS, no client certificates) and
+    /// waits until all are healthy. Only for tests whose subject is not the transport.
+    pub fn start_plain_http(members: usize) -> Result<Self> {
+        Self::start_with(EtcdOptions {
+            members,
+            security: EtcdSecurity::PlainHttp,
+            ..EtcdOptions::default()
+        })
+    }
+
+    /// Reserves ports, a data directory and (with TLS) certificates for a further host (`m<N>`)
+    /// without starting it.
     pub fn reserve_host(&mut self) -> Result<HostSlot> {
         let name = self
             .options
@@ -273,15 +376,44 @@ impl EtcdCluster {
         self.next_index += 1;
         let client = reserve_port()?;
         let peer = reserve_port()?;
+        let metrics = reserve_port()?;
         let address = placement.address;
+        let scheme = self.options.security.scheme();
+        let pki = match &self.tls {
+            Some(tls) => Some(tls.pki.issue_member(&name, address)?),
+            None => None,
+        };
         Ok(HostSlot {
-            client_url: format!("http://{address}:{}", client.port()),
-            peer_url: format!("http://{address}:{}", peer.port()),
+            client_url: format!("{scheme}://{address}:{}", client.port()),
+            peer_url: format!("{scheme}://{address}:{}", peer.port()),
+            metrics_url: format!("http://{address}:{}", metrics.port()),
             data_dir: self.dir.path().join(&name),
+            pki,
             name,
             placement,
             client,
             peer,
+            metrics,
+        })
+    }
+
+    /// How clients reach the members.
+    pub fn security(&self) -> EtcdSecurity {
+        self.options.security
+    }
+
+    /// The cluster's CA, which issues further member and client certificates (`None` for a
+    /// plain-HTTP cluster).
+    pub fn pki(&self) -> Option<&EtcdPki> {
+        self.tls.as_ref().map(|t| &t.pki)
+    }
+
+    /// The CA and the harness's own client certificate (CN `root`), as `etcdctl` uses them
+    /// (`None` for a plain-HTTP cluster).
+    pub fn client_tls(&self) -> Option<ClientTls> {
+        self.tls.as_ref().map(|t| ClientTls {
+            ca: t.pki.ca().to_owned(),
+            client: t.root_client.clone(),
         })
     }
 
@@ -357,8 +489,11 @@ impl EtcdCluster {
             .arg(self.options.heartbeat_interval.as_millis().to_string())
             .arg("--election-timeout")
             .arg(self.options.election_timeout.as_millis().to_string())
+            .arg("--listen-metrics-urls")
+            .arg(member.metrics_url())
             .arg("--logger")
             .arg("zap")
+            .args(member.pki().map(MemberPki::etcd_flags).unwrap_or_default())
             .args(&self.options.extra_args);
         if let Some(quota) = self.options.quota_backend_bytes {
             command.arg("--quota-backend-bytes").arg(quota.to_string());
@@ -445,7 +580,7 @@ impl EtcdCluster {
         });
         let index = self.members.len() - 1;
         self.spawn(index, "existing")?;
-        let addr = self.members[index].client_addr();
+        let addr = self.members[index].metrics_addr();
         wait_until("the learner to serve /health", START_TIMEOUT, || {
             self.check_alive(index)?;
             Ok(http::get(addr, "/health", PROBE_TIMEOUT).is_some())
@@ -467,7 +602,7 @@ impl EtcdCluster {
             .filter(|&i| self.members[i].state == MemberState::Running)
             .collect();
         for i in running {
-            let addr = self.members[i].client_addr();
+            let addr = self.members[i].metrics_addr();
             let left = timeout.saturating_sub(started.elapsed());
             let what = format!("etcd {} to report healthy", self.members[i].name());
             wait_until(&what, left, || {
@@ -480,12 +615,36 @@ impl EtcdCluster {
 
     /// Whether member `i` answers `/health` with `"health":"true"` right now.
     pub fn is_healthy(&self, i: usize) -> bool {
-        is_healthy(self.members[i].client_addr())
+        is_healthy(self.members[i].metrics_addr())
     }
 
     /// Runs `etcdctl` against the running members and returns its stdout.
     pub fn etcdctl(&self, args: &[&str]) -> Result<String> {
-        etcdctl_at(&self.running_endpoints(), ETCDCTL_TIMEOUT, args)
+        self.etcdctl_at(&self.running_endpoints(), ETCDCTL_TIMEOUT, args)
+    }
+
+    /// Runs `etcdctl` against `endpoints` only (for example a majority cut off from one
+    /// member) with `timeout` per command and returns its stdout.
+    pub fn etcdctl_at(
+        &self,
+        endpoints: &[String],
+        timeout: Duration,
+        args: &[&str],
+    ) -> Result<String> {
+        etcdctl_with(endpoints, self.client_tls().as_ref(), timeout, args)
+    }
+
+    /// The flags that give `etcdctl` the harness's client certificate, for commands a person
+    /// copies (empty for a plain-HTTP cluster).
+    pub fn etcdctl_tls_flags(&self) -> String {
+        self.client_tls().map_or_else(String::new, |t| {
+            format!(
+                "--cacert={} --cert={} --key={}",
+                t.ca.display(),
+                t.client.cert.display(),
+                t.client.key.display()
+            )
+        })
     }
 
     /// Writes `key=value`.
@@ -523,12 +682,23 @@ impl EtcdCluster {
     }
 }
 
-/// Runs `etcdctl` against `endpoints` only (for example a majority cut off from one member)
-/// with `timeout` per command and returns its stdout.
-pub fn etcdctl_at(endpoints: &[String], timeout: Duration, args: &[&str]) -> Result<String> {
+/// Runs `etcdctl` against `endpoints` with `tls` (if any) and `timeout` per command and
+/// returns its stdout.
+pub fn etcdctl_with(
+    endpoints: &[String],
+    tls: Option<&ClientTls>,
+    timeout: Duration,
+    args: &[&str],
+) -> Result<String> {
     let mut command = Command::new(tools::etcdctl_bin()?);
+    command.env("ETCDCTL_API", "3");
+    if let Some(tls) = tls {
+        command
+            .arg(format!("--cacert={}", tls.ca.display()))
+            .arg(format!("--cert={}", tls.client.cert.display()))
+            .arg(format!("--key={}", tls.client.key.display()));
+    }
     command
-        .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={}", endpoints.join(",")))
         .arg("--dial-timeout=2s")
         .arg(format!("--command-timeout={}ms", timeout.as_millis()))

@@ -4,7 +4,9 @@
 //! loopback, never mocks.
 //!
 //! - [`etcd::EtcdCluster`]: N real `etcd` processes on 127.0.0.1 with OS-free ports, their own
-//!   temporary directories, and fault injection (kill, hang, resume, restart, learner add).
+//!   temporary directories, and fault injection (kill, hang, resume, restart, learner add); by
+//!   default with TLS and client-certificate authentication in kubeadm's layout
+//!   ([`etcd_pki::EtcdPki`], certificates generated per cluster).
 //! - [`redfish::RedfishBmc`]: the `sushy-tools` Redfish emulator with the fake driver, bcrypt
 //!   users, HTTP or HTTPS (CA-signed or self-signed CA:TRUE), random or instant power changes.
 //! - [`ipmi::IpmiSim`] (OpenIPMI `ipmi_sim`) and [`ipmi::PyghmiBmc`] (`pyghmi`): IPMI-over-LAN
@@ -29,6 +31,7 @@ pub mod blackhole;
 pub mod deps;
 pub mod error;
 pub mod etcd;
+pub mod etcd_pki;
 pub mod http;
 pub mod ipmi;
 pub mod kube;

@@ -75,9 +75,25 @@ impl Proc {
         })
     }
 
-    /// Freezes the process (SIGSTOP): it keeps its sockets open and answers nothing.
+    /// Freezes the process (SIGSTOP): it keeps its sockets open and answers nothing. Returns
+    /// once every thread has stopped: the signal is delivered asynchronously, and a busy
+    /// machine let a just-frozen etcd answer one more `/health` (seen on 2 shared cores).
     pub fn freeze(&self) -> Result<()> {
-        self.signal(Signal::SIGSTOP)
+        self.signal(Signal::SIGSTOP)?;
+        let Some(pid) = self.pid() else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + STOP_WAIT;
+        while !all_threads_stopped(pid) {
+            if Instant::now() >= deadline {
+                return Err(HarnessError::Other(format!(
+                    "{} did not stop within {STOP_WAIT:?} of SIGSTOP",
+                    self.name
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
     }
 
     /// Thaws a frozen process (SIGCONT).
@@ -207,4 +223,22 @@ pub fn wait_until(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// How long [`Proc::freeze`] waits for every thread to stop.
+const STOP_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether every thread of `pid` is stopped (or the process is gone): the state field of
+/// `/proc/PID/task/TID/stat` is `T` (or `t`, `Z`, `X`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_none_or(|state| matches!(state, 'T' | 't' | 'Z' | 'X'))
+        })
+    })
 }

@@ -1,7 +1,9 @@
 //! End to end with the real binaries: a standalone controller on real etcd, three real agents
 //! with mutual TLS, and an `ipmi_sim` BMC. A worker's agent reports its kubelet unhealthy; the
 //! controller fences it through *another* host's agent; the simulator's power log shows exactly
-//! one power-off, and the host is powered on again once it is healthy.
+//! one power-off, and the host is powered on again once it is healthy. etcd runs as kubeadm
+//! runs it (TLS, client certificates required): the controller presents a client certificate
+//! of its own, cp-1's agent its host's `healthcheck-client` certificate.
 //!
 //! Needs the workspace's binaries (`cargo nextest run --workspace` builds them).
 
@@ -48,7 +50,13 @@ struct Agent {
     log: PathBuf,
 }
 
-fn start_agent(dir: &Path, host: &str, controller_ports: &[u16], etcd: Option<&[String]>) -> Agent {
+/// The agent of `host`; `etcd` gives it an `[etcd]` section (endpoints and its TLS lines).
+fn start_agent(
+    dir: &Path,
+    host: &str,
+    controller_ports: &[u16],
+    etcd: Option<(&[String], &str)>,
+) -> Agent {
     let tls = dir.join("tls");
     let flag = dir.join(format!("{host}.kubelet-ok"));
     std::fs::write(&flag, "").unwrap();
@@ -73,9 +81,9 @@ fn start_agent(dir: &Path, host: &str, controller_ports: &[u16], etcd: Option<&[
         m = metrics.port(),
         flag = flag.display(),
     );
-    if let Some(endpoints) = etcd {
+    if let Some((endpoints, tls)) = etcd {
         let list: Vec<String> = endpoints.iter().map(|e| format!("{e:?}")).collect();
-        let _ = write!(text, "[etcd]\nendpoints = [{}]\n", list.join(", "));
+        let _ = write!(text, "[etcd]\nendpoints = [{}]\n{tls}", list.join(", "));
     }
     let config = dir.join(format!("{host}.toml"));
     std::fs::write(&config, text).unwrap();
@@ -121,6 +129,8 @@ impl Stack {
         let creds = sim.credentials_dir(Privilege::Admin);
         let port = reserve_port().unwrap();
         let endpoints: Vec<String> = etcd.endpoints();
+        let pki = etcd.pki().unwrap();
+        let client = pki.issue_client("metalguard").unwrap();
         let inventory = d.join("inventory.toml");
         std::fs::write(
             &inventory,
@@ -135,6 +145,9 @@ impl Stack {
     endpoints = [{endpoints}]
     lease_ttl = "2s"
     timeout = "500ms"
+    ca_file = {ca:?}
+    cert_file = {cert:?}
+    key_file = {key:?}
 
     [control_plane]
     desired_replicas = 1
@@ -166,6 +179,9 @@ impl Stack {
                     .join(", "),
                 bmc = sim.url(),
                 creds = creds.display(),
+                ca = pki.ca().display().to_string(),
+                cert = client.cert.display().to_string(),
+                key = client.key.display().to_string(),
             ),
         )
         .unwrap();
@@ -196,10 +212,18 @@ impl Stack {
     /// Agents that know every controller in `ports`, in that order.
     fn agents_of(&self, ports: &[u16]) -> Vec<Agent> {
         let endpoints = self.etcd.endpoints();
+        // cp-1 is the etcd member's host: its agent uses the kubeadm files of that host.
+        let pki = self.etcd.member(0).pki().unwrap();
+        let tls = format!(
+            "ca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            pki.ca.display().to_string(),
+            pki.healthcheck_client.cert.display().to_string(),
+            pki.healthcheck_client.key.display().to_string()
+        );
         HOSTS
             .into_iter()
             .map(|host| {
-                let etcd = (host == "cp-1").then_some(endpoints.as_slice());
+                let etcd = (host == "cp-1").then_some((endpoints.as_slice(), tls.as_str()));
                 start_agent(self.dir.path(), host, ports, etcd)
             })
             .collect()

@@ -82,19 +82,26 @@ fn a_revoked_agent_is_cut_off_and_a_renewed_certificate_brings_it_back_without_a
     std::fs::write(&revoked, "").unwrap();
     let port = reserve_port().unwrap();
     let endpoints: Vec<String> = etcd.endpoints().iter().map(|e| format!("{e:?}")).collect();
+    // etcd as kubeadm runs it: the controller has its own client certificate.
+    let pki = etcd.pki().unwrap();
+    let client = pki.issue_client("metalguard").unwrap();
     let inventory = d.join("inventory.toml");
     std::fs::write(
         &inventory,
         format!(
             "[controller]\nlisten = \"127.0.0.1:{port}\"\ntls_dir = \"{tls}\"\nplan_interval = \"200ms\"\n\
              revoked_certificates = \"{revoked}\"\n\n\
-             [etcd]\nendpoints = [{endpoints}]\nlease_ttl = \"2s\"\ntimeout = \"500ms\"\n\n\
+             [etcd]\nendpoints = [{endpoints}]\nlease_ttl = \"2s\"\ntimeout = \"500ms\"\n\
+             ca_file = {ca:?}\ncert_file = {cert:?}\nkey_file = {key:?}\n\n\
              [control_plane]\ndesired_replicas = 1\n\n\
              [[hosts]]\nname = \"w-1\"\nrole = \"worker\"\n",
             port = port.port(),
             tls = tls.display(),
             revoked = revoked.display(),
             endpoints = endpoints.join(", "),
+            ca = pki.ca().display().to_string(),
+            cert = client.cert.display().to_string(),
+            key = client.key.display().to_string(),
         ),
     )
     .unwrap();

@@ -5,17 +5,54 @@
 
 use std::time::Duration;
 
-use metalguard_e2e::etcd::{EtcdCluster, MemberState};
+use metalguard_e2e::etcd::{EtcdCluster, EtcdSecurity, MemberState, etcdctl_with};
 
 #[test]
 fn three_member_cluster_takes_writes_and_survives_injected_faults() {
     let mut cluster = EtcdCluster::start(3).expect("start 3 members");
+    assert_eq!(cluster.security(), EtcdSecurity::ClientCertTls);
     assert_eq!(cluster.endpoints().len(), 3);
     assert!(
         cluster
             .endpoints()
             .iter()
-            .all(|e| e.starts_with("http://127.0.0.1:"))
+            .all(|e| e.starts_with("https://127.0.0.1:"))
+    );
+    // kubeadm's layout on every member, and a client without a certificate is refused.
+    let pki = cluster.member(0).pki().unwrap();
+    for file in [
+        "ca.crt",
+        "server.crt",
+        "server.key",
+        "peer.crt",
+        "peer.key",
+        "healthcheck-client.crt",
+        "healthcheck-client.key",
+    ] {
+        assert!(
+            pki.dir.join(file).exists(),
+            "{file} missing in {}",
+            pki.dir.display()
+        );
+    }
+    let mut anonymous = cluster.client_tls().unwrap();
+    anonymous.client = pki.healthcheck_client.clone();
+    etcdctl_with(
+        &cluster.endpoints(),
+        Some(&anonymous),
+        Duration::from_secs(5),
+        &["endpoint", "health"],
+    )
+    .expect("the health-check client certificate is accepted");
+    let refused = etcdctl_with(
+        &cluster.endpoints(),
+        None,
+        Duration::from_secs(2),
+        &["get", "/mg/x"],
+    );
+    assert!(
+        refused.is_err(),
+        "a client without TLS got an answer: {refused:?}"
     );
     cluster.put("/mg/hello", "world").unwrap();
     assert_eq!(cluster.get("/mg/hello").unwrap().as_deref(), Some("world"));
@@ -83,6 +120,17 @@ fn learner_is_added_started_and_listed_as_learner() {
     }
     assert!(promoted, "the harness learner never became promotable");
     assert!(cluster.member_list().unwrap().iter().all(|m| !m.is_learner));
+}
+
+/// The harness's plain-HTTP exception (`EtcdCluster::start_plain_http`): no TLS anywhere.
+#[test]
+fn a_plain_http_cluster_is_only_made_when_asked_for() {
+    let cluster = EtcdCluster::start_plain_http(1).expect("start 1 member");
+    assert_eq!(cluster.security(), EtcdSecurity::PlainHttp);
+    assert!(cluster.endpoints()[0].starts_with("http://127.0.0.1:"));
+    assert!(cluster.client_tls().is_none() && cluster.member(0).pki().is_none());
+    cluster.put("/mg/plain", "1").unwrap();
+    assert_eq!(cluster.get("/mg/plain").unwrap().as_deref(), Some("1"));
 }
 
 #[test]

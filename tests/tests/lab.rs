@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use metalguard_e2e::etcd::EtcdSecurity;
 use metalguard_e2e::lab::scenarios::{self, OVERHEAD, Report};
 use metalguard_e2e::lab::{Lab, LabOptions};
 
@@ -56,6 +57,18 @@ fn timing(report: &Report, name: &str) -> Duration {
 #[test]
 fn hang_is_fenced_once_by_a_peer_and_comes_back_without_losing_data() {
     let mut lab = start();
+    // As every lab test but one: etcd with TLS and client certificates, as kubeadm runs it.
+    assert!(
+        lab.etcd()
+            .endpoints()
+            .iter()
+            .all(|e| e.starts_with("https://"))
+    );
+    let inventory = std::fs::read_to_string(lab.inventory()).unwrap();
+    assert!(
+        inventory.contains("ca_file = ") && inventory.contains("cert_file = "),
+        "{inventory}"
+    );
     let t = lab.options().timings.clone();
     let report = run(&mut lab, "hang");
     // ok already means: one power-off of the frozen host, executed by another host's agent,
@@ -81,6 +94,22 @@ fn hang_is_fenced_once_by_a_peer_and_comes_back_without_losing_data() {
         detect + OVERHEAD * 2,
         lab.timeline.render()
     );
+}
+
+/// The one lab test on plain-HTTP etcd (no TLS, no client certificates): metalguard still works
+/// where etcd is run that way.
+#[test]
+fn hang_is_fenced_on_a_plain_http_etcd_too() {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.etcd_security = EtcdSecurity::PlainHttp;
+    let mut lab = start_with(options);
+    assert!(
+        lab.etcd()
+            .endpoints()
+            .iter()
+            .all(|e| e.starts_with("http://"))
+    );
+    run(&mut lab, "hang");
 }
 
 #[test]

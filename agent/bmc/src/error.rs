@@ -2,6 +2,17 @@
 
 use std::time::Duration;
 
+/// How many characters of a string a BMC sent (a power state, reset types, system paths, an
+/// error message) an error or a timeline entry quotes; longer text is cut and control
+/// characters are escaped (a broken BMC once filled an error with 480 KB of escape sequences).
+pub const BMC_TEXT_CHARS: usize = 256;
+
+/// `text`, as sent by a BMC, fit to quote: control characters escaped, cut to
+/// [`BMC_TEXT_CHARS`].
+pub fn bmc_text(text: &str) -> String {
+    metalguard_api::text::excerpt(text, BMC_TEXT_CHARS)
+}
+
 /// A boxed cause kept in the error chain (never interpolated into the message).
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 

@@ -38,7 +38,8 @@ impl PowerState {
             "Off" => Self::Off,
             "PoweringOn" => Self::PoweringOn,
             "PoweringOff" => Self::PoweringOff,
-            other => Self::Unknown(other.to_owned()),
+            // A BMC's own word, quoted in errors and timelines: escaped and cut.
+            other => Self::Unknown(crate::error::bmc_text(other)),
         }
     }
 

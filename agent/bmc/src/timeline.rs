@@ -37,11 +37,21 @@ fn serialize_millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S
     s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
+/// Most entries a timeline keeps (a verification loop with a long timeout polls for long;
+/// the timeline travels in the command's result to the controller and its store).
+pub const MAX_ENTRIES: usize = 200;
+/// Entries kept from the start when a timeline is full (the rest are the latest).
+const KEEP_FIRST: usize = 50;
+/// Longest text of one entry, in characters.
+pub const MAX_ENTRY_CHARS: usize = 512;
+
 /// The ordered steps of one operation against one BMC.
 #[derive(Debug, Clone)]
 pub struct Timeline {
     start: Instant,
     entries: Vec<TimelineEntry>,
+    /// Entries dropped once the timeline was full.
+    left_out: usize,
 }
 
 impl Default for Timeline {
@@ -56,6 +66,7 @@ impl Timeline {
         Self {
             start: Instant::now(),
             entries: Vec::new(),
+            left_out: 0,
         }
     }
 
@@ -75,7 +86,7 @@ impl Timeline {
     }
 
     fn push(&mut self, direction: Direction, what: String) {
-        self.entries.push(TimelineEntry {
+        self.append(TimelineEntry {
             elapsed: self.start.elapsed(),
             direction,
             what,
@@ -85,11 +96,29 @@ impl Timeline {
     /// Records an entry that happened at `at` (for clients that collect events first, like
     /// the IPMI session, and hand them over after the call).
     pub fn record_at(&mut self, at: Instant, direction: Direction, what: impl Into<String>) {
-        self.entries.push(TimelineEntry {
+        self.append(TimelineEntry {
             elapsed: at.saturating_duration_since(self.start),
             direction,
             what: what.into(),
         });
+    }
+
+    /// Appends an entry, its text escaped and cut; past [`MAX_ENTRIES`] the oldest entries
+    /// after the first [`KEEP_FIRST`] give way to the new ones, counted in one note.
+    fn append(&mut self, mut entry: TimelineEntry) {
+        if entry.what.len() > MAX_ENTRY_CHARS || entry.what.chars().any(char::is_control) {
+            entry.what = metalguard_api::text::excerpt(&entry.what, MAX_ENTRY_CHARS);
+        }
+        if self.entries.len() >= MAX_ENTRIES {
+            if self.left_out > 0 {
+                self.entries.remove(KEEP_FIRST + 1);
+            }
+            self.left_out += 1;
+            let marker = &mut self.entries[KEEP_FIRST];
+            marker.direction = Direction::Note;
+            marker.what = format!("… {} entries left out", self.left_out);
+        }
+        self.entries.push(entry);
     }
 
     /// The entries, oldest first.
@@ -124,7 +153,7 @@ impl fmt::Display for Timeline {
 
 #[cfg(test)]
 mod tests {
-    use super::{Direction, Timeline};
+    use super::{Direction, MAX_ENTRIES, MAX_ENTRY_CHARS, Timeline};
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]
@@ -138,5 +167,35 @@ mod tests {
         assert_eq!(entries[0].direction, Direction::Sent);
         assert_eq!(entries[1].elapsed, Duration::from_millis(40));
         assert!(timeline.to_string().contains("<- 200"));
+    }
+
+    #[test]
+    fn a_long_run_keeps_the_start_and_the_latest_and_counts_the_rest() {
+        let mut timeline = Timeline::new();
+        for i in 0..10_000 {
+            timeline.seen(format!("poll {i}"));
+        }
+        let entries = timeline.entries();
+        assert!(entries.len() <= MAX_ENTRIES + 1, "{}", entries.len());
+        assert_eq!(entries[0].what, "poll 0");
+        assert_eq!(entries[49].what, "poll 49");
+        assert_eq!(entries[50].direction, Direction::Note);
+        assert!(
+            entries[50].what.contains("entries left out"),
+            "{}",
+            entries[50].what
+        );
+        assert_eq!(entries.last().unwrap().what, "poll 9999");
+        let left_out: usize = entries[50]
+            .what
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(left_out + entries.len() - 1, 10_000);
+        timeline.note("\u{1b}[2J".repeat(10_000));
+        let last = &timeline.entries().last().unwrap().what;
+        assert!(last.chars().count() < MAX_ENTRY_CHARS + 32 && !last.contains('\u{1b}'));
     }
 }

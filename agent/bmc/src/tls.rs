@@ -101,28 +101,13 @@ pub enum TlsError {
 }
 
 /// Parses a SHA-256 fingerprint: 64 hex digits, optionally colon-separated and optionally
-/// prefixed `sha256:` or `SHA256 Fingerprint=` (as `openssl x509 -fingerprint` prints).
+/// prefixed `sha256:` or `SHA256 Fingerprint=` (as `openssl x509 -fingerprint` prints), with
+/// the rules the controller checks its inventory with
+/// ([`metalguard_api::bmc::parse_sha256_fingerprint`]).
 pub fn parse_fingerprint(text: &str) -> Result<[u8; 32], TlsError> {
-    let bad = || TlsError::Fingerprint {
-        given: text.to_owned(),
-    };
-    let trimmed = text.trim();
-    let lower = trimmed.to_ascii_lowercase();
-    let body = lower
-        .strip_prefix("sha256 fingerprint=")
-        .or_else(|| lower.strip_prefix("sha256:"))
-        .or_else(|| lower.strip_prefix("sha256="))
-        .unwrap_or(&lower);
-    let digits: Vec<u8> = body.bytes().filter(|b| *b != b':').collect();
-    if digits.len() != 64 {
-        return Err(bad());
-    }
-    let mut digest = [0u8; 32];
-    for (byte, pair) in digest.iter_mut().zip(digits.chunks_exact(2)) {
-        let text = std::str::from_utf8(pair).map_err(|_| bad())?;
-        *byte = u8::from_str_radix(text, 16).map_err(|_| bad())?;
-    }
-    Ok(digest)
+    metalguard_api::bmc::parse_sha256_fingerprint(text).ok_or_else(|| TlsError::Fingerprint {
+        given: metalguard_api::text::excerpt(text, 100),
+    })
 }
 
 /// The SHA-256 digest of a DER certificate, as pinned by [`TlsTrust::Fingerprint`].

@@ -3,6 +3,7 @@
 //!
 //! Run with `scripts/bench-etcd.sh` (or `cargo run -p metalguard-etcd --example join_bench --
 //! RUNS`). Uses the harness's real etcd (`METALGUARD_ETCD_BIN` or `PATH`).
+//! Over plain HTTP (`EtcdCluster::start_plain_http`), as the recorded numbers were measured.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -49,7 +50,7 @@ async fn fill(endpoints: &[String]) {
 }
 
 async fn one_run() -> Sample {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     fill(&cluster.endpoints()).await;
     let slot = cluster.reserve_host().unwrap();
     let mut client = ClientSettings::new(cluster.endpoints());

@@ -1,5 +1,10 @@
 //! The env-file launcher against real etcd: the test plays the host's supervisor, starting
 //! etcd from the file while it exists and stopping it when the file disappears.
+//!
+//! Plain HTTP on purpose (`EtcdCluster::start_plain_http`): the subject here is the membership
+//! mechanics, not the transport. The same client over TLS with client certificates is tested
+//! in `agent/etcd/tests/tls.rs`, and every membership step runs over TLS in the lab's
+//! `replace` scenario (`tests/tests/lab_replace.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -132,7 +137,7 @@ async fn step_until(flow: &mut JoinFlow, done: impl Fn(&JoinState) -> bool) -> V
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_file_launcher_writes_the_file_and_the_supervisor_runs_etcd_from_it() {
-    let mut cluster = EtcdCluster::start(1).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(1).unwrap();
     let slot = cluster.reserve_host().unwrap();
     let env_file = cluster.dir().join("run/etcd.env");
     let supervisor = Supervisor::watch(

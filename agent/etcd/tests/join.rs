@@ -1,4 +1,9 @@
 //! The agent's join flow against real etcd processes from the harness.
+//!
+//! Plain HTTP on purpose (`EtcdCluster::start_plain_http`): the subject here is the membership
+//! mechanics, not the transport. The same client over TLS with client certificates is tested
+//! in `agent/etcd/tests/tls.rs`, and every membership step runs over TLS in the lab's
+//! `replace` scenario (`tests/tests/lab_replace.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -25,7 +30,7 @@ fn members_with_peer(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn learner_join_and_promotion_on_50_mib_lose_no_acknowledged_write() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let endpoints = cluster.endpoints();
     // 55 MiB of values has given a database of 45.7 MiB to 55 MiB (bbolt's page reuse and
     // the backend's batch commit): top it up, 5 MiB at a time, until it holds 50 MiB.
@@ -105,7 +110,7 @@ async fn learner_join_and_promotion_on_50_mib_lose_no_acknowledged_write() {
 /// and a new agent resumes from the state file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_killed_after_each_step_resumes_to_exactly_one_member() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let slot = cluster.reserve_host().unwrap();
     let _guard = PidGuard(pid_file(&slot));
     let config = join_config(&cluster, &slot, Some(5));
@@ -170,7 +175,7 @@ async fn agent_killed_after_each_step_resumes_to_exactly_one_member() {
 /// recorded member is never wiped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_member_wipes_its_data_dir_and_rejoins_but_a_foreign_data_dir_is_kept() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let slot = cluster.reserve_host().unwrap();
     let _guard = PidGuard(pid_file(&slot));
     let config = join_config(&cluster, &slot, Some(5));
@@ -212,7 +217,7 @@ async fn removed_member_wipes_its_data_dir_and_rejoins_but_a_foreign_data_dir_is
 /// start that voter empty: it lost its raft term and vote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_voter_with_an_empty_data_dir_is_refused() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let slot = cluster.reserve_host().unwrap();
     let mut config = join_config(&cluster, &slot, Some(5));
     config.peer_url = cluster.member(2).peer_url().to_owned();

@@ -1,4 +1,9 @@
 //! Observation, gate and operations against real etcd processes from the harness.
+//!
+//! Plain HTTP on purpose (`EtcdCluster::start_plain_http`): the subject here is the membership
+//! mechanics, not the transport. The same client over TLS with client certificates is tested
+//! in `agent/etcd/tests/tls.rs`, and every membership step runs over TLS in the lab's
+//! `replace` scenario (`tests/tests/lab_replace.rs`).
 #![allow(clippy::panic)]
 
 mod common;
@@ -32,10 +37,10 @@ fn refusal(err: &EtcdError) -> &Refusal {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observation_reports_every_member_and_a_dead_endpoint_fails_only_itself() {
-    let cluster = EtcdCluster::start(3).unwrap();
+    let cluster = EtcdCluster::start_plain_http(3).unwrap();
     let mut endpoints = cluster.endpoints();
     // An endpoint nobody listens on (a reserved but unused port of the harness).
-    let mut c2 = EtcdCluster::start(1).unwrap();
+    let mut c2 = EtcdCluster::start_plain_http(1).unwrap();
     let unused = c2.reserve_host().unwrap();
     endpoints.push(unused.client_url.clone());
     let view = observe(&settings(endpoints)).await.unwrap();
@@ -73,7 +78,7 @@ async fn observation_reports_every_member_and_a_dead_endpoint_fails_only_itself(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_voter_is_detected_within_the_probe_timeout_and_the_gate_refuses() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let hung_id = member_id(&cluster, 2);
     cluster.hang(2).unwrap();
     let started = Instant::now();
@@ -100,7 +105,7 @@ async fn hung_voter_is_detected_within_the_probe_timeout_and_the_gate_refuses() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_voter_must_be_removed_first_then_the_join_succeeds() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let dead_id = member_id(&cluster, 2);
     cluster.kill(2);
     let slot = cluster.reserve_host().unwrap();
@@ -159,7 +164,7 @@ async fn killed_voter_must_be_removed_first_then_the_join_succeeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_learner_is_refused_clearly_by_the_gate_and_by_etcd() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let learner = cluster.add_learner().unwrap();
     let slot = cluster.reserve_host().unwrap();
     let s = settings(cluster.endpoints());
@@ -201,7 +206,7 @@ async fn a_second_learner_is_refused_clearly_by_the_gate_and_by_etcd() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_the_leader_moves_leadership_first_with_zero_failed_writes() {
-    let cluster = EtcdCluster::start(3).unwrap();
+    let cluster = EtcdCluster::start_plain_http(3).unwrap();
     let s = settings(cluster.endpoints());
     let view = observe(&s).await.unwrap();
     let leader = view.summary.leader.unwrap();
@@ -258,7 +263,7 @@ async fn removing_the_leader_moves_leadership_first_with_zero_failed_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stall_detection_fires_on_a_frozen_learner() {
-    let mut cluster = EtcdCluster::start(3).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
     let learner = cluster.add_learner().unwrap();
     let id = member_id(&cluster, learner);
     let s = settings(cluster.endpoints());
@@ -303,6 +308,7 @@ async fn nospace_alarm_shows_on_every_member_and_blocks_the_gate() {
         metalguard_e2e::etcd::EtcdCluster::start_with(metalguard_e2e::etcd::EtcdOptions {
             members: 3,
             quota_backend_bytes: Some(8 * 1024 * 1024),
+            security: metalguard_e2e::etcd::EtcdSecurity::PlainHttp,
             ..Default::default()
         })
         .unwrap();

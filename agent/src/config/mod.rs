@@ -6,6 +6,7 @@
 //! document is parsed and [`validate`](AgentConfig::validate)d. A typo in a fencing setting
 //! must fail loudly, never be ignored.
 
+mod bounds;
 mod load;
 mod schema;
 mod validate;

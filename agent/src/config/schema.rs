@@ -218,11 +218,18 @@ fn yes() -> bool {
 pub struct EtcdConfig {
     /// Client endpoints; the first is the local member.
     pub endpoints: Vec<String>,
+    /// The local member's plain-HTTP metrics URL (etcd's `--listen-metrics-urls`; kubeadm:
+    /// `http://127.0.0.1:2381`). When set, the `EtcdMemberHealthy` probe reads `/health` there;
+    /// otherwise on the first endpoint, presenting `cert`/`key` to an etcd that requires client
+    /// certificates.
+    #[serde(default)]
+    pub metrics_url: Option<String>,
     /// Data directory of the local member (for the disk probe and the join flow).
     pub data_dir: Option<PathBuf>,
-    /// CA bundle for etcd's client TLS.
+    /// CA bundle that signed etcd's server certificates (kubeadm:
+    /// `/etc/kubernetes/pki/etcd/ca.crt`); required with `https://` endpoints.
     pub ca: Option<PathBuf>,
-    /// Client certificate.
+    /// Client certificate (kubeadm: `/etc/kubernetes/pki/etcd/healthcheck-client.crt`).
     pub cert: Option<PathBuf>,
     /// Client key (must not be group- or world-readable).
     pub key: Option<PathBuf>,

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::bounds::{CONTROLLER_URL, ETCD_URL, PROBE_URL, check_durations, check_url};
 use super::schema::{AgentConfig, DEFAULT_ETCD_BINARY, EtcdConfig, ProbeTiming};
 use crate::etcd_join::LauncherKind;
 
@@ -41,20 +42,14 @@ impl AgentConfig {
             ));
         }
         if let Some(controller) = &self.controller {
-            if !controller.url.starts_with("https://") {
-                problems.push(format!(
-                    "controller.url: {} must use https:// (the agent API is mutual TLS only)",
-                    controller.url
-                ));
-            }
-            for url in controller
-                .urls
-                .iter()
-                .filter(|u| !u.starts_with("https://"))
-            {
-                problems.push(format!(
-                    "controller.urls: {url} must use https:// (the agent API is mutual TLS only)"
-                ));
+            check_url(
+                "controller.url",
+                &controller.url,
+                &CONTROLLER_URL,
+                &mut problems,
+            );
+            for url in &controller.urls {
+                check_url("controller.urls", url, &CONTROLLER_URL, &mut problems);
             }
             check_file("controller.ca", &controller.ca, &mut problems);
             check_file("controller.cert", &controller.cert, &mut problems);
@@ -81,11 +76,7 @@ impl AgentConfig {
                 problems.push("etcd.endpoints: must list at least the local member".to_owned());
             }
             for endpoint in &etcd.endpoints {
-                if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-                    problems.push(format!(
-                        "etcd.endpoints: {endpoint} must start with http:// or https://"
-                    ));
-                }
+                check_url("etcd.endpoints", endpoint, &ETCD_URL, &mut problems);
             }
             if let Some(ca) = &etcd.ca {
                 check_file("etcd.ca", ca, &mut problems);
@@ -99,6 +90,7 @@ impl AgentConfig {
             if etcd.cert.is_some() != etcd.key.is_some() {
                 problems.push("etcd: cert and key must be given together".to_owned());
             }
+            check_etcd_tls(etcd, &mut problems);
             check_timing("etcd.probe", etcd.probe, &mut problems);
             check_join(etcd, &mut problems);
         }
@@ -108,12 +100,7 @@ impl AgentConfig {
             ("probes.kubelet", &probes.kubelet),
         ] {
             if let Some(probe) = probe {
-                if !(probe.url.starts_with("http://") || probe.url.starts_with("https://")) {
-                    problems.push(format!(
-                        "{key}.url: {} must start with http:// or https://",
-                        probe.url
-                    ));
-                }
+                check_url(&format!("{key}.url"), &probe.url, &PROBE_URL, &mut problems);
                 if let Some(ca) = &probe.ca {
                     check_file(&format!("{key}.ca"), ca, &mut problems);
                 }
@@ -157,6 +144,7 @@ impl AgentConfig {
             }
             check_timing(&key, probe.timing(), &mut problems);
         }
+        check_durations(self, &mut problems);
         problems
     }
 }
@@ -178,10 +166,8 @@ fn check_join(etcd: &EtcdConfig, problems: &mut Vec<String>) {
             join.listen_client_url.as_ref(),
         ),
     ] {
-        if let Some(url) = url
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            problems.push(format!("{key}: {url} must start with http:// or https://"));
+        if let Some(url) = url {
+            check_url(key, url, &ETCD_URL, problems);
         }
     }
     match join.data_dir.as_ref().or(etcd.data_dir.as_ref()) {
@@ -332,6 +318,43 @@ fn check_timing(key: &str, timing: ProbeTiming, problems: &mut Vec<String>) {
     }
     if timing.success_threshold == 0 {
         problems.push(format!("{key}.success_threshold: must be at least 1"));
+    }
+}
+
+/// TLS to etcd: a CA with `https://` endpoints (etcd's CA is a private one, the system's
+/// trust store is not used), none with `http://`, and files that parse into a client
+/// configuration (the key matching the certificate); the metrics URL is plain HTTP.
+fn check_etcd_tls(etcd: &EtcdConfig, problems: &mut Vec<String>) {
+    let https = etcd.endpoints.iter().any(|e| e.starts_with("https://"));
+    let http = etcd.endpoints.iter().any(|e| e.starts_with("http://"));
+    if https && etcd.ca.is_none() {
+        problems.push(
+            "etcd.ca: must be set with https:// endpoints (kubeadm: /etc/kubernetes/pki/etcd/ca.crt)"
+                .to_owned(),
+        );
+    }
+    if http && !https && (etcd.ca.is_some() || etcd.cert.is_some()) {
+        problems.push(
+            "etcd: ca/cert/key are set but every endpoint is http://; write https:// endpoints"
+                .to_owned(),
+        );
+    }
+    if let Some(url) = &etcd.metrics_url
+        && !url.starts_with("http://")
+    {
+        problems.push(format!(
+            "etcd.metrics_url: {url} must start with http:// (etcd's --listen-metrics-urls)"
+        ));
+    }
+    if let Some(ca) = &etcd.ca
+        && ca.exists()
+        && etcd.cert.as_ref().is_none_or(|c| c.exists())
+        && etcd.key.as_ref().is_none_or(|k| k.exists())
+    {
+        let identity = etcd.cert.as_deref().zip(etcd.key.as_deref());
+        if let Err(problem) = crate::client_tls::config("etcd", ca, identity) {
+            problems.push(problem);
+        }
     }
 }
 

@@ -1,6 +1,11 @@
 //! The daemon's executor running the etcd commands against real etcd from the harness: the
 //! join go-ahead (at most once per operation id, in the background without duplicates) and
 //! leadership moves.
+//!
+//! Plain HTTP on purpose (`EtcdCluster::start_plain_http`): the subject here is the membership
+//! mechanics, not the transport. The same client over TLS with client certificates is tested
+//! in `agent/etcd/tests/tls.rs`, and every membership step runs over TLS in the lab's
+//! `replace` scenario (`tests/tests/lab_replace.rs`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -93,7 +98,7 @@ fn executor(state: &Path, cluster: &EtcdCluster, joiner: Option<Joiner>) -> Exec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_go_ahead_ends_with_a_caught_up_learner_and_runs_once_per_operation() {
-    let mut cluster = EtcdCluster::start(1).unwrap();
+    let mut cluster = EtcdCluster::start_plain_http(1).unwrap();
     let slot = cluster.reserve_host().unwrap();
     let _guard = PidGuard(sibling(&slot.data_dir, "etcd.pid"));
     let state = tempfile::tempdir().unwrap();
@@ -152,7 +157,7 @@ async fn join_go_ahead_ends_with_a_caught_up_learner_and_runs_once_per_operation
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_go_ahead_without_join_configuration_is_rejected() {
-    let cluster = EtcdCluster::start(1).unwrap();
+    let cluster = EtcdCluster::start_plain_http(1).unwrap();
     let state = tempfile::tempdir().unwrap();
     let executor = executor(state.path(), &cluster, None);
     let result = Box::pin(executor.handle(command("join/x", CommandKind::EtcdJoinGoAhead {})))
@@ -180,7 +185,7 @@ fn leader_by_etcdctl(cluster: &EtcdCluster) -> Option<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn move_leader_moves_leadership_and_refuses_an_unknown_member() {
-    let cluster = EtcdCluster::start(3).unwrap();
+    let cluster = EtcdCluster::start_plain_http(3).unwrap();
     let state = tempfile::tempdir().unwrap();
     let executor = executor(state.path(), &cluster, None);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

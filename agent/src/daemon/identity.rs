@@ -7,13 +7,10 @@
 //! yet, a key others may read) keeps the previous client and says why; the next change is
 //! tried again.
 
-use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
-
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::ControllerConfig;
 
@@ -94,51 +91,15 @@ fn stamps(config: &ControllerConfig) -> [FileStamp; 3] {
 }
 
 fn build(config: &ControllerConfig) -> Result<reqwest::Client, String> {
-    let tls = client_tls(&config.ca, &config.cert, &config.key)?;
+    let tls =
+        crate::client_tls::config("controller", &config.ca, Some((&config.cert, &config.key)))?;
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .connect_timeout(config.request_timeout)
+        .pool_idle_timeout(super::link::POOL_IDLE)
         .no_proxy()
         .build()
         .map_err(|e| format!("building the controller client: {e}"))
-}
-
-fn client_tls(ca: &Path, cert: &Path, key: &Path) -> Result<rustls::ClientConfig, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for der in CertificateDer::pem_file_iter(ca)
-        .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?
-    {
-        let der = der.map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
-        roots
-            .add(der)
-            .map_err(|e| format!("controller.ca {}: {e}", ca.display()))?;
-    }
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("controller.cert {}: {e}", cert.display()))?;
-    // The same rule as check-config, also for a key renewed while running.
-    let mode = std::fs::metadata(key)
-        .map_err(|e| format!("controller.key {}: {e}", key.display()))?
-        .permissions()
-        .mode()
-        & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(format!(
-            "controller.key {} is readable by group or others (mode {mode:o}); run chmod 600 on it",
-            key.display()
-        ));
-    }
-    // The key's contents never appear in messages, only its path.
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("controller.key {}: {e}", key.display()))?;
-    // rustls refuses a key that does not belong to the certificate (a half-copied renewal).
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|e| format!("controller client certificate: {e}"))
 }
 
 #[cfg(test)]

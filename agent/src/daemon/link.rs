@@ -32,6 +32,13 @@ const BACKOFF_START: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How often pending results are re-sent.
 const RESULT_RETRY: Duration = Duration::from_secs(2);
+/// A pooled connection is dropped after this long unused: below the controller's idle and
+/// header timeouts (10 s by default), so the agent never sends on a connection the controller
+/// is closing.
+pub(super) const POOL_IDLE: Duration = Duration::from_secs(5);
+/// The longest `Retry-After` honoured: the loops' watchdog staleness bounds assume no longer
+/// sleep, and a controller asking for more is only asked again then (and answers 429 cheaply).
+const MAX_RETRY_AFTER: Duration = BACKOFF_MAX;
 /// Wait before polling again when every listed command is already running here (the
 /// controller lists a command until its result is acknowledged, so the poll answers at once).
 const RUNNING_POLL: Duration = Duration::from_secs(1);
@@ -42,6 +49,14 @@ pub enum LinkError {
     /// Transport failure (connect, TLS, timeout).
     #[error("request to the controller failed")]
     Transport(#[source] reqwest::Error),
+    /// The controller refused the request for its rate (429) and said when to retry.
+    #[error("controller asked this agent to slow down for {retry_after:?}: {message}")]
+    Throttled {
+        /// When to try again (the answer's `Retry-After`, at most [`MAX_RETRY_AFTER`]).
+        retry_after: Duration,
+        /// The controller's error message.
+        message: String,
+    },
     /// The controller answered with an error status.
     #[error("controller answered {status}: {message}")]
     Status {
@@ -61,8 +76,48 @@ impl LinkError {
         match self {
             LinkError::Transport(_) | LinkError::NoController => true,
             LinkError::Status { status, .. } => *status == reqwest::StatusCode::SERVICE_UNAVAILABLE,
+            // The leader answered: another controller would only answer 503.
+            LinkError::Throttled { .. } => false,
         }
     }
+
+    /// How long the controller asked to wait before the next request, if it did.
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            LinkError::Throttled { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The error for a non-2xx answer: its [`ErrorBody`] message, and for 429 the
+    /// `Retry-After` to honour.
+    async fn from_answer(response: reqwest::Response) -> Self {
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = response.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<ErrorBody>(&text).map_or(text, |e| e.error);
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return LinkError::Throttled {
+                retry_after: retry_after
+                    .unwrap_or(BACKOFF_START)
+                    .clamp(BACKOFF_START, MAX_RETRY_AFTER),
+                message,
+            };
+        }
+        LinkError::Status { status, message }
+    }
+}
+
+/// How long a loop waits after a failed call: its backoff, or longer when the controller
+/// asked for longer (429 `Retry-After`).
+fn wait_after(error: &LinkError, backoff: &mut Backoff) -> Duration {
+    let next = backoff.next();
+    error.retry_after().map_or(next, |asked| asked.max(next))
 }
 
 /// An mTLS client for this host's endpoints. Its certificate follows the files on disk
@@ -139,16 +194,14 @@ impl Link {
             .send()
             .await
             .map_err(LinkError::Transport)?;
-        let status = response.status();
-        if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<ErrorBody>(&text).map_or(text, |e| e.error);
-            return Err(LinkError::Status { status, message });
+        if !response.status().is_success() {
+            return Err(LinkError::from_answer(response).await);
         }
         response.json().await.map_err(LinkError::Transport)
     }
 
-    /// Sends a report, asking for the BMC targets in the answer.
+    /// Sends a report, asking for the BMC targets in the answer (fitted to the protocol's
+    /// limits by the caller, [`fit_report`]).
     pub async fn report(&self, report: &AgentReport) -> Result<ReportAck, LinkError> {
         self.call(
             &protocol::report_path_with_bmc_targets(&self.host),
@@ -173,11 +226,16 @@ impl Link {
             .await
     }
 
-    /// Delivers one result.
+    /// Delivers one result, fitted to the protocol's limits (a long timeline loses entries
+    /// from its middle, with a note saying how many).
     pub async fn deliver(&self, result: &CommandResult) -> Result<ResultAck, LinkError> {
+        let mut fitted = result.clone();
+        if metalguard_api::limits::fit_result(&mut fitted) {
+            tracing::warn!(operation = %result.operation_id, "result cut to the protocol's limits");
+        }
         self.call(
             &protocol::results_path(&self.host),
-            Some(result),
+            Some(&fitted),
             self.config.request_timeout,
         )
         .await
@@ -291,11 +349,12 @@ pub async fn report_loop(
     let boot = boot_id();
     let mut backoff = Backoff::new();
     let mut holds_problem = String::new();
+    let mut reported_cut = false;
     loop {
         beats.beat(name, stale_after);
         sequence += 1;
         let holds = local_holds(executor.holds(), &mut holds_problem);
-        let report = AgentReport {
+        let mut report = AgentReport {
             host: link.host.clone(),
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             sequence,
@@ -313,6 +372,13 @@ pub async fn report_loop(
                 .collect(),
             holds,
         };
+        let cut = metalguard_api::limits::fit_report(&mut report);
+        if cut && !reported_cut {
+            tracing::warn!(
+                "report cut to the protocol's limits (messages, errors or reachability entries shortened)"
+            );
+        }
+        reported_cut = cut;
         let wait = match link.report(&report).await {
             Ok(ack) => {
                 backoff.reset();
@@ -326,7 +392,7 @@ pub async fn report_loop(
                 }
             }
             Err(err) => {
-                let delay = backoff.next();
+                let delay = wait_after(&err, &mut backoff);
                 tracing::warn!(error = %error_chain(&err), retry_in = ?delay, "report not delivered");
                 delay
             }
@@ -429,7 +495,7 @@ pub async fn command_loop(
                 }
             }
             Err(err) => {
-                let delay = backoff.next();
+                let delay = wait_after(&err, &mut backoff);
                 tracing::warn!(error = %error_chain(&err), retry_in = ?delay, "polling for commands failed");
                 tokio::select! {
                     () = cancel.cancelled() => break,
@@ -498,5 +564,51 @@ async fn deliver(link: &Link, executor: &Executor, result: &CommandResult) {
         Err(err) => {
             tracing::warn!(operation = %result.operation_id, error = %error_chain(&err), "result not delivered yet; will retry");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, retry_after: Option<&str>, body: &str) -> reqwest::Response {
+        let mut builder = http::Response::builder().status(status);
+        if let Some(value) = retry_after {
+            builder = builder.header("retry-after", value);
+        }
+        reqwest::Response::from(builder.body(body.to_owned()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_429_is_throttled_for_its_retry_after_and_the_loops_wait_that_long() {
+        let error = LinkError::from_answer(answer(
+            429,
+            Some("3"),
+            r#"{"error":"host w-1 sent more than 2 requests per second"}"#,
+        ))
+        .await;
+        assert!(
+            matches!(&error, LinkError::Throttled { retry_after, message }
+                if *retry_after == Duration::from_secs(3) && message.contains("2 requests")),
+            "{error:?}"
+        );
+        assert!(
+            !error.try_another(),
+            "the leader answered; a follower would answer 503"
+        );
+        let mut backoff = Backoff::new();
+        assert_eq!(wait_after(&error, &mut backoff), Duration::from_secs(3));
+        // Never longer than the loops' staleness bounds allow, never shorter than the backoff.
+        let greedy = LinkError::from_answer(answer(429, Some("3600"), "")).await;
+        assert_eq!(wait_after(&greedy, &mut Backoff::new()), MAX_RETRY_AFTER);
+        let missing = LinkError::from_answer(answer(429, None, "")).await;
+        assert_eq!(wait_after(&missing, &mut Backoff::new()), BACKOFF_START);
+        // Other errors keep the backoff.
+        let unavailable =
+            LinkError::from_answer(answer(503, None, r#"{"error":"not the leader"}"#)).await;
+        assert!(unavailable.try_another());
+        let mut backoff = Backoff::new();
+        assert_eq!(wait_after(&unavailable, &mut backoff), BACKOFF_START);
+        assert_eq!(wait_after(&unavailable, &mut backoff), BACKOFF_START * 2);
     }
 }

@@ -3,6 +3,11 @@
 
 use std::time::Duration;
 
+/// The largest number of seconds an option takes (a day).
+pub(super) const MAX_SECONDS: Duration = Duration::from_secs(24 * 60 * 60);
+/// How much of an unknown option's name a warning quotes.
+const MAX_NAME_CHARS: usize = 40;
+
 /// Kind of an option's value, as the metadata names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
@@ -214,6 +219,8 @@ impl Options {
         })
     }
 
+    /// A number of seconds: finite, not negative, at most [`MAX_SECONDS`] (a day; larger
+    /// values would overflow the deadlines computed from them).
     pub(super) fn seconds(&self, name: &str, default: Duration) -> Result<Duration, String> {
         match self.get(name) {
             None | Some("") => Ok(default),
@@ -221,8 +228,15 @@ impl Options {
                 .parse::<f64>()
                 .ok()
                 .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| format!("option {name} is not a number of seconds: {text}")),
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .filter(|d| *d <= MAX_SECONDS)
+                .ok_or_else(|| {
+                    format!(
+                        "option {name} is not a number of seconds from 0 to {}: {}",
+                        MAX_SECONDS.as_secs(),
+                        metalguard_api::text::excerpt(text, 40)
+                    )
+                }),
         }
     }
 }
@@ -277,23 +291,38 @@ pub(super) fn parse_args(args: &[String]) -> Result<Options, String> {
     Ok(options)
 }
 
-/// Parses `name=value` lines from stdin; returns the options and warnings for unknown keys.
+/// Parses `name=value` lines from stdin; returns the options and warnings for unknown keys
+/// and stray lines. A warning never quotes a value or a line without `=` (a password pasted
+/// on its own line must not reach Pacemaker's logs); an unknown key's name is quoted escaped
+/// and cut.
 pub(super) fn parse_stdin(text: &str) -> (Options, Vec<String>) {
     let mut options = Options::default();
     let mut warnings = Vec::new();
-    for line in text.lines() {
+    for (number, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let (name, value) = match line.split_once('=') {
-            Some((name, value)) => (name.trim(), value.trim()),
-            None => (line, ""),
+        let Some((name, value)) = line.split_once('=') else {
+            if let Some(spec) = find(line) {
+                options.set(spec.name, String::new());
+            } else {
+                warnings.push(format!(
+                    "ignoring stdin line {}: not name=value (content not shown)",
+                    number + 1
+                ));
+            }
+            continue;
         };
+        let (name, value) = (name.trim(), value.trim());
         let value = strip_quotes(value);
         match find(name) {
             Some(spec) => options.set(spec.name, value.to_owned()),
-            None => warnings.push(format!("ignoring unknown option {name}")),
+            None => warnings.push(format!(
+                "ignoring unknown option {} on stdin line {} (value not shown)",
+                metalguard_api::text::excerpt(name, MAX_NAME_CHARS),
+                number + 1
+            )),
         }
     }
     (options, warnings)

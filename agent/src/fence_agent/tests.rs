@@ -36,7 +36,10 @@ fn stdin_lines_follow_the_fence_agent_rules() {
         "# from pacemaker\n\naction=reboot\nnodename=node-1\nipaddr=\"bmc.example\"\n\
          login='root'\npasswd=pa ss\nplug=node-1\naction=off\nfrobnicate=1\nnotls=1\nipport=8000\n",
     );
-    assert_eq!(warnings, ["ignoring unknown option frobnicate"]);
+    assert_eq!(
+        warnings,
+        ["ignoring unknown option frobnicate on stdin line 10 (value not shown)"]
+    );
     assert_eq!(
         action_of(&options).unwrap(),
         Action::Run(BmcAction::Off),
@@ -115,4 +118,42 @@ fn metadata_lists_every_option_and_action() {
         );
     }
     assert!(xml.contains("<getopt mixed=\"-o, --action=[action]\" />"));
+}
+
+#[test]
+fn impossible_seconds_are_a_clear_error_not_a_panic() {
+    for value in ["1e30", "-1", "NaN", "inf", "-inf", "86401", "1e400", "x"] {
+        let options = parse_args(&args(&format!("--delay={value}"))).unwrap();
+        let problem = options
+            .seconds("delay", std::time::Duration::ZERO)
+            .unwrap_err();
+        assert!(problem.contains("delay"), "{value}: {problem}");
+    }
+    let options = parse_args(&args("--delay=2.5 --power-timeout=86400")).unwrap();
+    assert_eq!(
+        options.seconds("delay", std::time::Duration::ZERO),
+        Ok(std::time::Duration::from_millis(2500))
+    );
+    assert!(
+        options
+            .seconds("power_timeout", std::time::Duration::ZERO)
+            .is_ok()
+    );
+}
+
+#[test]
+fn stray_stdin_lines_are_warned_about_without_their_content() {
+    let (options, warnings) = parse_stdin(
+        "action=off\nhunter2-pasted-here\npasswd_tpyo=hunter2\n\u{1b}[2Jescape=1\n\
+         a_very_long_unknown_key_that_goes_on_and_on_and_on_and_on_and_on_and_on_and_on_and_on=1\n",
+    );
+    assert_eq!(options.get("action"), Some("off"));
+    assert_eq!(warnings.len(), 4, "{warnings:?}");
+    for warning in &warnings {
+        assert!(!warning.contains("hunter2"), "{warning}");
+        assert!(!warning.contains('\u{1b}'), "{warning}");
+        assert!(warning.len() < 160, "{warning}");
+    }
+    assert!(warnings[0].contains("line 2"), "{warnings:?}");
+    assert!(warnings[1].contains("passwd_tpyo"), "{warnings:?}");
 }

@@ -13,7 +13,8 @@
 //! (voters − 1) / 2, so 1 for 3 members and 2 for 5 (seed 002).
 //!
 //! A grace after every fence: from the moment a remediation verified the host powered on
-//! (its boot), evidence older than the boot — a condition that last changed before it, a
+//! (its boot) — or, once it ended after the power-on, from its end, when it saw the host
+//! Ready — evidence older than that — a condition that last changed before it, a
 //! heartbeat from before it, a Node missing since before it — is not held against the host
 //! until `nodeStartupTimeout` after the boot (or the evidence's own timeout, if longer): the
 //! host is starting, as MHC treats a machine without a Node yet.
@@ -27,6 +28,7 @@ use metalguard_api::policy::{
     DEFAULT_CONTROL_PLANE_MAX_UNHEALTHY, DEFAULT_NODE_STARTUP_TIMEOUT, HealthCheck, MaxUnhealthy,
     Selector,
 };
+use metalguard_api::remediation::RemediationPhase as P;
 use metalguard_api::snapshot::{Host, Role, Snapshot};
 
 use crate::quorum::EtcdView;
@@ -178,10 +180,19 @@ impl<'a> HealthInputs<'a> {
     pub fn from_snapshot(snapshot: &'a Snapshot, view: &EtcdView<'_>) -> Self {
         let mut boots: BTreeMap<&str, Timestamp> = BTreeMap::new();
         for r in &snapshot.remediations {
-            if let Some(at) = r.powered_on_at {
-                let e = boots.entry(r.target.as_str()).or_insert(at);
-                *e = (*e).max(at);
-            }
+            let Some(on) = r.powered_on_at else {
+                continue;
+            };
+            // A remediation that ended after its power-on (done, or cancelled once the host
+            // was back) saw the host Ready when it ended: evidence older than that end is
+            // stale (a report kept from before, read again by a new leader), so the grace
+            // runs from the end.
+            let at = match r.phase {
+                P::Done | P::Cancelled { .. } => on.max(r.phase_since),
+                _ => on,
+            };
+            let e = boots.entry(r.target.as_str()).or_insert(at);
+            *e = (*e).max(at);
         }
         HealthInputs {
             hosts: &snapshot.hosts,

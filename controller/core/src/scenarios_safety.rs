@@ -283,7 +283,8 @@ fn a_rebooted_host_is_not_judged_by_conditions_from_before_its_boot() {
     let p = crate::plan(&s, &policy(), NOW);
     assert!(starts(&p).is_empty(), "{p}");
     assert_eq!(p.health[1].unhealthy, Vec::<String>::new(), "{p}");
-    let startup_over = boot.after(Duration::from_secs(600));
+    // The grace runs from the remediation's end (10 s ago), when it saw the host Ready.
+    let startup_over = Timestamp(NOW.0 - 10_000).after(Duration::from_secs(600));
     assert!(p.requeue_at.is_some_and(|t| t <= startup_over), "{p}");
     // Still NotReady when the startup grace is over: unhealthy, and the start is a retry.
     let mut later = s.clone();
@@ -305,6 +306,36 @@ fn a_rebooted_host_is_not_judged_by_conditions_from_before_its_boot() {
     h.node_seen = true;
     let p = crate::plan(&s, &policy(), NOW);
     assert_eq!(p.health[1].unhealthy, Vec::<String>::new(), "{p}");
+}
+
+/// A report older than the end of the last remediation (which saw the host Ready) is stale:
+/// a new leader that reads it again does not fence the host a second time at once — the
+/// `lab_partition` double fence (the rebooted host's boot-time `Ready=False`, read again
+/// after a leadership lapse). Evidence newer than the end counts as usual.
+#[test]
+fn a_report_older_than_the_last_remediations_end_is_not_evidence() {
+    let mut s = cluster(3, 1);
+    let mut done = remediation("cp-0", 1, P::Done, "w-0", true);
+    done.powered_on_at = Some(Timestamp(NOW.0 - 30_000));
+    done.phase_since = Timestamp(NOW.0 - 12_000);
+    s.remediations = vec![done];
+    // Ready=False since just after the boot, 25 s ago: older than the end (12 s ago).
+    find(&mut s, "cp-0").node.as_mut().unwrap().conditions = vec![NodeCondition {
+        type_: "Ready".into(),
+        status: ConditionStatus::False,
+        last_transition: Timestamp(NOW.0 - 25_000),
+    }];
+    let mut pol = policy();
+    pol.health_checks[0].unhealthy_conditions[0].timeout = Duration::from_secs(5);
+    pol.health_checks[0].node_startup_timeout = Some(Duration::from_secs(60));
+    let p = crate::plan(&s, &pol, NOW);
+    assert!(starts(&p).is_empty(), "{p}");
+    assert_eq!(p.health[0].unhealthy, Vec::<String>::new(), "{p}");
+    // A failure that began after the end is judged by its own timeout.
+    find(&mut s, "cp-0").node.as_mut().unwrap().conditions[0].last_transition =
+        Timestamp(NOW.0 - 6_000);
+    let p = crate::plan(&s, &pol, NOW);
+    assert_eq!(p.health[0].unhealthy, ["cp-0"], "{p}");
 }
 
 /// A new remediation within retryPeriod of the last one is its retry, never a fresh start,

@@ -24,6 +24,7 @@ use metalguard_api::plan::OperationId;
 use metalguard_api::snapshot::{FenceRequest, Retirement};
 use serde::Serialize;
 
+use super::access::EtcdAccess;
 use super::failover::{Endpoints, timed_out};
 use super::state::{RejectedRecord, StaleSeal};
 use super::{
@@ -135,18 +136,17 @@ fn place(
 }
 
 impl EtcdBackend {
-    /// A backend over `endpoints` (one client each, connected on first use); every request
-    /// has `timeout`.
+    /// A backend over `endpoints` (one client each, connected on first use) reached with
+    /// `access` (TLS files, user, the request timeout), its keys under `access.prefix()`.
     pub fn new(
         endpoints: &[String],
-        prefix: &str,
+        access: EtcdAccess,
         identity: String,
         lease_ttl: Duration,
-        timeout: Duration,
     ) -> Self {
         Self {
-            etcd: Endpoints::new(endpoints, timeout),
-            prefix: prefix.to_owned(),
+            prefix: access.prefix().to_owned(),
+            etcd: Endpoints::new(endpoints, access),
             identity,
             lease_ttl,
             lease: None,
@@ -697,11 +697,13 @@ impl Backend for EtcdBackend {
 /// store outages by re-establishing the watch.
 async fn watch_prefix(mut etcd: Endpoints, prefix: String, wake: tokio::sync::mpsc::Sender<()>) {
     loop {
+        let timeout = etcd.timeout();
         let started = match etcd.next_client().await {
             Some(mut client) => {
-                client
-                    .watch(prefix.clone(), Some(WatchOptions::new().with_prefix()))
+                let watch = client.watch(prefix.clone(), Some(WatchOptions::new().with_prefix()));
+                tokio::time::timeout(timeout, watch)
                     .await
+                    .unwrap_or_else(|_| Err(timed_out("input watch", timeout)))
             }
             None => Err(timed_out("input watch", WATCH_RETRY)),
         };

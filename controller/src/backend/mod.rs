@@ -6,6 +6,8 @@
 //! [`State`], records reports, and applies atomic batches of [`Write`]s that succeed only
 //! while it still leads — so two controllers never both act.
 
+pub mod access;
+pub mod diagnosis;
 pub mod etcd;
 mod failover;
 pub mod state;
@@ -22,7 +24,9 @@ use metalguard_api::remediation::Remediation;
 /// What a backend call could not do.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    /// The store did not answer (for etcd: no quorum, or unreachable). Never act blind.
+    /// The store did not answer or refused us (for etcd: each endpoint tried with how it
+    /// failed — TLS, authentication, permission, unreachable, timeout, no quorum). Never act
+    /// blind.
     #[error("backend store is unavailable: {what}")]
     Unavailable {
         /// What was attempted.

@@ -300,6 +300,11 @@ impl Lab {
                 controller: ControllerSettings::default(),
                 timing: EtcdSettings {
                     endpoints: Vec::new(),
+                    ca_file: None,
+                    cert_file: None,
+                    key_file: None,
+                    username: None,
+                    password_file: None,
                     prefix: String::new(),
                     lease_ttl: Duration::from_secs(15),
                     timeout: Duration::from_secs(5),

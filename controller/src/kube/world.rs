@@ -189,13 +189,16 @@ pub fn inventory(
             settings_from = Some(check.name_any());
         }
     }
-    Ok(Inventory {
+    let inventory = Inventory {
         controller: controller.clone(),
         etcd: etcd.clone(),
         control_plane,
         hosts,
         policy,
-    })
+    };
+    crate::inventory::checks::check_resources(&inventory)
+        .map_err(|problem| format!("namespace {namespace}: {problem}"))?;
+    Ok(inventory)
 }
 
 fn inventory_host(world: &World, credentials_namespace: &str, h: &GuardedHost) -> InventoryHost {

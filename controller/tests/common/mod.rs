@@ -14,7 +14,7 @@ use metalguard_api::duration::Timestamp;
 use metalguard_api::protocol::{
     AgentReport, CommandBatch, EtcdMemberView, EtcdView, commands_path, report_path,
 };
-use metalguard_e2e::etcd::EtcdCluster;
+use metalguard_e2e::etcd::{ClientTls, EtcdCluster};
 use metalguard_e2e::ports::PortLease;
 use metalguard_e2e::process::Proc;
 use rustls_pki_types::pem::PemObject as _;
@@ -25,6 +25,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_metalguard-controller");
 pub struct Lab {
     pub dir: tempfile::TempDir,
     pub etcd: EtcdCluster,
+    /// The controller's etcd CA and client certificate (CN `metalguard`).
+    pub etcd_client: ClientTls,
 }
 
 impl Lab {
@@ -34,7 +36,12 @@ impl Lab {
 
     pub fn start_with(etcd_members: usize) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        // etcd as kubeadm runs it: TLS, client certificates required.
         let etcd = EtcdCluster::start(etcd_members).unwrap();
+        let etcd_client = ClientTls {
+            ca: etcd.pki().unwrap().ca().to_owned(),
+            client: etcd.pki().unwrap().issue_client("metalguard").unwrap(),
+        };
         let tls = dir.path().join("tls");
         run(&["certs", "init", tls.to_str().unwrap()]);
         run(&[
@@ -54,7 +61,16 @@ impl Lab {
             std::fs::write(&path, value).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         }
-        Self { dir, etcd }
+        Self {
+            dir,
+            etcd,
+            etcd_client,
+        }
+    }
+
+    /// The `[etcd]` keys naming the controller's CA, client certificate and key.
+    pub fn etcd_tls_keys(&self) -> String {
+        etcd_tls_keys(&self.etcd_client)
     }
 
     pub fn inventory(&self, name: &str, port: u16) -> PathBuf {
@@ -81,7 +97,7 @@ plan_interval = "200ms"
 endpoints = [{endpoints}]
 lease_ttl = "2s"
 timeout = "500ms"
-
+{etcd_tls}
 [control_plane]
 desired_replicas = 1
 
@@ -101,6 +117,7 @@ bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
 "#,
             tls = self.tls().display(),
             endpoints = endpoints.join(", "),
+            etcd_tls = self.etcd_tls_keys(),
             creds = self.dir.path().join("bmc-creds").display(),
         );
         let path = self.dir.path().join(format!("{name}.toml"));
@@ -134,6 +151,36 @@ bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
             .env("RUST_LOG", "info,metalguard_controller::service=debug");
         Proc::spawn(name, command, &self.dir.path().join(format!("{name}.log"))).unwrap()
     }
+
+    /// The controller started with the open-file soft limit at `nofile` (a login shell's or an
+    /// old init's default of 1024), whatever this test process raised its own to.
+    pub fn controller_with_nofile(&self, name: &str, port: &PortLease, nofile: u64) -> Proc {
+        let inventory = self.inventory(name, port.port());
+        let mut command = Command::new("sh");
+        command
+            .args([
+                "-c",
+                &format!("ulimit -Sn {nofile} && exec \"$0\" \"$@\""),
+                BIN,
+                "run",
+                "--inventory",
+                inventory.to_str().unwrap(),
+                "--id",
+                name,
+            ])
+            .env("RUST_LOG", "info");
+        Proc::spawn(name, command, &self.dir.path().join(format!("{name}.log"))).unwrap()
+    }
+}
+
+/// `ca_file`, `cert_file` and `key_file` lines for `tls`.
+pub fn etcd_tls_keys(tls: &ClientTls) -> String {
+    format!(
+        "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+        tls.ca.display().to_string(),
+        tls.client.cert.display().to_string(),
+        tls.client.key.display().to_string()
+    )
 }
 
 pub fn run(args: &[&str]) -> String {
@@ -146,7 +193,8 @@ pub fn run(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
+/// The rustls client configuration of an agent (`host`) or of a client without certificate.
+pub fn client_config(tls: &Path, host: Option<&str>) -> rustls::ClientConfig {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(tls.join("ca.pem")).unwrap() {
@@ -156,7 +204,7 @@ pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots);
-    let config = match host {
+    match host {
         Some(host) => {
             let chain = CertificateDer::pem_file_iter(tls.join(format!("{host}.pem")))
                 .unwrap()
@@ -166,12 +214,27 @@ pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
             builder.with_client_auth_cert(chain, key).unwrap()
         }
         None => builder.with_no_client_auth(),
-    };
+    }
+}
+
+pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
     reqwest::Client::builder()
-        .tls_backend_preconfigured(config)
+        .tls_backend_preconfigured(client_config(tls, host))
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap()
+}
+
+/// How many times `key` was written since it was created (etcd's per-key `version`; 0 when
+/// absent).
+pub fn key_version(etcd: &EtcdCluster, key: &str) -> u64 {
+    let out = etcd.etcdctl(&["get", key, "-w", "json"]).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+    json["kvs"]
+        .as_array()
+        .and_then(|kvs| kvs.first())
+        .and_then(|kv| kv["version"].as_u64())
+        .unwrap_or(0)
 }
 
 pub fn report(host: &str, sequence: u64) -> AgentReport {
@@ -285,4 +348,36 @@ pub fn scrape(port: u16) -> String {
     let mut text = String::new();
     stream.read_to_string(&mut text).unwrap();
     text
+}
+
+/// w-1's stored report in etcd.
+pub const W1_REPORT_KEY: &str = "/metalguard/reports/w-1";
+
+/// A `KubeletHealthy` condition.
+pub fn kubelet(
+    status: metalguard_api::snapshot::ConditionStatus,
+    since: u64,
+    message: String,
+) -> metalguard_api::protocol::Condition {
+    metalguard_api::protocol::Condition {
+        type_: "KubeletHealthy".into(),
+        status,
+        reason: "Probe".into(),
+        message,
+        last_transition: Timestamp(since),
+    }
+}
+
+/// Posts `report` for its host; true when the controller took it.
+pub async fn send(
+    agent: &reqwest::Client,
+    port: u16,
+    report: &metalguard_api::protocol::AgentReport,
+) -> bool {
+    agent
+        .post(url(port, &report_path(&report.host)))
+        .json(report)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
 }

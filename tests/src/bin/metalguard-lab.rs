@@ -238,8 +238,9 @@ fn up(args: &Args) -> ExitCode {
         }
     }
     println!(
-        "  ETCDCTL_API=3 etcdctl --endpoints={} endpoint status -w table",
-        lab.etcd().endpoints().join(",")
+        "  ETCDCTL_API=3 etcdctl --endpoints={} {} endpoint status -w table",
+        lab.etcd().endpoints().join(","),
+        lab.etcd().etcdctl_tls_flags()
     );
     println!(
         "\n  logs: {}/controller.log, {}/hosts/<host>/agent.log",

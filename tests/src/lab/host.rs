@@ -149,8 +149,9 @@ impl LabHost {
 
     /// Makes this host a spare: no etcd member, not in the inventory, its etcd run from the
     /// environment file its agent writes.
-    pub(super) fn make_spare(&mut self) -> Result<()> {
-        self.spare = Some(SpareEtcd::reserve(&self.name, &self.dir)?);
+    /// With `pki` (its certificates in kubeadm's layout) its etcd uses TLS.
+    pub(super) fn make_spare(&mut self, pki: Option<crate::etcd_pki::MemberPki>) -> Result<()> {
+        self.spare = Some(SpareEtcd::reserve(&self.name, &self.dir, pki)?);
         self.standing = Standing::Standby;
         Ok(())
     }

@@ -3,6 +3,12 @@
 //! power state is coupled to the host: power off kills the host's processes, power on starts
 //! them again. Plus the standalone `metalguard-controller` with generated mTLS certificates.
 //!
+//! etcd runs as kubeadm runs it unless [`LabOptions::etcd_security`] says otherwise: TLS on
+//! client and peer URLs with client certificates required, each host's certificates in its own
+//! `pki/<host>/etcd/` (kubeadm's `/etc/kubernetes/pki/etcd/`). Each agent presents its host's
+//! `healthcheck-client` certificate; the controller a dedicated client certificate (CN
+//! [`CONTROLLER_ETCD_CN`]).
+//!
 //! The lab is single-threaded: every wait goes through [`Lab::tick`], which applies power
 //! changes to the hosts and narrates what the controller, the agents and the BMCs did.
 //! Used by the `metalguard-lab` binary (`demo`, `up`) and by the end-to-end tests.
@@ -26,7 +32,7 @@ pub use host::{BmcKind, LabHost, Standing};
 pub use spare::{SpareEtcd, Supervised};
 use timeline::Timeline;
 
-use crate::etcd::{EtcdCluster, EtcdOptions, Placement};
+use crate::etcd::{EtcdCluster, EtcdOptions, EtcdSecurity, Placement};
 use crate::netns::LabNetwork;
 use crate::ports::{PortLease, reserve_port};
 use crate::process::{Proc, run_capture};
@@ -36,6 +42,9 @@ use crate::{HarnessError, Result, tools};
 const STATUS_PERIOD: Duration = Duration::from_millis(400);
 /// Pause between two ticks of a wait.
 const TICK: Duration = Duration::from_millis(50);
+/// Common name of the controller's etcd client certificate (its etcd user once etcd's
+/// authentication is enabled).
+pub const CONTROLLER_ETCD_CN: &str = "metalguard";
 
 /// Timings of the lab's agents and controller (small, so scenarios take seconds).
 #[derive(Debug, Clone)]
@@ -115,6 +124,8 @@ pub struct LabOptions {
     pub netns: bool,
     /// etcd's `--quota-backend-bytes` on every member (small, for NOSPACE scenarios).
     pub quota_backend_bytes: Option<u64>,
+    /// How etcd's clients and peers talk (default: TLS with client certificates, as kubeadm).
+    pub etcd_security: EtcdSecurity,
 }
 
 impl LabOptions {
@@ -129,6 +140,7 @@ impl LabOptions {
             redfish_power_delay: false,
             netns: false,
             quota_backend_bytes: None,
+            etcd_security: EtcdSecurity::default(),
         }
     }
 }
@@ -229,8 +241,17 @@ impl Lab {
             names: names.clone(),
             placements: placements.clone(),
             quota_backend_bytes: options.quota_backend_bytes,
+            security: options.etcd_security,
             ..EtcdOptions::default()
         })?;
+        if let Some(pki) = etcd.pki() {
+            pki.issue_client(CONTROLLER_ETCD_CN)?;
+            timeline.add(
+                "lab",
+                "etcd serves clients and peers over TLS and requires client certificates",
+                "kubeadm's layout: pki/<host>/etcd/{ca,server,peer,healthcheck-client}; the controller has its own client certificate",
+            );
+        }
         let tls = dir.path().join("tls");
         let controller_bin = options.bin_dir.join("metalguard-controller");
         let tls_s = tls.display().to_string();
@@ -301,7 +322,11 @@ impl Lab {
                     netns: None,
                 },
             )?;
-            host.make_spare()?;
+            let pki = match etcd.pki() {
+                Some(pki) => Some(pki.issue_member(name, Ipv4Addr::LOCALHOST)?),
+                None => None,
+            };
+            host.make_spare(pki)?;
             hosts.push(host);
         }
         timeline.add(
@@ -401,7 +426,7 @@ impl Lab {
         let mut text = format!(
             "# The local lab's inventory (written by metalguard-lab).\n\
              [controller]\nlisten = \"{address}:{port}\"\ntls_dir = \"{tls}\"\nplan_interval = \"{plan}\"\n\n\
-             [etcd]\nendpoints = [{endpoints}]\nlease_ttl = \"{lease}\"\ntimeout = \"1s\"\n\n\
+             [etcd]\nendpoints = [{endpoints}]\nlease_ttl = \"{lease}\"\ntimeout = \"1s\"\n{etcd_tls}\n\
              [control_plane]\ndesired_replicas = {replicas}\n\n",
             address = self.service_address(),
             port = self.controller_port.port(),
@@ -409,6 +434,7 @@ impl Lab {
             plan = ms(t.plan_interval),
             endpoints = endpoints.join(", "),
             lease = ms(t.lease_ttl),
+            etcd_tls = self.controller_etcd_tls(),
             replicas = self.options.hosts,
         );
         for h in self.hosts.iter().filter(|h| h.in_inventory()) {
@@ -434,6 +460,43 @@ impl Lab {
             .map_err(HarnessError::io("moving the new inventory into place"))
     }
 
+    /// The inventory's etcd TLS keys: the cluster's CA and the controller's own client
+    /// certificate (empty without TLS).
+    fn controller_etcd_tls(&self) -> String {
+        let Some(tls) = self.etcd.client_tls() else {
+            return String::new();
+        };
+        let clients = tls
+            .client
+            .cert
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        format!(
+            "ca_file = \"{ca}\"\ncert_file = \"{cert}\"\nkey_file = \"{key}\"\n",
+            ca = tls.ca.display(),
+            cert = clients.join(format!("{CONTROLLER_ETCD_CN}.crt")).display(),
+            key = clients.join(format!("{CONTROLLER_ETCD_CN}.key")).display(),
+        )
+    }
+
+    /// The agent's etcd TLS keys: its host's CA and `healthcheck-client` certificate in
+    /// kubeadm's layout (empty without TLS).
+    fn agent_etcd_tls(&self, i: usize) -> String {
+        let pki = match self.hosts[i].spare_etcd() {
+            Some(spare) => spare.pki(),
+            None => self.etcd.member(i).pki(),
+        };
+        pki.map_or_else(String::new, |pki| {
+            format!(
+                "ca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+                pki.ca.display(),
+                pki.healthcheck_client.cert.display(),
+                pki.healthcheck_client.key.display()
+            )
+        })
+    }
+
     fn agent_config(&self, i: usize, endpoints: &[String]) -> String {
         let h = &self.hosts[i];
         let tls = self.dir.path().join("tls");
@@ -449,7 +512,7 @@ impl Lab {
              report_interval = \"{report}\"\ncommand_wait = \"5s\"\n\
              [state]\ndir = \"{state}\"\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
-             [etcd]\nendpoints = [{list}]\n\
+             [etcd]\nendpoints = [{list}]\n{etcd_tls}\
              [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n",
             name = h.name,
             address = self.service_address(),
@@ -459,6 +522,7 @@ impl Lab {
             state = h.dir().join("agent-state").display(),
             metrics = h.metrics_port(),
             list = list.join(", "),
+            etcd_tls = self.agent_etcd_tls(i),
         );
         if let Some(spare) = h.spare_etcd() {
             config.push_str(&spare.join_config());
@@ -525,8 +589,12 @@ impl Lab {
     }
 
     /// The controller's status as JSON (`status --json`), or why it could not be read.
+    /// Without the per-endpoint probes: each would cost the request timeout while a member
+    /// hangs, and the narration, which polls every [`STATUS_PERIOD`], would lag the controller
+    /// by seconds (the controller-crash scenario needs to see a power-off while it is in
+    /// flight at a BMC that takes 2 s).
     pub fn status(&self) -> Result<Value> {
-        let out = self.controller_cli(&["status", "--json"])?;
+        let out = self.controller_cli(&["status", "--json", "--no-endpoint-probes"])?;
         serde_json::from_str(&out)
             .map_err(|e| HarnessError::Other(format!("status --json unparsable ({e}): {out}")))
     }

@@ -11,12 +11,14 @@
 //! is powered. Power loss kills the process ([`SpareEtcd::kill`]); the next tick with power
 //! starts it again if the file is still there, as a host's init system would at boot.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::host::Standing;
+use crate::etcd_pki::MemberPki;
 use crate::ports::{PortLease, reserve_port};
 use crate::process::Proc;
 use crate::{HarnessError, Result, http, tools};
@@ -54,6 +56,8 @@ pub struct SpareEtcd {
     name: String,
     client: PortLease,
     peer: PortLease,
+    metrics: PortLease,
+    pki: Option<MemberPki>,
     env_file: PathBuf,
     data_dir: PathBuf,
     log: PathBuf,
@@ -65,11 +69,15 @@ pub struct SpareEtcd {
 
 impl SpareEtcd {
     /// Reserves the ports of the spare `name` whose files live in `host_dir`; starts nothing.
-    pub fn reserve(name: &str, host_dir: &Path) -> Result<Self> {
+    /// With `pki` (the host's certificates in kubeadm's layout) its etcd serves clients and
+    /// peers over TLS and requires client certificates, as the cluster's members do.
+    pub fn reserve(name: &str, host_dir: &Path, pki: Option<MemberPki>) -> Result<Self> {
         Ok(Self {
             name: name.to_owned(),
             client: reserve_port()?,
             peer: reserve_port()?,
+            metrics: reserve_port()?,
+            pki,
             env_file: host_dir.join("etcd.env"),
             data_dir: host_dir.join("etcd-data"),
             log: host_dir.join("etcd.log"),
@@ -79,14 +87,28 @@ impl SpareEtcd {
         })
     }
 
-    /// `http://127.0.0.1:<client port>`.
-    pub fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client.port())
+    fn scheme(&self) -> &'static str {
+        if self.pki.is_some() { "https" } else { "http" }
     }
 
-    /// `http://127.0.0.1:<peer port>`.
+    /// `https://127.0.0.1:<client port>` (`http://` without TLS).
+    pub fn client_url(&self) -> String {
+        format!("{}://127.0.0.1:{}", self.scheme(), self.client.port())
+    }
+
+    /// `https://127.0.0.1:<peer port>` (`http://` without TLS).
     pub fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer.port())
+        format!("{}://127.0.0.1:{}", self.scheme(), self.peer.port())
+    }
+
+    /// `http://127.0.0.1:<metrics port>`: `/health` without TLS.
+    pub fn metrics_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.metrics.port())
+    }
+
+    /// The host's certificates in kubeadm's layout (`None` without TLS).
+    pub fn pki(&self) -> Option<&MemberPki> {
+        self.pki.as_ref()
     }
 
     /// The environment file the agent writes.
@@ -99,19 +121,30 @@ impl SpareEtcd {
         &self.log
     }
 
-    /// The agent's `[etcd.join]` table for this host.
+    /// The agent's `[etcd.join]` table for this host: with TLS, `[etcd.join.env]` passes the
+    /// host's server and peer certificates and the client-certificate requirements to etcd.
     pub fn join_config(&self) -> String {
-        format!(
+        let mut text = format!(
             "[etcd.join]\nname = \"{name}\"\npeer_url = \"{peer}\"\nclient_url = \"{client}\"\n\
              data_dir = \"{data}\"\nlauncher = \"env-file\"\nenv_file = \"{env}\"\n\
              start_timeout = \"30s\"\ntimeout = \"2m\"\n\
-             [etcd.join.env]\nETCD_LOGGER = \"zap\"\n",
+             [etcd.join.env]\nETCD_LOGGER = \"zap\"\nETCD_LISTEN_METRICS_URLS = \"{metrics}\"\n",
             name = self.name,
             peer = self.peer_url(),
             client = self.client_url(),
             data = self.data_dir.display(),
             env = self.env_file.display(),
-        )
+            metrics = self.metrics_url(),
+        );
+        for (key, value) in self.pki.iter().flat_map(MemberPki::etcd_env) {
+            let _ = writeln!(text, "{key} = {value:?}");
+        }
+        text
+    }
+
+    /// Address of the plain-HTTP metrics listener (`/health`).
+    pub fn metrics_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.metrics.port()))
     }
 
     /// etcd's process id while the process exists.
@@ -124,9 +157,9 @@ impl SpareEtcd {
         self.proc.is_some()
     }
 
-    /// Whether the member answers `/health` with `"health":"true"` right now.
+    /// Whether the member answers `/health` (on its metrics URL) with `"health":"true"` now.
     pub fn is_healthy(&self) -> bool {
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.client.port()));
+        let addr = self.metrics_addr();
         http::get(addr, "/health", PROBE_TIMEOUT)
             .is_some_and(|(status, body)| status == 200 && body.contains("\"health\":\"true\""))
     }
@@ -352,6 +385,23 @@ impl super::Lab {
         let mut ordered = vec![endpoints[i].clone()];
         ordered.extend(endpoints.iter().filter(|e| **e != endpoints[i]).cloned());
         ordered
+    }
+
+    /// The plain-HTTP metrics address (`/health`) of the lab member or spare that advertises
+    /// `client_url`.
+    pub fn metrics_addr_of(&self, client_url: &str) -> Option<SocketAddr> {
+        let spare = self
+            .hosts
+            .iter()
+            .filter_map(|h| h.spare_etcd())
+            .find(|s| s.client_url() == client_url)
+            .map(SpareEtcd::metrics_addr);
+        spare.or_else(|| {
+            (0..self.etcd.len())
+                .map(|i| self.etcd.member(i))
+                .find(|m| m.client_url() == client_url)
+                .map(crate::etcd::EtcdMember::metrics_addr)
+        })
     }
 
     /// Indices of the hosts in service (listed and not retired), in order: scenarios pick

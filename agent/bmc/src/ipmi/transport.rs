@@ -17,6 +17,10 @@ use super::wire::{
 
 /// Largest datagram we accept.
 const MAX_DATAGRAM: usize = 1024;
+/// Ignored datagrams recorded one by one per exchange; further ones are only counted (a
+/// flood of them — a broken BMC, or spoofed packets — once grew the events by the
+/// hundred thousand).
+const IGNORED_RECORDED: usize = 4;
 
 /// How a request may be retransmitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +52,18 @@ impl Transport {
         });
     }
 
+    /// Records, once, how many ignored datagrams of an exchange were not recorded one by one.
+    fn record_ignored_beyond(&mut self, step: &'static str, ignored: usize) {
+        if ignored > IGNORED_RECORDED {
+            let more = ignored - IGNORED_RECORDED;
+            self.record(
+                "ignored",
+                step,
+                format!("{more} more datagrams, not the answer"),
+            );
+        }
+    }
+
     pub(super) fn io_error(&self, source: std::io::Error) -> IpmiError {
         if source.kind() == std::io::ErrorKind::ConnectionRefused {
             IpmiError::Unreachable {
@@ -76,6 +92,7 @@ impl Transport {
         let begun = Instant::now();
         let mut buf = [0u8; MAX_DATAGRAM];
         let mut last_malformed: Option<DecodeError> = None;
+        let mut ignored = 0usize;
         let retry = match retransmit {
             Retransmit::Fresh => self.retry,
             Retransmit::Never => RetryPolicy {
@@ -103,23 +120,32 @@ impl Transport {
                 let len = received.map_err(|e| self.io_error(e))?;
                 match accept(state, &buf[..len]) {
                     Ok(Some(v)) => {
+                        self.record_ignored_beyond(step, ignored);
                         self.record("received", step, format!("{len} bytes"));
                         return Ok(v);
                     }
                     Ok(None) => {
-                        self.record("ignored", step, format!("{len} bytes, not the answer"));
+                        ignored += 1;
+                        if ignored <= IGNORED_RECORDED {
+                            self.record("ignored", step, format!("{len} bytes, not the answer"));
+                        }
                     }
                     Err(AcceptError::Malformed(e)) => {
-                        self.record("ignored", step, e.to_string());
+                        ignored += 1;
+                        if ignored <= IGNORED_RECORDED {
+                            self.record("ignored", step, e.to_string());
+                        }
                         last_malformed = Some(e);
                     }
                     Err(AcceptError::Fatal(e)) => {
+                        self.record_ignored_beyond(step, ignored);
                         self.record("received", step, e.to_string());
                         return Err(e);
                     }
                 }
             }
         }
+        self.record_ignored_beyond(step, ignored);
         if let Some(source) = last_malformed {
             return Err(IpmiError::Malformed {
                 bmc: self.bmc.clone(),
@@ -253,4 +279,80 @@ pub(super) async fn resolve(host: &str, port: u16, bmc: &str) -> Result<SocketAd
         bmc: bmc.to_owned(),
         source: std::io::Error::new(std::io::ErrorKind::NotFound, "no address"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use tokio::net::UdpSocket;
+
+    use super::{Retransmit, Transport};
+    use crate::ipmi::client::RetryPolicy;
+    use crate::ipmi::error::IpmiError;
+
+    /// A peer that answers every request with a flood of datagrams that are not the answer.
+    #[tokio::test]
+    async fn a_flood_of_ignored_datagrams_is_counted_not_kept() {
+        let bmc = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        socket.connect(bmc.local_addr().unwrap()).await.unwrap();
+        bmc.connect(socket.local_addr().unwrap()).await.unwrap();
+        let sent = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let flood = {
+            let (sent, stop) = (sent.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut buf = [0u8; 64];
+                let _ = bmc.recv(&mut buf).await;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..64 {
+                        if bmc.send(b"not an rmcp answer").await.is_ok() {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        let mut transport = Transport {
+            socket: Arc::new(socket),
+            bmc: "127.0.0.1:623".to_owned(),
+            retry: RetryPolicy {
+                first_timeout: Duration::from_millis(400),
+                max_timeout: Duration::from_millis(400),
+                attempts: 1,
+            },
+            events: Vec::new(),
+        };
+        let result: Result<(), IpmiError> = transport
+            .exchange(
+                &mut (),
+                "test",
+                Retransmit::Fresh,
+                |()| Ok(b"request".to_vec()),
+                |(), _| Ok(None),
+            )
+            .await;
+        stop.store(true, Ordering::Relaxed);
+        flood.await.unwrap();
+        assert!(
+            matches!(result, Err(IpmiError::Timeout { .. })),
+            "{result:?}"
+        );
+        let flooded = sent.load(Ordering::Relaxed);
+        assert!(flooded > 1_000, "the flood sent only {flooded} datagrams");
+        assert!(
+            transport.events.len() <= 16,
+            "{} events kept for {flooded} ignored datagrams",
+            transport.events.len()
+        );
+        let summary = transport.events.last().unwrap();
+        assert!(
+            summary.what == "ignored" && summary.detail.contains("more datagrams"),
+            "{summary:?}"
+        );
+    }
 }

@@ -7,6 +7,7 @@ use reqwest::{Method, StatusCode, header};
 use serde::de::DeserializeOwned;
 
 use super::models::ErrorBody;
+use crate::error::bmc_text;
 use crate::{BmcError, Credentials, Timeline};
 
 /// Largest answer body read from a BMC; anything longer is refused as undecodable.
@@ -40,7 +41,7 @@ impl Answer {
     pub(crate) fn decode<T: DeserializeOwned>(&self, bmc: &str, what: &str) -> Result<T, BmcError> {
         serde_json::from_slice(&self.body).map_err(|source| BmcError::Decode {
             bmc: bmc.to_owned(),
-            what: what.to_owned(),
+            what: bmc_text(what),
             source: Box::new(source),
         })
     }
@@ -56,16 +57,16 @@ impl Answer {
             },
             StatusCode::FORBIDDEN => BmcError::Privilege {
                 bmc: bmc.to_owned(),
-                what: what.to_owned(),
+                what: bmc_text(what),
             },
             status => BmcError::HttpStatus {
                 bmc: bmc.to_owned(),
-                what: what.to_owned(),
+                what: bmc_text(what),
                 status: status.as_u16(),
                 detail: serde_json::from_slice::<ErrorBody>(&self.body)
                     .ok()
                     .and_then(|body| body.summary())
-                    .map(|text| format!(": {text}"))
+                    .map(|text| format!(": {}", bmc_text(&text)))
                     .unwrap_or_default(),
             },
         })
@@ -97,7 +98,8 @@ impl Http {
         body: Option<&serde_json::Value>,
         authenticate: bool,
     ) -> Result<Answer, BmcError> {
-        let what = format!("{method} {path}");
+        // The path may come from the BMC (a member's `@odata.id`): quoted escaped and cut.
+        let what = format!("{method} {}", bmc_text(path));
         timeline.sent(what.clone());
         let mut request = self
             .client

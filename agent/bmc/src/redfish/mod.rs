@@ -260,7 +260,7 @@ impl RedfishClient {
             }),
             several => Err(BmcError::AmbiguousSystem {
                 bmc: self.http.bmc.clone(),
-                systems: several.join(", "),
+                systems: crate::error::bmc_text(&several.join(", ")),
             }),
         }
     }
@@ -290,8 +290,8 @@ impl RedfishClient {
                 let systems = self.list_systems().await.unwrap_or_default();
                 return Err(BmcError::SystemNotFound {
                     bmc: self.http.bmc.clone(),
-                    wanted: path,
-                    systems: systems.join(", "),
+                    wanted: crate::error::bmc_text(&path),
+                    systems: crate::error::bmc_text(&systems.join(", ")),
                 });
             }
             other => other?,
@@ -355,7 +355,7 @@ impl RedfishClient {
             BmcError::Unsupported {
                 bmc: self.http.bmc.clone(),
                 operation: kind.operation().to_owned(),
-                allowed: allowed.join(", "),
+                allowed: crate::error::bmc_text(&allowed.join(", ")),
             }
         })?;
         let target = system

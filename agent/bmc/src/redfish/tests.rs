@@ -670,3 +670,69 @@ async fn reboot_is_fenced_when_the_bmc_refuses_power_on() {
             .contains("fenced: power off verified, but powering the host on again failed")
     );
 }
+
+/// What a hostile or broken BMC may put in every string it sends: escape sequences that clear
+/// a terminal, many kilobytes of them.
+fn hostile(n: usize) -> String {
+    "\\u001b[2J\\u001b]0;pwned\\u0007".repeat(n)
+}
+
+fn assert_tame(what: &str, text: &str) {
+    assert!(text.len() < 2_000, "{what}: {} bytes", text.len());
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{7}'),
+        "{what}: raw control characters"
+    );
+}
+
+#[tokio::test]
+async fn hostile_bmc_strings_are_cut_and_escaped_in_errors_and_the_timeline() {
+    let members: Vec<String> = (0..30)
+        .map(|i| {
+            format!(
+                r#"{{"@odata.id":"/redfish/v1/Systems/{i}{}"}}"#,
+                hostile(1_000)
+            )
+        })
+        .collect();
+    let members = format!(r#"{{"Members":[{}]}}"#, members.join(","));
+    let allowed: Vec<String> = (0..30)
+        .map(|i| format!(r#""Reset{i}{}""#, hostile(500)))
+        .collect();
+    let allowed = format!("[{}]", allowed.join(","));
+    let state = hostile(5_000);
+    let server = serve(move |req| {
+        Some(match req.path.as_str() {
+            "/redfish/v1" => json(200, ROOT),
+            "/redfish/v1/Systems" => json(200, &members),
+            "/redfish/v1/Systems/1" => json(200, &system(&state, &allowed)),
+            _ => json(
+                500,
+                &format!(r#"{{"error":{{"message":"{}"}}}}"#, hostile(20_000)),
+            ),
+        })
+    })
+    .await;
+    // Several systems, none named: the error lists them.
+    let mut bmc = client(&server.url);
+    let error = bmc.power_state().await.unwrap_err();
+    assert!(
+        matches!(error, BmcError::AmbiguousSystem { .. }),
+        "{error:?}"
+    );
+    assert_tame("systems", &error_chain(&error));
+    // The named system reports a hostile power state and hostile reset types.
+    let mut bmc = client(&format!("{}/redfish/v1/Systems/1", server.url));
+    let state = bmc.power_state().await.unwrap();
+    assert_tame("power state", &state.to_string());
+    let error = bmc.force_off().await.unwrap_err();
+    assert!(matches!(error, BmcError::Unsupported { .. }), "{error:?}");
+    assert_tame("allowed", &error_chain(&error));
+    for entry in bmc.timeline_mut().entries() {
+        assert_tame("timeline", &entry.what);
+    }
+    // An error answer's message.
+    let mut bmc = client(&format!("{}/redfish/v1/Systems/2", server.url));
+    let error = bmc.power_state().await.unwrap_err();
+    assert_tame("http status", &error_chain(&error));
+}

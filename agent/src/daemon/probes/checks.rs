@@ -50,11 +50,26 @@ pub struct HttpCheck {
     etcd_body: bool,
 }
 
+/// A client certificate an [`HttpCheck`] presents, with the configuration section that names
+/// it (for messages).
+#[derive(Debug, Clone)]
+pub struct ClientCert {
+    /// `etcd`, `probes.kubelet`, …
+    pub section: &'static str,
+    /// Certificate chain.
+    pub cert: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+}
+
 impl HttpCheck {
-    /// Builds the check with its own client (CA bundle or system roots, the probe's timeout).
+    /// Builds the check with its own client (CA bundle or system roots, the probe's timeout),
+    /// presenting `client_cert` over `https://` when given: etcd with `--client-cert-auth`
+    /// refuses the handshake without one.
     pub fn new(
         url: &str,
         ca: Option<PathBuf>,
+        client_cert: Option<ClientCert>,
         timeout: Duration,
         etcd_body: bool,
     ) -> Result<Self, String> {
@@ -63,8 +78,21 @@ impl HttpCheck {
             .connect_timeout(timeout)
             .no_proxy();
         if url.starts_with("https://") {
-            let trust = ca.map_or(TlsTrust::SystemRoots, TlsTrust::CaBundle);
-            let config = metalguard_bmc::tls::client_config(&trust).map_err(|e| e.to_string())?;
+            let config = match (ca, client_cert) {
+                (Some(ca), Some(c)) => {
+                    crate::client_tls::config(c.section, &ca, Some((&c.cert, &c.key)))?
+                }
+                (None, Some(c)) => {
+                    return Err(format!(
+                        "{}: a client certificate needs the CA of the server (ca)",
+                        c.section
+                    ));
+                }
+                (ca, None) => {
+                    let trust = ca.map_or(TlsTrust::SystemRoots, TlsTrust::CaBundle);
+                    metalguard_bmc::tls::client_config(&trust).map_err(|e| e.to_string())?
+                }
+            };
             builder = builder.tls_backend_preconfigured(config);
         } else {
             let config = metalguard_bmc::tls::trust_nothing_config().map_err(|e| e.to_string())?;
@@ -83,12 +111,23 @@ impl HttpCheck {
     /// One request.
     pub async fn run(&self) -> CheckResult {
         let response = self.client.get(&self.url).send().await.map_err(|e| {
+            let chain = error_chain(&e);
+            // rustls' words for a refused certificate, ours or the server's.
+            let tls = [
+                "invalid peer certificate",
+                "received fatal alert",
+                "certificate",
+            ]
+            .iter()
+            .any(|needle| chain.contains(needle));
             let reason = if e.is_timeout() {
                 "Timeout"
+            } else if tls {
+                "TlsFailed"
             } else {
                 "Unreachable"
             };
-            ProbeFailure::new(reason, format!("GET {}: {}", self.url, error_chain(&e)))
+            ProbeFailure::new(reason, format!("GET {}: {chain}", self.url))
         })?;
         let status = response.status();
         let body = response.text().await.unwrap_or_default();

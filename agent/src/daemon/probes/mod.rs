@@ -121,9 +121,25 @@ pub fn build(config: &AgentConfig) -> Result<Vec<Probe>, String> {
         // `/health?exclude=NOSPACE` answers 200 `{"health":"true"}`, and still 503 without a
         // leader or with a CORRUPT alarm; `?serializable=true` alone stays 503. An etcd that
         // ignores the parameter only makes the probe as strict as before.
-        let url = format!("{}/health?exclude=NOSPACE", endpoint.trim_end_matches('/'));
-        let http = checks::HttpCheck::new(&url, etcd.ca.clone(), etcd.probe.timeout, true)
-            .map_err(|e| format!("etcd probe: {e}"))?;
+        //
+        // Where: etcd's plain-HTTP metrics URL when configured (kubeadm's liveness probe reads
+        // `http://127.0.0.1:2381/health`), else the local member's client URL, presenting the
+        // client certificate (an etcd with `--client-cert-auth` refuses the handshake
+        // without one).
+        let base = etcd.metrics_url.as_ref().unwrap_or(endpoint);
+        let url = format!("{}/health?exclude=NOSPACE", base.trim_end_matches('/'));
+        let client_cert =
+            etcd.cert
+                .clone()
+                .zip(etcd.key.clone())
+                .map(|(cert, key)| checks::ClientCert {
+                    section: "etcd",
+                    cert,
+                    key,
+                });
+        let http =
+            checks::HttpCheck::new(&url, etcd.ca.clone(), client_cert, etcd.probe.timeout, true)
+                .map_err(|e| format!("etcd probe: {e}"))?;
         probes.push(Probe {
             condition: "EtcdMemberHealthy".into(),
             timing: etcd.probe,
@@ -152,8 +168,9 @@ pub fn build(config: &AgentConfig) -> Result<Vec<Probe>, String> {
     ] {
         if let Some(probe) = probe {
             let timing = probe.timing();
-            let http = checks::HttpCheck::new(&probe.url, probe.ca.clone(), timing.timeout, false)
-                .map_err(|e| format!("{condition} probe: {e}"))?;
+            let http =
+                checks::HttpCheck::new(&probe.url, probe.ca.clone(), None, timing.timeout, false)
+                    .map_err(|e| format!("{condition} probe: {e}"))?;
             probes.push(Probe {
                 condition: condition.into(),
                 timing,

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{OVERHEAD, Report, fence_executor, unix_ms};
-use crate::etcd::etcdctl_at;
+use crate::etcd::{ClientTls, etcdctl_with};
 use crate::lab::Lab;
 use crate::{HarnessError, Result};
 
@@ -81,6 +81,7 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
     lab.timeline
         .add("lab", "wrote 20 keys to etcd", "checked after recovery");
     let majority = lab.endpoints_except(target);
+    let tls = lab.etcd().client_tls();
     let grace = lab.etcd().options().election_timeout * 2;
     let mut writes = MajorityWrites {
         grace,
@@ -95,7 +96,8 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
     // the partitioned member) does not thin them out.
     let stop = AtomicBool::new(false);
     let waited = std::thread::scope(|s| {
-        let writing = s.spawn(|| write_until_stopped(&majority, started, &mut writes, &stop));
+        let writing =
+            s.spawn(|| write_until_stopped(&majority, tls.as_ref(), started, &mut writes, &stop));
         let waited = lab.wait_for(&format!("{name} to be powered off"), fence_budget, |lab| {
             Ok(lab.power_offs_since(target, since)? > 0)
         });
@@ -196,6 +198,7 @@ pub fn observe_partition(lab: &mut Lab, target: usize) -> Result<PartitionOutcom
 /// written and counts the outcomes in `writes`.
 fn write_until_stopped(
     majority: &[String],
+    tls: Option<&ClientTls>,
     started: Instant,
     writes: &mut MajorityWrites,
     stop: &AtomicBool,
@@ -205,7 +208,7 @@ fn write_until_stopped(
         let issued = started.elapsed();
         let key = format!("/lab/partition/during/{:06}", issued.as_millis());
         let value = format!("written-through-the-majority-at-{}ms", issued.as_millis());
-        match etcdctl_at(majority, WRITE_TIMEOUT, &["put", &key, &value]) {
+        match etcdctl_with(majority, tls, WRITE_TIMEOUT, &["put", &key, &value]) {
             Ok(_) => {
                 writes.succeeded += 1;
                 if issued >= writes.grace {

@@ -9,7 +9,6 @@
 //! no quorum. Afterwards the lab is a cluster of the same size without the retired host (so the
 //! scenario runs last).
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use super::{OVERHEAD, Report, unix_ms};
@@ -108,7 +107,7 @@ impl MemberWatch {
         let quorum = voters.len() / 2 + 1;
         let down: Vec<&str> = voters
             .iter()
-            .filter(|m| !answers(m, "/health?serializable=true"))
+            .filter(|m| !answers(lab, m, "/health?serializable=true"))
             .map(|m| {
                 if m.name.is_empty() {
                     "(unstarted)"
@@ -128,7 +127,7 @@ impl MemberWatch {
                 down.join(", ")
             ));
         }
-        if voters.iter().filter(|m| answers(m, "/health")).count() < quorum {
+        if voters.iter().filter(|m| answers(lab, m, "/health")).count() < quorum {
             self.leaderless += 1;
         }
         let has_peer = |m: &&MemberInfo, peer: &str| m.peer_urls.iter().any(|u| u == peer);
@@ -148,13 +147,13 @@ impl MemberWatch {
     }
 }
 
-/// Whether a member answers `path` (a `/health` variant) healthy on its first client URL.
-fn answers(member: &MemberInfo, path: &str) -> bool {
+/// Whether a member answers `path` (a `/health` variant) healthy on the metrics URL of the
+/// lab member whose client URL it advertises first.
+fn answers(lab: &Lab, member: &MemberInfo, path: &str) -> bool {
     let Some(addr) = member
         .client_urls
         .first()
-        .and_then(|u| u.strip_prefix("http://"))
-        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .and_then(|u| lab.metrics_addr_of(u))
     else {
         return false;
     };

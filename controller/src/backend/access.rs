@@ -1,0 +1,732 @@
+//! How the controller reaches etcd: the inventory's `[etcd]` TLS files and credentials,
+//! checked and turned into the client's connect options.
+//!
+//! ```text
+//! [etcd] ca_file, cert_file, key_file, username, password_file
+//!     ── validate (structure, at load) ──► EtcdAccess::load (read + parse) ──► ConnectOptions
+//!                                                  │                          (failover.rs, report.rs)
+//!                                                  └► rustls config for the TLS probe (diagnosis.rs)
+//!     ── check_files (check-config: also expiry, CA, client auth, issuer) ──► every problem
+//! ```
+//!
+//! The private key and the password file are secrets: refused when group or others may read
+//! them, never logged, and never part of a message (only their paths are). There is no
+//! fallback to the system's trust store: etcd's CA is always a private one (kubeadm generates
+//! `/etc/kubernetes/pki/etcd/ca.crt`), so an `https://` endpoint without `ca_file` is a
+//! configuration error rather than a certificate error at run time.
+
+use std::fmt;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::inventory::EtcdSettings;
+
+/// A file of the `[etcd]` section that cannot be used. Names the key and the file, never a
+/// secret's content.
+#[derive(Debug, thiserror::Error)]
+#[error("etcd.{key} {path}: {problem}")]
+pub struct AccessError {
+    /// The inventory key (`ca_file`, `cert_file`, `key_file`, `password_file`).
+    pub key: &'static str,
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// Who the controller is to etcd, for messages (never a secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcdIdentity {
+    /// No client certificate, no user.
+    Anonymous,
+    /// A client certificate; etcd takes its common name as the user once auth is enabled.
+    Certificate {
+        /// The certificate's common name.
+        common_name: String,
+    },
+    /// A user with a password (possibly with a client certificate for the handshake).
+    User {
+        /// The user name.
+        name: String,
+    },
+}
+
+impl fmt::Display for EtcdIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Anonymous => f.write_str("no client certificate and no user"),
+            Self::Certificate { common_name } => {
+                write!(f, "the client certificate's user {common_name:?}")
+            }
+            Self::User { name } => write!(f, "user {name:?}"),
+        }
+    }
+}
+
+/// Everything needed to open a client to one etcd endpoint.
+#[derive(Clone)]
+pub struct EtcdAccess {
+    options: ConnectOptions,
+    probe_tls: Option<Arc<rustls::ClientConfig>>,
+    identity: EtcdIdentity,
+    has_client_cert: bool,
+    prefix: String,
+    timeout: Duration,
+}
+
+impl fmt::Debug for EtcdAccess {
+    // `ConnectOptions` holds the password in clear: never print it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdAccess")
+            .field("tls", &self.probe_tls.is_some())
+            .field("identity", &self.identity)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdAccess {
+    /// Reads and parses the files `settings` names; every request and connection gets
+    /// `settings.timeout`.
+    pub fn load(settings: &EtcdSettings) -> Result<Self, AccessError> {
+        let mut options = ConnectOptions::new()
+            .with_timeout(settings.timeout)
+            .with_connect_timeout(settings.timeout);
+        let mut identity = EtcdIdentity::Anonymous;
+        let mut probe_tls = None;
+        let has_client_cert = settings.cert_file.is_some();
+        if let Some(ca_path) = &settings.ca_file {
+            let ca_pem = read_file("ca_file", ca_path)?;
+            let roots = parse_certificates("ca_file", ca_path, &ca_pem)?;
+            let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(&ca_pem));
+            let mut client_auth = None;
+            if let (Some(cert_path), Some(key_path)) = (&settings.cert_file, &settings.key_file) {
+                let cert_pem = read_file("cert_file", cert_path)?;
+                let chain = parse_certificates("cert_file", cert_path, &cert_pem)?;
+                let key_pem = read_secret("key_file", key_path)?;
+                let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| AccessError {
+                    key: "key_file",
+                    path: key_path.clone(),
+                    problem: format!("holds no usable PEM private key ({e})"),
+                })?;
+                identity = EtcdIdentity::Certificate {
+                    common_name: common_name(&chain[0]).unwrap_or_default(),
+                };
+                tls = tls.identity(Identity::from_pem(&cert_pem, &key_pem));
+                client_auth = Some((chain, key));
+            }
+            probe_tls = Some(Arc::new(probe_config(settings, roots, client_auth)?));
+            options = options.with_tls(tls);
+        }
+        if let (Some(name), Some(path)) = (&settings.username, &settings.password_file) {
+            let password = read_password(path)?;
+            options = options
+                .with_user(name.clone(), password)
+                .with_auto_token_refresh(true);
+            identity = EtcdIdentity::User { name: name.clone() };
+        }
+        Ok(Self {
+            options,
+            probe_tls,
+            identity,
+            has_client_cert,
+            prefix: settings.prefix.clone(),
+            timeout: settings.timeout,
+        })
+    }
+
+    /// The connect options (timeouts, TLS, user) of a client to one endpoint.
+    pub fn options(&self) -> ConnectOptions {
+        self.options.clone()
+    }
+
+    /// The rustls configuration the TLS probe uses (`None` without TLS).
+    pub fn probe_tls(&self) -> Option<Arc<rustls::ClientConfig>> {
+        self.probe_tls.clone()
+    }
+
+    /// Who the controller is to etcd.
+    pub fn identity(&self) -> &EtcdIdentity {
+        &self.identity
+    }
+
+    /// Whether a client certificate is configured.
+    pub fn has_client_cert(&self) -> bool {
+        self.has_client_cert
+    }
+
+    /// The key prefix the controller needs to read and write.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Timeout of one request and of one connection.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+fn probe_config(
+    settings: &EtcdSettings,
+    roots: Vec<CertificateDer<'static>>,
+    client_auth: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+) -> Result<rustls::ClientConfig, AccessError> {
+    let ca_path = settings.ca_file.clone().unwrap_or_default();
+    let mut store = rustls::RootCertStore::empty();
+    for root in roots {
+        store.add(root).map_err(|e| AccessError {
+            key: "ca_file",
+            path: ca_path.clone(),
+            problem: format!("holds a certificate that is no usable trust anchor ({e})"),
+        })?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| AccessError {
+        key: "ca_file",
+        path: ca_path.clone(),
+        problem: format!("no TLS configuration could be built ({e})"),
+    })?
+    .with_root_certificates(store);
+    let mut config = match client_auth {
+        Some((chain, key)) => {
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| AccessError {
+                    key: "key_file",
+                    path: settings.key_file.clone().unwrap_or_default(),
+                    problem: format!("does not go with etcd.cert_file ({e})"),
+                })?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    // etcd's gRPC port negotiates HTTP/2 by ALPN.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// The structural rules of the `[etcd]` section, checked when the inventory loads.
+pub fn validate(settings: &EtcdSettings) -> Result<(), String> {
+    if settings.endpoints.is_empty() {
+        return Err("etcd.endpoints is empty".to_owned());
+    }
+    let https = settings
+        .endpoints
+        .iter()
+        .filter(|e| e.starts_with("https://"))
+        .count();
+    let http = settings
+        .endpoints
+        .iter()
+        .filter(|e| e.starts_with("http://"))
+        .count();
+    if let Some(bad) = settings
+        .endpoints
+        .iter()
+        .find(|e| !e.starts_with("https://") && !e.starts_with("http://"))
+    {
+        return Err(format!(
+            "etcd.endpoints: {bad} must start with https:// or http://"
+        ));
+    }
+    if https > 0 && http > 0 {
+        return Err(
+            "etcd.endpoints mixes https:// and http://; etcd serves its clients one way".to_owned(),
+        );
+    }
+    let tls_keys: Vec<&str> = [
+        ("ca_file", settings.ca_file.is_some()),
+        ("cert_file", settings.cert_file.is_some()),
+        ("key_file", settings.key_file.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(key, set)| set.then_some(key))
+    .collect();
+    if http > 0 && !tls_keys.is_empty() {
+        return Err(format!(
+            "etcd.{} set, but etcd.endpoints are http://: TLS files would be ignored; write https:// endpoints",
+            tls_keys.join(", etcd.")
+        ));
+    }
+    if https > 0 && settings.ca_file.is_none() {
+        return Err(
+            "etcd.endpoints are https:// but etcd.ca_file is not set: name the CA that signed etcd's \
+             server certificates (kubeadm: /etc/kubernetes/pki/etcd/ca.crt); the system's trust \
+             store is not used for etcd"
+                .to_owned(),
+        );
+    }
+    if settings.cert_file.is_some() != settings.key_file.is_some() {
+        return Err("etcd.cert_file and etcd.key_file must be set together".to_owned());
+    }
+    if settings.username.is_some() != settings.password_file.is_some() {
+        return Err("etcd.username and etcd.password_file must be set together".to_owned());
+    }
+    if settings.username.as_deref() == Some("") {
+        return Err("etcd.username is empty".to_owned());
+    }
+    if http > 0 && settings.password_file.is_some() {
+        return Err(
+            "etcd.password_file set with http:// endpoints: the password would cross the network in clear"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// Every problem with the files of `settings`, as `check-config` reports them: what
+/// [`EtcdAccess::load`] refuses, plus certificates expired or not yet valid at `now`, a CA
+/// file holding no CA certificate, a client certificate not valid for client authentication
+/// or not issued by a CA of `ca_file`.
+pub fn check_files(settings: &EtcdSettings, now: SystemTime) -> Vec<AccessError> {
+    let mut problems = Vec::new();
+    let mut cas = Vec::new();
+    if let Some(path) = &settings.ca_file {
+        match read_file("ca_file", path).and_then(|pem| parse_certificates("ca_file", path, &pem)) {
+            Ok(certs) => {
+                for (i, der) in certs.iter().enumerate() {
+                    check_certificate(
+                        "ca_file",
+                        path,
+                        i,
+                        der,
+                        now,
+                        Purpose::Ca,
+                        &[],
+                        &mut problems,
+                    );
+                }
+                cas = certs;
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    if let Some(path) = &settings.cert_file {
+        match read_file("cert_file", path)
+            .and_then(|pem| parse_certificates("cert_file", path, &pem))
+        {
+            Ok(certs) => check_certificate(
+                "cert_file",
+                path,
+                0,
+                &certs[0],
+                now,
+                Purpose::Client,
+                &cas,
+                &mut problems,
+            ),
+            Err(e) => problems.push(e),
+        }
+    }
+    if let Some(path) = &settings.key_file {
+        match read_secret("key_file", path) {
+            Ok(pem) => {
+                if let Err(e) = PrivateKeyDer::from_pem_slice(&pem) {
+                    problems.push(AccessError {
+                        key: "key_file",
+                        path: path.clone(),
+                        problem: format!("holds no usable PEM private key ({e})"),
+                    });
+                }
+            }
+            Err(e) => problems.push(e),
+        }
+    }
+    if let Some(path) = &settings.password_file
+        && let Err(e) = read_password(path)
+    {
+        problems.push(e);
+    }
+    if problems.is_empty()
+        && let Err(e) = EtcdAccess::load(settings)
+    {
+        // What only building the client finds: a key that does not match its certificate.
+        problems.push(e);
+    }
+    problems
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Ca,
+    Client,
+}
+
+#[allow(clippy::too_many_arguments)] // one certificate's context, checked in one place
+fn check_certificate(
+    key: &'static str,
+    path: &Path,
+    index: usize,
+    der: &CertificateDer<'_>,
+    now: SystemTime,
+    purpose: Purpose,
+    cas: &[CertificateDer<'static>],
+    problems: &mut Vec<AccessError>,
+) {
+    let mut problem = |problem: String| {
+        problems.push(AccessError {
+            key,
+            path: path.to_owned(),
+            problem,
+        });
+    };
+    let which = if index == 0 {
+        "the certificate".to_owned()
+    } else {
+        format!("certificate {}", index + 1)
+    };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der.as_ref()) else {
+        problem(format!("{which} is not a valid X.509 certificate"));
+        return;
+    };
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    if let Ok(at) = x509_parser::time::ASN1Time::from_timestamp(secs) {
+        let validity = cert.validity();
+        if at < validity.not_before {
+            problem(format!(
+                "{which} is not valid before {}",
+                validity.not_before
+            ));
+        } else if at > validity.not_after {
+            problem(format!("{which} expired on {}", validity.not_after));
+        }
+    }
+    match purpose {
+        Purpose::Ca => {
+            if !cert.is_ca() {
+                problem(format!(
+                    "{which} ({}) is not a CA certificate: name the CA that signed etcd's server certificates",
+                    cert.subject()
+                ));
+            }
+        }
+        Purpose::Client => {
+            if let Ok(Some(eku)) = cert.extended_key_usage()
+                && !eku.value.client_auth
+                && !eku.value.any
+            {
+                problem(format!(
+                    "{which} ({}) is not valid for client authentication (its extended key usage lacks clientAuth): etcd refuses it",
+                    cert.subject()
+                ));
+            }
+            let issued_by_ca = cas.iter().any(|ca| {
+                x509_parser::parse_x509_certificate(ca.as_ref()).is_ok_and(|(_, ca)| {
+                    ca.subject() == cert.issuer()
+                        && cert.verify_signature(Some(ca.public_key())).is_ok()
+                })
+            });
+            if !cas.is_empty() && !issued_by_ca {
+                problem(format!(
+                    "{which} is not signed by a CA in etcd.ca_file (its issuer: {}): etcd verifies \
+                     client certificates with its --trusted-ca-file (kubeadm: the same etcd CA); \
+                     if that is another CA, append it to ca_file",
+                    cert.issuer()
+                ));
+            }
+        }
+    }
+}
+
+fn common_name(der: &CertificateDer<'_>) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    let cn = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    Some(cn.to_owned())
+}
+
+fn read_file(key: &'static str, path: &Path) -> Result<Vec<u8>, AccessError> {
+    std::fs::read(path).map_err(|e| AccessError {
+        key,
+        path: path.to_owned(),
+        problem: format!("could not be read ({})", e.kind()),
+    })
+}
+
+/// Reads a secret, refusing a file that group or others may read.
+fn read_secret(key: &'static str, path: &Path) -> Result<Vec<u8>, AccessError> {
+    let problem = |problem: String| AccessError {
+        key,
+        path: path.to_owned(),
+        problem,
+    };
+    let meta = std::fs::metadata(path)
+        .map_err(|e| problem(format!("could not be read ({})", e.kind())))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(problem(format!(
+            "has mode {mode:o}; it must not be readable by group or others (chmod 600)"
+        )));
+    }
+    read_file(key, path)
+}
+
+fn read_password(path: &Path) -> Result<String, AccessError> {
+    let bytes = read_secret("password_file", path)?;
+    let problem = |problem: &str| AccessError {
+        key: "password_file",
+        path: path.to_owned(),
+        problem: problem.to_owned(),
+    };
+    let text = String::from_utf8(bytes).map_err(|_| problem("is not UTF-8 text"))?;
+    let password = text.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err(problem("is empty"));
+    }
+    Ok(password.to_owned())
+}
+
+fn parse_certificates(
+    key: &'static str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, AccessError> {
+    let problem = |problem: String| AccessError {
+        key,
+        path: path.to_owned(),
+        problem,
+    };
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| problem(format!("is not PEM ({e})")))?;
+    if certs.is_empty() {
+        return Err(problem("holds no PEM certificate".to_owned()));
+    }
+    for (i, der) in certs.iter().enumerate() {
+        if x509_parser::parse_x509_certificate(der.as_ref()).is_err() {
+            return Err(problem(format!(
+                "certificate {} is not a valid X.509 certificate",
+                i + 1
+            )));
+        }
+    }
+    Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+
+    fn settings(endpoints: &[&str]) -> EtcdSettings {
+        EtcdSettings {
+            endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password_file: None,
+            prefix: "/metalguard".to_owned(),
+            lease_ttl: Duration::from_secs(5),
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    fn write(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
+    /// A CA and a client certificate it signed, with `eku` and the given validity, written
+    /// to `dir` (`ca.crt`, `client.crt`, `client.key` 0600); returns the settings naming them.
+    fn pki(dir: &Path, eku: ExtendedKeyUsagePurpose, expired: bool) -> EtcdSettings {
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "etcd-ca");
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let mut leaf = CertificateParams::new(Vec::<String>::new()).unwrap();
+        leaf.distinguished_name
+            .push(DnType::CommonName, "metalguard");
+        leaf.extended_key_usages = vec![eku];
+        if expired {
+            leaf.not_before = rcgen::date_time_ymd(2000, 1, 1);
+            leaf.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        }
+        let key = KeyPair::generate().unwrap();
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        let mut s = settings(&["https://127.0.0.1:2379"]);
+        s.ca_file = Some(write(dir, "ca.crt", &ca_cert.pem(), 0o644));
+        s.cert_file = Some(write(dir, "client.crt", &cert.pem(), 0o644));
+        s.key_file = Some(write(dir, "client.key", &key.serialize_pem(), 0o600));
+        s
+    }
+
+    #[test]
+    fn the_section_must_be_consistent_with_its_endpoints() {
+        let with = |f: &dyn Fn(&mut EtcdSettings)| {
+            let mut s = settings(&["https://10.0.0.1:2379"]);
+            s.ca_file = Some("/ca.crt".into());
+            f(&mut s);
+            validate(&s)
+        };
+        assert_eq!(with(&|_| {}), Ok(()));
+        let err = with(&|s| s.ca_file = None).unwrap_err();
+        assert!(
+            err.contains("etcd.ca_file is not set")
+                && err.contains("/etc/kubernetes/pki/etcd/ca.crt"),
+            "{err}"
+        );
+        let err = with(&|s| s.endpoints.push("http://10.0.0.2:2379".into())).unwrap_err();
+        assert!(err.contains("mixes"), "{err}");
+        let err = with(&|s| s.endpoints = vec!["http://10.0.0.1:2379".into()]).unwrap_err();
+        assert!(
+            err.contains("etcd.ca_file set, but etcd.endpoints are http://"),
+            "{err}"
+        );
+        let err = with(&|s| s.cert_file = Some("/c".into())).unwrap_err();
+        assert!(err.contains("cert_file and etcd.key_file"), "{err}");
+        let err = with(&|s| s.username = Some("metalguard".into())).unwrap_err();
+        assert!(err.contains("username and etcd.password_file"), "{err}");
+        let err = with(&|s| s.endpoints = vec!["10.0.0.1:2379".into()]).unwrap_err();
+        assert!(err.contains("must start with https:// or http://"), "{err}");
+        let mut plain = settings(&["http://10.0.0.1:2379"]);
+        assert_eq!(validate(&plain), Ok(()));
+        plain.username = Some("metalguard".into());
+        plain.password_file = Some("/pw".into());
+        let err = validate(&plain).unwrap_err();
+        assert!(err.contains("in clear"), "{err}");
+    }
+
+    #[test]
+    fn good_files_load_and_pass_the_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = pki(dir.path(), ExtendedKeyUsagePurpose::ClientAuth, false);
+        let access = EtcdAccess::load(&s).unwrap();
+        assert_eq!(
+            access.identity(),
+            &EtcdIdentity::Certificate {
+                common_name: "metalguard".into()
+            }
+        );
+        assert!(access.probe_tls().is_some() && access.has_client_cert());
+        let problems = check_files(&s, SystemTime::now());
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+
+    #[test]
+    fn each_bad_file_is_named_with_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = pki(dir.path(), ExtendedKeyUsagePurpose::ServerAuth, true);
+        let problems: Vec<String> = check_files(&s, SystemTime::now())
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let text = problems.join("\n");
+        assert!(
+            text.contains("etcd.cert_file") && text.contains("expired on"),
+            "{text}"
+        );
+        assert!(
+            text.contains("not valid for client authentication"),
+            "{text}"
+        );
+
+        // The CA file names a leaf, the key is world-readable: both named, the key's content never.
+        let mut s = pki(dir.path(), ExtendedKeyUsagePurpose::ClientAuth, false);
+        s.ca_file = s.cert_file.clone();
+        let key = s.key_file.clone().unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let text: Vec<String> = check_files(&s, SystemTime::now())
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let text = text.join("\n");
+        assert!(
+            text.contains("etcd.ca_file") && text.contains("is not a CA certificate"),
+            "{text}"
+        );
+        assert!(
+            text.contains("etcd.key_file") && text.contains("mode 644"),
+            "{text}"
+        );
+        assert!(!text.contains("PRIVATE KEY"), "{text}");
+        let err = EtcdAccess::load(&s).unwrap_err().to_string();
+        assert!(
+            err.contains("etcd.key_file") && err.contains("chmod 600"),
+            "{err}"
+        );
+
+        // A key of another certificate.
+        let other = tempfile::tempdir().unwrap();
+        let o = pki(other.path(), ExtendedKeyUsagePurpose::ClientAuth, false);
+        let mut s = pki(dir.path(), ExtendedKeyUsagePurpose::ClientAuth, false);
+        s.key_file = o.key_file;
+        let err = EtcdAccess::load(&s).unwrap_err().to_string();
+        assert!(err.contains("does not go with etcd.cert_file"), "{err}");
+
+        // A client certificate of another CA.
+        let mut s = pki(dir.path(), ExtendedKeyUsagePurpose::ClientAuth, false);
+        s.ca_file = o.ca_file;
+        let text: Vec<String> = check_files(&s, SystemTime::now())
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert!(
+            text.join("\n")
+                .contains("is not signed by a CA in etcd.ca_file"),
+            "{text:?}"
+        );
+
+        // Not PEM at all.
+        let mut s = pki(dir.path(), ExtendedKeyUsagePurpose::ClientAuth, false);
+        s.ca_file = Some(write(
+            dir.path(),
+            "garbage.crt",
+            "not a certificate\n",
+            0o644,
+        ));
+        let err = EtcdAccess::load(&s).unwrap_err().to_string();
+        assert!(
+            err.starts_with("etcd.ca_file ") && err.contains("holds no PEM certificate"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_password_file_is_a_secret_and_never_echoed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = pki(dir.path(), ExtendedKeyUsagePurpose::ClientAuth, false);
+        s.username = Some("metalguard".into());
+        s.password_file = Some(write(dir.path(), "password", "hunter2\n", 0o640));
+        let err = EtcdAccess::load(&s).unwrap_err().to_string();
+        assert!(
+            err.contains("etcd.password_file") && err.contains("mode 640"),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"));
+        std::fs::set_permissions(
+            s.password_file.as_ref().unwrap(),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        let access = EtcdAccess::load(&s).unwrap();
+        assert_eq!(
+            access.identity(),
+            &EtcdIdentity::User {
+                name: "metalguard".into()
+            }
+        );
+        assert!(!format!("{access:?}").contains("hunter2"));
+        write(dir.path(), "password", "\n", 0o600);
+        let problems = check_files(&s, SystemTime::now());
+        assert!(
+            problems.iter().any(|p| p.to_string().contains("is empty")),
+            "{problems:?}"
+        );
+    }
+}
