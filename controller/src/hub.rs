@@ -93,6 +93,8 @@ pub struct Hub {
     admission: Mutex<Admission>,
     /// The deny list in force (shared with the handshake verifier).
     revoked: Revoked,
+    /// Per host, the end of validity (Unix seconds) of the certificate it was last admitted with.
+    certificates: Mutex<BTreeMap<String, i64>>,
 }
 
 /// The hosts whose certificates may use the agent API.
@@ -116,6 +118,7 @@ impl Hub {
             released_holds: Mutex::new(BTreeSet::new()),
             admission: Mutex::new(Admission::default()),
             revoked: Revoked::default(),
+            certificates: Mutex::new(BTreeMap::new()),
         };
         (Arc::new(hub), rx)
     }
@@ -301,7 +304,25 @@ impl Hub {
                 certificate.host
             ));
         }
+        drop(admission);
+        self.certificates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(certificate.host.clone(), certificate.not_after);
         Ok(())
+    }
+
+    /// Per inventory host, the end of validity (Unix seconds) of the certificate it was last
+    /// admitted with.
+    pub fn agent_certificates(&self) -> BTreeMap<String, i64> {
+        let hosts = self.admission().hosts.clone();
+        self.certificates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(host, _)| hosts.contains(*host))
+            .map(|(host, end)| (host.clone(), *end))
+            .collect()
     }
 
     /// Hands an inbound message to the loop; false when the loop has stopped.
@@ -415,6 +436,7 @@ mod tests {
             host: host.into(),
             serial: "0a:0b".into(),
             sha256: "ff".repeat(32),
+            not_after: 0,
         }
     }
 
@@ -427,6 +449,11 @@ mod tests {
         );
         hub.set_hosts(["cp-1".to_owned(), "cp-2".to_owned()]);
         assert_eq!(hub.admits(&identity("cp-1")), Ok(()));
+        assert_eq!(
+            hub.agent_certificates(),
+            BTreeMap::from([("cp-1".to_owned(), 0)]),
+            "the admitted certificate's end of validity is kept"
+        );
         let stranger = hub.admits(&identity("mallory")).unwrap_err();
         assert!(
             stranger.contains("mallory is not in the inventory"),

@@ -63,6 +63,30 @@ pub struct Metrics {
     pub reports_received: Counter,
     /// Reports written to the store (a change, or once per heartbeat interval).
     pub report_writes: Counter,
+    /// etcd voting members, as the latest plan saw them.
+    pub etcd_voters: Gauge,
+    /// etcd voting members that are healthy.
+    pub etcd_healthy_voters: Gauge,
+    /// etcd learners (non-voting members).
+    pub etcd_learners: Gauge,
+    /// Healthy voters beyond quorum: how many more voter failures etcd survives (negative
+    /// when quorum is lost or no voter is known).
+    pub etcd_failure_tolerance: Gauge,
+    /// Per inventory host, 1 while its agent is silent (no report within the executor
+    /// heartbeat timeout).
+    pub agent_silent: Family<Labels, Gauge>,
+    /// Per host, when its latest report was received (Unix seconds).
+    pub agent_last_report: Family<Labels, Gauge>,
+    /// Per inventory host with a BMC, the agents whose fresh report reached that BMC.
+    pub bmc_reachable_agents: Family<Labels, Gauge>,
+    /// End of validity (Unix seconds) of the certificates the controller uses, by role.
+    pub certificate_expiry: Family<Labels, Gauge>,
+    /// End of validity (Unix seconds) of each agent's client certificate, as last presented.
+    pub agent_certificate_expiry: Family<Labels, Gauge>,
+    /// Refusals in the latest plan, by kind of reason.
+    pub refusals: Family<Labels, Gauge>,
+    /// Time of one plan round: plan over the loaded state, then persist its writes.
+    pub round_seconds: Histogram,
 }
 
 impl Metrics {
@@ -94,6 +118,17 @@ impl Metrics {
             revoked_certificates: Gauge::default(),
             reports_received: Counter::default(),
             report_writes: Counter::default(),
+            etcd_voters: Gauge::default(),
+            etcd_healthy_voters: Gauge::default(),
+            etcd_learners: Gauge::default(),
+            etcd_failure_tolerance: Gauge::default(),
+            agent_silent: Family::default(),
+            agent_last_report: Family::default(),
+            bmc_reachable_agents: Family::default(),
+            certificate_expiry: Family::default(),
+            agent_certificate_expiry: Family::default(),
+            refusals: Family::default(),
+            round_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             registry: Registry::default(),
         };
         registry.register(
@@ -206,10 +241,71 @@ impl Metrics {
             "Certificates on the deny list in force",
             metrics.revoked_certificates.clone(),
         );
+        metrics.register_health(&mut registry);
         Arc::new(Self {
             registry,
             ..metrics
         })
+    }
+
+    /// Registers what the alert rules and the dashboard read about quorum, agents, BMCs,
+    /// certificates and plan rounds (`packaging/prometheus/`).
+    fn register_health(&self, registry: &mut Registry) {
+        registry.register(
+            "etcd_voters",
+            "etcd voting members, as the latest plan saw them",
+            self.etcd_voters.clone(),
+        );
+        registry.register(
+            "etcd_healthy_voters",
+            "etcd voting members that are healthy",
+            self.etcd_healthy_voters.clone(),
+        );
+        registry.register(
+            "etcd_learners",
+            "etcd learners (non-voting members)",
+            self.etcd_learners.clone(),
+        );
+        registry.register(
+            "etcd_failure_tolerance",
+            "Healthy etcd voters beyond quorum: further voter failures survived (negative when quorum is lost or no voter is known)",
+            self.etcd_failure_tolerance.clone(),
+        );
+        registry.register(
+            "agent_silent",
+            "1 per inventory host whose agent sent no report within the executor heartbeat timeout",
+            self.agent_silent.clone(),
+        );
+        registry.register(
+            "agent_last_report_timestamp_seconds",
+            "When each host's latest agent report was received (Unix seconds)",
+            self.agent_last_report.clone(),
+        );
+        registry.register(
+            "bmc_reachable_agents",
+            "Per inventory host with a BMC, the agents whose fresh report reached that BMC",
+            self.bmc_reachable_agents.clone(),
+        );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "End of validity (Unix seconds) of the certificates the controller uses, by role",
+            self.certificate_expiry.clone(),
+        );
+        registry.register(
+            "agent_certificate_expiry_timestamp_seconds",
+            "End of validity (Unix seconds) of each agent's client certificate, as last presented",
+            self.agent_certificate_expiry.clone(),
+        );
+        registry.register(
+            "refusals",
+            "Refusals in the latest plan, by kind of reason",
+            self.refusals.clone(),
+        );
+        registry.register(
+            "round_duration_seconds",
+            "Time of one plan round: plan over the loaded state, then persist its writes",
+            self.round_seconds.clone(),
+        );
     }
 
     /// The text exposition.
