@@ -335,3 +335,68 @@ pub async fn serve(
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The exposition with one series in every family (a family without one exports nothing).
+    fn every_series() -> String {
+        let m = Metrics::new();
+        let one = label("x", "y");
+        for family in [
+            &m.unhealthy_targets,
+            &m.short_circuited,
+            &m.remediations,
+            &m.rejected_records,
+            &m.agent_silent,
+            &m.agent_last_report,
+            &m.bmc_reachable_agents,
+            &m.certificate_expiry,
+            &m.agent_certificate_expiry,
+            &m.refusals,
+        ] {
+            family.get_or_create(&one).set(1);
+        }
+        for family in [
+            &m.fences,
+            &m.remediations_finished,
+            &m.promotions,
+            &m.reserved_conditions_ignored,
+        ] {
+            family.get_or_create(&one).inc();
+        }
+        m.fence_seconds.get_or_create(&one).observe(1.0);
+        m.render()
+    }
+
+    #[test]
+    fn every_controller_metric_the_alert_rules_and_the_dashboard_read_is_exported() {
+        let exported: BTreeSet<String> = every_series()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .map(str::to_owned)
+            .collect();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let name = regex::Regex::new(r"\bmetalguard_controller_[a-z0-9_]+").unwrap();
+        let mut read = 0;
+        for file in [
+            "packaging/prometheus/metalguard-rules.yaml",
+            "packaging/grafana/metalguard-dashboard.json",
+        ] {
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            for found in name.find_iter(&text) {
+                read += 1;
+                assert!(
+                    exported.contains(found.as_str()),
+                    "{file} reads {}, which the controller does not export:\n{exported:?}",
+                    found.as_str()
+                );
+            }
+        }
+        assert!(read > 30, "{read} metric references");
+    }
+}
