@@ -95,6 +95,8 @@ pub struct Hub {
     revoked: Revoked,
     /// Per host, the end of validity (Unix seconds) of the certificate it was last admitted with.
     certificates: Mutex<BTreeMap<String, i64>>,
+    /// Error answers of the agent API so far, by HTTP status.
+    refusals: Mutex<BTreeMap<u16, u64>>,
 }
 
 /// The hosts whose certificates may use the agent API.
@@ -119,6 +121,7 @@ impl Hub {
             admission: Mutex::new(Admission::default()),
             revoked: Revoked::default(),
             certificates: Mutex::new(BTreeMap::new()),
+            refusals: Mutex::new(BTreeMap::new()),
         };
         (Arc::new(hub), rx)
     }
@@ -310,6 +313,24 @@ impl Hub {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(certificate.host.clone(), certificate.not_after);
         Ok(())
+    }
+
+    /// Counts one error answer of the agent API with `status`.
+    pub fn count_refusal(&self, status: u16) {
+        *self
+            .refusals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(status)
+            .or_default() += 1;
+    }
+
+    /// Error answers of the agent API so far, by HTTP status.
+    pub fn refusals(&self) -> BTreeMap<u16, u64> {
+        self.refusals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Per inventory host, the end of validity (Unix seconds) of the certificate it was last

@@ -87,6 +87,8 @@ pub struct Metrics {
     pub refusals: Family<Labels, Gauge>,
     /// Time of one plan round: plan over the loaded state, then persist its writes.
     pub round_seconds: Histogram,
+    /// Error answers of the agent API, by HTTP status (`code`).
+    pub api_refusals: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -129,6 +131,7 @@ impl Metrics {
             agent_certificate_expiry: Family::default(),
             refusals: Family::default(),
             round_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            api_refusals: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -306,6 +309,21 @@ impl Metrics {
             "Time of one plan round: plan over the loaded state, then persist its writes",
             self.round_seconds.clone(),
         );
+        registry.register(
+            "api_refusals",
+            "Error answers of the agent API, by HTTP status",
+            self.api_refusals.clone(),
+        );
+    }
+
+    /// Brings the API refusal counters up to the hub's totals (`refusals`, by status).
+    pub fn count_api_refusals(&self, refusals: &std::collections::BTreeMap<u16, u64>) {
+        for (status, total) in refusals {
+            let counter = self
+                .api_refusals
+                .get_or_create(&label("code", &status.to_string()));
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
     }
 
     /// The text exposition.
@@ -362,6 +380,7 @@ mod tests {
         }
         for family in [
             &m.fences,
+            &m.api_refusals,
             &m.remediations_finished,
             &m.promotions,
             &m.reserved_conditions_ignored,
@@ -398,5 +417,21 @@ mod tests {
             }
         }
         assert!(read > 30, "{read} metric references");
+    }
+
+    #[test]
+    fn api_refusal_counters_follow_the_hub_totals() {
+        let m = Metrics::new();
+        m.count_api_refusals(&[(403, 2), (503, 1)].into());
+        m.count_api_refusals(&[(403, 5), (503, 1)].into());
+        let text = m.render();
+        assert!(
+            text.contains("metalguard_controller_api_refusals_total{code=\"403\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("metalguard_controller_api_refusals_total{code=\"503\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -283,6 +283,8 @@ async fn a_real_controller_fires_quorum_at_risk_and_unreachable_bmcs_from_its_ow
     // cp-1's agent: a single healthy voter, which tolerates no failure. Nobody reports on the
     // BMCs of w-1 and w-2 (the inventory's only ones); w-2 never reports at all.
     report_etcd_voter(&lab, port.port()).await;
+    // w-1 speaks for w-2: refused (403), and counted.
+    assert_eq!(post_report(&w1, port.port(), "w-2", "w-2").await, Ok(403));
     let started = Instant::now();
     let exposition = loop {
         let response = scrape(metrics_port.port());
@@ -293,6 +295,7 @@ async fn a_real_controller_fires_quorum_at_risk_and_unreachable_bmcs_from_its_ow
             && body.contains(
                 "metalguard_controller_agent_certificate_expiry_timestamp_seconds{host=\"cp-1\"}",
             )
+            && body.contains("metalguard_controller_api_refusals_total{code=\"403\"}")
         {
             break body;
         }
@@ -309,6 +312,7 @@ async fn a_real_controller_fires_quorum_at_risk_and_unreachable_bmcs_from_its_ow
         "metalguard_controller_etcd_failure_tolerance 0",
         "metalguard_controller_bmc_reachable_agents{host=\"w-1\"} 0",
         "metalguard_controller_agent_silent{host=\"w-2\"} 0",
+        "metalguard_controller_api_refusals_total{code=\"403\"} 1",
     ] {
         assert!(exposition.contains(line), "{line}\n{exposition}");
     }
