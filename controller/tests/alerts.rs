@@ -311,11 +311,16 @@ async fn a_real_controller_fires_quorum_at_risk_and_unreachable_bmcs_from_its_ow
         "metalguard_controller_etcd_healthy_voters 1",
         "metalguard_controller_etcd_failure_tolerance 0",
         "metalguard_controller_bmc_reachable_agents{host=\"w-1\"} 0",
-        "metalguard_controller_agent_silent{host=\"w-2\"} 0",
+        "metalguard_controller_agent_silent{host=\"cp-1\"} 0",
+        "metalguard_controller_agent_silent{host=\"w-1\"} 0",
         "metalguard_controller_api_refusals_total{code=\"403\"} 1",
     ] {
         assert!(exposition.contains(line), "{line}\n{exposition}");
     }
+    assert!(
+        !exposition.contains("metalguard_controller_agent_silent{host=\"w-2\"}"),
+        "a worker never heard of has no agent to be silent\n{exposition}"
+    );
     // The certificates it runs with: a year left on the server's, whatever the alert says.
     let server = exposition
         .lines()

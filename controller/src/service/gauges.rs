@@ -3,12 +3,12 @@
 //! remediations by phase, etcd's voters and failure tolerance, silent agents, the agents that
 //! reach each BMC, and the plan's refusals by kind. Counting is pure; [`record`] only sets.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::Plan;
-use metalguard_api::snapshot::Snapshot;
+use metalguard_api::snapshot::{Role, Snapshot};
 use metalguard_core::quorum::{EtcdView, quorum};
 
 use crate::backend::State;
@@ -42,18 +42,21 @@ pub(crate) fn count_etcd(snapshot: &Snapshot) -> EtcdCounts {
     }
 }
 
-/// Per host of `snapshot`, whether its agent is silent: no report within `timeout`. A host
-/// that never reported, and every report received before `known_since` (when this
-/// controller started leading), count from `known_since`, as the snapshot does.
+/// Per host of `snapshot` that must have an agent, whether it is silent: no report within
+/// `timeout`. Control-plane hosts must have one; another host only once it is in `reported`
+/// (it has a stored report: a worker without an agent is not silent). A host that never
+/// reported, and every report received before `known_since` (when this controller started
+/// leading), count from `known_since`, as the snapshot does.
 pub(crate) fn find_silent_agents(
     snapshot: &Snapshot,
+    reported: &BTreeSet<&str>,
     known_since: Timestamp,
-    now: Timestamp,
-    timeout: Duration,
+    (now, timeout): (Timestamp, Duration),
 ) -> BTreeMap<String, bool> {
     snapshot
         .hosts
         .iter()
+        .filter(|h| h.role == Role::ControlPlane || reported.contains(h.name.as_str()))
         .map(|h| {
             let last = h
                 .agent
@@ -113,7 +116,8 @@ pub(crate) fn record(
     metrics.etcd_failure_tolerance.set(etcd.failure_tolerance);
     let timeout = inventory.policy.remediation.executor_heartbeat_timeout;
     metrics.agent_silent.clear();
-    for (host, silent) in find_silent_agents(snapshot, known_since, now, timeout) {
+    let reported = state.reports.keys().map(String::as_str).collect();
+    for (host, silent) in find_silent_agents(snapshot, &reported, known_since, (now, timeout)) {
         metrics
             .agent_silent
             .get_or_create(&label("host", &host))
@@ -232,9 +236,24 @@ mod tests {
             bmc_reachable: BTreeMap::new(),
         });
         let never = host("cp-2", None);
-        let snap = snapshot(vec![reported, never]);
+        let mut worker = host("w-1", None);
+        worker.role = Role::Worker;
+        let mut heard_worker = host("w-2", None);
+        heard_worker.role = Role::Worker;
+        let snap = snapshot(vec![reported, never, worker, heard_worker]);
         let leading_since = Timestamp(50_000);
-        let at = |ms| find_silent_agents(&snap, leading_since, Timestamp(ms), timeout);
+        // w-2's only report is from before it was fenced: stored, not in the snapshot.
+        let stored = BTreeSet::from(["cp-1", "w-2"]);
+        let at = |ms| {
+            let mut silent =
+                find_silent_agents(&snap, &stored, leading_since, (Timestamp(ms), timeout));
+            assert_eq!(
+                silent.remove("w-2"),
+                Some(ms > 110_000),
+                "a worker that reported must go on reporting"
+            );
+            silent
+        };
         assert_eq!(
             at(110_000),
             BTreeMap::from([("cp-1".to_owned(), false), ("cp-2".to_owned(), false)]),
@@ -248,12 +267,20 @@ mod tests {
             at(160_001),
             BTreeMap::from([("cp-1".to_owned(), true), ("cp-2".to_owned(), true)])
         );
-        let later_leader =
-            find_silent_agents(&snap, Timestamp(200_000), Timestamp(230_000), timeout);
+        let later_leader = find_silent_agents(
+            &snap,
+            &stored,
+            Timestamp(200_000),
+            (Timestamp(230_000), timeout),
+        );
         assert_eq!(
             later_leader,
-            BTreeMap::from([("cp-1".to_owned(), false), ("cp-2".to_owned(), false)]),
-            "a new leader gives every agent one timeout"
+            BTreeMap::from([
+                ("cp-1".to_owned(), false),
+                ("cp-2".to_owned(), false),
+                ("w-2".to_owned(), false)
+            ]),
+            "a new leader gives every agent one timeout; a worker never heard of has no agent"
         );
     }
 
