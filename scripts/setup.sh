@@ -25,6 +25,7 @@ APT_PACKAGES=(
   debootstrap systemd-container # a bookworm root booted with systemd-nspawn for the package tests
   rpm                          # rpm -qlp / --scripts checks of the .rpm
   musl-tools                   # the static (musl) agent build
+  prometheus                   # promtool: checks and unit-tests the shipped alert rules (controller/tests/alerts.rs)
 )
 
 LAB_PACKAGES=(

@@ -246,6 +246,20 @@ pub fn renew(
     make(dir, name, usage, extra_sans, validity, true)
 }
 
+/// The end of validity (Unix seconds) of the first certificate in `path`, whatever it names
+/// (a CA, a server, an etcd client).
+pub fn not_after(path: &Path) -> Result<i64, CertsError> {
+    let unreadable = || CertsError::Unreadable(path.to_owned());
+    let cert = crate::tls::read_certs(path)
+        .map_err(|_| unreadable())?
+        .into_iter()
+        .next()
+        .ok_or_else(unreadable)?;
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|_| unreadable())?;
+    Ok(parsed.validity().not_after.timestamp())
+}
+
 /// The identity and end of validity of the certificate in `path`.
 pub fn show(path: &Path) -> Result<(CertIdentity, i64), CertsError> {
     let unreadable = || CertsError::Unreadable(path.to_owned());
@@ -458,6 +472,11 @@ mod tests {
         );
         let (_, shown) = show(&year.cert).unwrap();
         assert_eq!(shown, year.not_after);
+        assert_eq!(not_after(&year.cert).unwrap(), year.not_after);
+        assert!(
+            not_after(&dir.path().join("absent.pem")).is_err(),
+            "a missing file is an error, not the epoch"
+        );
     }
 
     #[test]

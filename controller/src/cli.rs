@@ -761,10 +761,28 @@ async fn serve<B: crate::backend::Backend + 'static>(
         }
         None => None,
     };
-    let tls = server_config(
-        &TlsFiles::in_dir(&tls_dir, &settings.server_cert_name),
-        hub.revoked(),
-    )?;
+    let files = TlsFiles::in_dir(&tls_dir, &settings.server_cert_name);
+    let tls = server_config(&files, hub.revoked())?;
+    let metrics = Metrics::new();
+    let certificates = [
+        ("server", Some(files.cert.as_path())),
+        ("ca", Some(files.ca.as_path())),
+        ("etcd-client", inventory.etcd.cert_file.as_deref()),
+    ];
+    for (role, path) in certificates {
+        let Some(path) = path else { continue };
+        match certs::not_after(path) {
+            Ok(end) => {
+                metrics
+                    .certificate_expiry
+                    .get_or_create(&crate::metrics::label("certificate", role))
+                    .set(end);
+            }
+            Err(error) => {
+                tracing::warn!(certificate = role, error = %crate::cli::chain(&error), "end of validity not exported");
+            }
+        }
+    }
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("agent api address {} could not be bound", settings.listen))?;
@@ -790,7 +808,6 @@ async fn serve<B: crate::backend::Backend + 'static>(
         );
     }
     tracing::info!(address = %settings.listen, identity = %id, max_connections, "agent api listening");
-    let metrics = Metrics::new();
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(crate::server::serve(

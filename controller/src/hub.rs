@@ -93,6 +93,10 @@ pub struct Hub {
     admission: Mutex<Admission>,
     /// The deny list in force (shared with the handshake verifier).
     revoked: Revoked,
+    /// Per host, the end of validity (Unix seconds) of the certificate it was last admitted with.
+    certificates: Mutex<BTreeMap<String, i64>>,
+    /// Error answers of the agent API so far, by HTTP status.
+    refusals: Mutex<BTreeMap<u16, u64>>,
 }
 
 /// The hosts whose certificates may use the agent API.
@@ -116,6 +120,8 @@ impl Hub {
             released_holds: Mutex::new(BTreeSet::new()),
             admission: Mutex::new(Admission::default()),
             revoked: Revoked::default(),
+            certificates: Mutex::new(BTreeMap::new()),
+            refusals: Mutex::new(BTreeMap::new()),
         };
         (Arc::new(hub), rx)
     }
@@ -301,7 +307,43 @@ impl Hub {
                 certificate.host
             ));
         }
+        drop(admission);
+        self.certificates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(certificate.host.clone(), certificate.not_after);
         Ok(())
+    }
+
+    /// Counts one error answer of the agent API with `status`.
+    pub fn count_refusal(&self, status: u16) {
+        *self
+            .refusals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(status)
+            .or_default() += 1;
+    }
+
+    /// Error answers of the agent API so far, by HTTP status.
+    pub fn refusals(&self) -> BTreeMap<u16, u64> {
+        self.refusals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Per inventory host, the end of validity (Unix seconds) of the certificate it was last
+    /// admitted with.
+    pub fn agent_certificates(&self) -> BTreeMap<String, i64> {
+        let hosts = self.admission().hosts.clone();
+        self.certificates
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(host, _)| hosts.contains(*host))
+            .map(|(host, end)| (host.clone(), *end))
+            .collect()
     }
 
     /// Hands an inbound message to the loop; false when the loop has stopped.
@@ -415,6 +457,7 @@ mod tests {
             host: host.into(),
             serial: "0a:0b".into(),
             sha256: "ff".repeat(32),
+            not_after: 0,
         }
     }
 
@@ -427,6 +470,11 @@ mod tests {
         );
         hub.set_hosts(["cp-1".to_owned(), "cp-2".to_owned()]);
         assert_eq!(hub.admits(&identity("cp-1")), Ok(()));
+        assert_eq!(
+            hub.agent_certificates(),
+            BTreeMap::from([("cp-1".to_owned(), 0)]),
+            "the admitted certificate's end of validity is kept"
+        );
         let stranger = hub.admits(&identity("mallory")).unwrap_err();
         assert!(
             stranger.contains("mallory is not in the inventory"),

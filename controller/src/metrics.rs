@@ -63,6 +63,32 @@ pub struct Metrics {
     pub reports_received: Counter,
     /// Reports written to the store (a change, or once per heartbeat interval).
     pub report_writes: Counter,
+    /// etcd voting members, as the latest plan saw them.
+    pub etcd_voters: Gauge,
+    /// etcd voting members that are healthy.
+    pub etcd_healthy_voters: Gauge,
+    /// etcd learners (non-voting members).
+    pub etcd_learners: Gauge,
+    /// Healthy voters beyond quorum: how many more voter failures etcd survives (negative
+    /// when quorum is lost or no voter is known).
+    pub etcd_failure_tolerance: Gauge,
+    /// Per inventory host, 1 while its agent is silent (no report within the executor
+    /// heartbeat timeout).
+    pub agent_silent: Family<Labels, Gauge>,
+    /// Per host, when its latest report was received (Unix seconds).
+    pub agent_last_report: Family<Labels, Gauge>,
+    /// Per inventory host with a BMC, the agents whose fresh report reached that BMC.
+    pub bmc_reachable_agents: Family<Labels, Gauge>,
+    /// End of validity (Unix seconds) of the certificates the controller uses, by role.
+    pub certificate_expiry: Family<Labels, Gauge>,
+    /// End of validity (Unix seconds) of each agent's client certificate, as last presented.
+    pub agent_certificate_expiry: Family<Labels, Gauge>,
+    /// Refusals in the latest plan, by kind of reason.
+    pub refusals: Family<Labels, Gauge>,
+    /// Time of one plan round: plan over the loaded state, then persist its writes.
+    pub round_seconds: Histogram,
+    /// Error answers of the agent API, by HTTP status (`code`).
+    pub api_refusals: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -94,6 +120,18 @@ impl Metrics {
             revoked_certificates: Gauge::default(),
             reports_received: Counter::default(),
             report_writes: Counter::default(),
+            etcd_voters: Gauge::default(),
+            etcd_healthy_voters: Gauge::default(),
+            etcd_learners: Gauge::default(),
+            etcd_failure_tolerance: Gauge::default(),
+            agent_silent: Family::default(),
+            agent_last_report: Family::default(),
+            bmc_reachable_agents: Family::default(),
+            certificate_expiry: Family::default(),
+            agent_certificate_expiry: Family::default(),
+            refusals: Family::default(),
+            round_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            api_refusals: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -206,10 +244,86 @@ impl Metrics {
             "Certificates on the deny list in force",
             metrics.revoked_certificates.clone(),
         );
+        metrics.register_health(&mut registry);
         Arc::new(Self {
             registry,
             ..metrics
         })
+    }
+
+    /// Registers what the alert rules and the dashboard read about quorum, agents, BMCs,
+    /// certificates and plan rounds (`packaging/prometheus/`).
+    fn register_health(&self, registry: &mut Registry) {
+        registry.register(
+            "etcd_voters",
+            "etcd voting members, as the latest plan saw them",
+            self.etcd_voters.clone(),
+        );
+        registry.register(
+            "etcd_healthy_voters",
+            "etcd voting members that are healthy",
+            self.etcd_healthy_voters.clone(),
+        );
+        registry.register(
+            "etcd_learners",
+            "etcd learners (non-voting members)",
+            self.etcd_learners.clone(),
+        );
+        registry.register(
+            "etcd_failure_tolerance",
+            "Healthy etcd voters beyond quorum: further voter failures survived (negative when quorum is lost or no voter is known)",
+            self.etcd_failure_tolerance.clone(),
+        );
+        registry.register(
+            "agent_silent",
+            "1 per inventory host whose agent sent no report within the executor heartbeat timeout",
+            self.agent_silent.clone(),
+        );
+        registry.register(
+            "agent_last_report_timestamp_seconds",
+            "When each host's latest agent report was received (Unix seconds)",
+            self.agent_last_report.clone(),
+        );
+        registry.register(
+            "bmc_reachable_agents",
+            "Per inventory host with a BMC, the agents whose fresh report reached that BMC",
+            self.bmc_reachable_agents.clone(),
+        );
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "End of validity (Unix seconds) of the certificates the controller uses, by role",
+            self.certificate_expiry.clone(),
+        );
+        registry.register(
+            "agent_certificate_expiry_timestamp_seconds",
+            "End of validity (Unix seconds) of each agent's client certificate, as last presented",
+            self.agent_certificate_expiry.clone(),
+        );
+        registry.register(
+            "refusals",
+            "Refusals in the latest plan, by kind of reason",
+            self.refusals.clone(),
+        );
+        registry.register(
+            "round_duration_seconds",
+            "Time of one plan round: plan over the loaded state, then persist its writes",
+            self.round_seconds.clone(),
+        );
+        registry.register(
+            "api_refusals",
+            "Error answers of the agent API, by HTTP status",
+            self.api_refusals.clone(),
+        );
+    }
+
+    /// Brings the API refusal counters up to the hub's totals (`refusals`, by status).
+    pub fn count_api_refusals(&self, refusals: &std::collections::BTreeMap<u16, u64>) {
+        for (status, total) in refusals {
+            let counter = self
+                .api_refusals
+                .get_or_create(&label("code", &status.to_string()));
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
     }
 
     /// The text exposition.
@@ -238,4 +352,86 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The exposition with one series in every family (a family without one exports nothing).
+    fn every_series() -> String {
+        let m = Metrics::new();
+        let one = label("x", "y");
+        for family in [
+            &m.unhealthy_targets,
+            &m.short_circuited,
+            &m.remediations,
+            &m.rejected_records,
+            &m.agent_silent,
+            &m.agent_last_report,
+            &m.bmc_reachable_agents,
+            &m.certificate_expiry,
+            &m.agent_certificate_expiry,
+            &m.refusals,
+        ] {
+            family.get_or_create(&one).set(1);
+        }
+        for family in [
+            &m.fences,
+            &m.api_refusals,
+            &m.remediations_finished,
+            &m.promotions,
+            &m.reserved_conditions_ignored,
+        ] {
+            family.get_or_create(&one).inc();
+        }
+        m.fence_seconds.get_or_create(&one).observe(1.0);
+        m.render()
+    }
+
+    #[test]
+    fn every_controller_metric_the_alert_rules_and_the_dashboard_read_is_exported() {
+        let exported: BTreeSet<String> = every_series()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .map(str::to_owned)
+            .collect();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let name = regex::Regex::new(r"\bmetalguard_controller_[a-z0-9_]+").unwrap();
+        let mut read = 0;
+        for file in [
+            "packaging/prometheus/metalguard-rules.yaml",
+            "packaging/grafana/metalguard-dashboard.json",
+        ] {
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            for found in name.find_iter(&text) {
+                read += 1;
+                assert!(
+                    exported.contains(found.as_str()),
+                    "{file} reads {}, which the controller does not export:\n{exported:?}",
+                    found.as_str()
+                );
+            }
+        }
+        assert!(read > 30, "{read} metric references");
+    }
+
+    #[test]
+    fn api_refusal_counters_follow_the_hub_totals() {
+        let m = Metrics::new();
+        m.count_api_refusals(&[(403, 2), (503, 1)].into());
+        m.count_api_refusals(&[(403, 5), (503, 1)].into());
+        let text = m.render();
+        assert!(
+            text.contains("metalguard_controller_api_refusals_total{code=\"403\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("metalguard_controller_api_refusals_total{code=\"503\"} 1"),
+            "{text}"
+        );
+    }
 }

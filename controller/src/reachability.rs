@@ -5,6 +5,7 @@
 //! latest fresh report says it cannot reach the target's BMC. This view lets a person check,
 //! before a fence is needed, that some agent can.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use metalguard_api::duration::Timestamp;
@@ -62,6 +63,39 @@ pub fn render(inventory: &Inventory, state: &State, now: Timestamp) -> String {
         }
     }
     out
+}
+
+/// Per inventory host with a BMC, how many other hosts' agents reached that BMC in their
+/// latest report, counting only reports fresh enough for the executor choice (received within
+/// the policy's executor heartbeat timeout). Zero means no agent can fence the host now.
+pub fn count_reaching_agents(
+    inventory: &Inventory,
+    state: &State,
+    now: Timestamp,
+) -> BTreeMap<String, usize> {
+    let heartbeat = inventory.policy.remediation.executor_heartbeat_timeout;
+    inventory
+        .hosts
+        .iter()
+        .filter(|h| h.bmc.is_some())
+        .map(|host| {
+            let reached = state
+                .reports
+                .iter()
+                .filter(|(agent, stored)| {
+                    **agent != host.name && stored.received_at.after(heartbeat) > now
+                })
+                .filter(|(_, stored)| {
+                    stored
+                        .report
+                        .bmc_reachability
+                        .iter()
+                        .any(|r| r.host == host.name && r.reachable)
+                })
+                .count();
+            (host.name.clone(), reached)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -128,6 +162,10 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
         state
             .reports
             .insert("w-1".into(), stored("w-1", now.0 - 1_000, &[("w-2", None)]));
+        assert_eq!(
+            count_reaching_agents(&inventory, &state, now),
+            BTreeMap::from([("w-2".to_owned(), 1), ("w-3".to_owned(), 0)])
+        );
         let text = render(&inventory, &state, now);
         assert_eq!(
             text,
@@ -138,7 +176,13 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
         );
         // Only cp-1, long silent, says anything about w-2: nobody fresh reaches it.
         state.reports.remove("w-1");
-        let text = render(&inventory, &state, Timestamp(now.0 + 3_600_000));
+        let later = Timestamp(now.0 + 3_600_000);
+        assert_eq!(
+            count_reaching_agents(&inventory, &state, later),
+            BTreeMap::from([("w-2".to_owned(), 0), ("w-3".to_owned(), 0)]),
+            "a stale report counts for nothing"
+        );
+        let text = render(&inventory, &state, later);
         assert!(
             text.contains("w-2 (ipmi://10.0.0.2): reached by NO agent\n    NOT reached by cp-1 (stale report): "),
             "{text}"

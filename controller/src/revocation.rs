@@ -59,6 +59,8 @@ pub struct CertIdentity {
     pub serial: String,
     /// SHA-256 of the DER certificate, lowercase hex.
     pub sha256: String,
+    /// End of validity, Unix seconds.
+    pub not_after: i64,
 }
 
 impl CertIdentity {
@@ -69,6 +71,7 @@ impl CertIdentity {
             host: crate::tls::peer_host(cert)?,
             serial: colons(&hex(parsed.raw_serial())),
             sha256: hex(&Sha256::digest(cert.as_ref())),
+            not_after: parsed.validity().not_after.timestamp(),
         })
     }
 

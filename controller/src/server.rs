@@ -93,7 +93,25 @@ pub fn router(hub: Arc<Hub>, guards: &Arc<Guards>, limits: &ApiLimits) -> Router
         )
         .layer(axum::middleware::from_fn(conn::track_activity))
         .layer(axum::middleware::map_response(guard::json_errors))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&hub),
+            count_refusals,
+        ))
         .with_state(hub)
+}
+
+/// Counts every error answer by status (`metalguard_controller_api_refusals_total`).
+async fn count_refusals(
+    State(hub): State<Arc<Hub>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        hub.count_refusal(status.as_u16());
+    }
+    response
 }
 
 fn refuse(status: StatusCode, error: String) -> Response {

@@ -38,6 +38,7 @@ use crate::revocation::{CertIdentity, DenyListFile, DenyListReload};
 /// Most records sealed again in one round after a key rotation.
 const RESEAL_BATCH: usize = 64;
 
+mod gauges;
 mod holds;
 mod report_store;
 mod reserved;
@@ -356,6 +357,14 @@ impl<B: Backend> Controller<B> {
             self.metrics
                 .agents_connected
                 .set(i64::try_from(self.hub.agents_polling()).unwrap_or(i64::MAX));
+            self.metrics.count_api_refusals(&self.hub.refusals());
+            self.metrics.agent_certificate_expiry.clear();
+            for (host, end) in self.hub.agent_certificates() {
+                self.metrics
+                    .agent_certificate_expiry
+                    .get_or_create(&label("host", &host))
+                    .set(end);
+            }
             if self.hub.is_leader() {
                 if ticked {
                     // Changes that waited for their host's next write slot.
@@ -553,7 +562,12 @@ impl<B: Backend> Controller<B> {
             if self.record_reported_holds(&state).await {
                 continue;
             }
-            if !self.execute_round(&state).await {
+            let round_started = tokio::time::Instant::now();
+            let changed = self.execute_round(&state).await;
+            self.metrics
+                .round_seconds
+                .observe(round_started.elapsed().as_secs_f64());
+            if !changed {
                 if self.hub.is_leader() {
                     self.hub
                         .publish(&executor::pending_commands(&self.inventory, &state));
@@ -570,7 +584,13 @@ impl<B: Backend> Controller<B> {
         let known_since = self.leader_since.unwrap_or(at);
         let snapshot = crate::snapshot::build(&self.inventory, state, known_since, at);
         let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
-        self.observe(&plan, state);
+        gauges::record(
+            &self.metrics,
+            &self.inventory,
+            (state, &snapshot, &plan),
+            known_since,
+            at,
+        );
         self.backend.publish(&plan).await;
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
@@ -667,31 +687,6 @@ impl<B: Backend> Controller<B> {
                 tracing::warn!(error = %crate::cli::chain(&error), "notes not persisted");
                 false
             }
-        }
-    }
-
-    fn observe(&self, plan: &metalguard_api::plan::Plan, state: &crate::backend::State) {
-        for check in &plan.health {
-            let unhealthy = i64::try_from(check.unhealthy.len()).unwrap_or(i64::MAX);
-            self.metrics
-                .unhealthy_targets
-                .get_or_create(&label("check", &check.name))
-                .set(unhealthy);
-            self.metrics
-                .short_circuited
-                .get_or_create(&label("check", &check.name))
-                .set(i64::from(check.short_circuit.is_some()));
-        }
-        let mut phases: BTreeMap<&str, i64> = BTreeMap::new();
-        for r in state.remediations.values() {
-            *phases.entry(r.phase.name()).or_default() += 1;
-        }
-        self.metrics.remediations.clear();
-        for (phase, count) in phases {
-            self.metrics
-                .remediations
-                .get_or_create(&label("phase", phase))
-                .set(count);
         }
     }
 }

@@ -53,6 +53,11 @@ pub fn etcd_bin() -> Result<PathBuf> {
     from_env_or_path("METALGUARD_ETCD_BIN", "etcd")
 }
 
+/// Prometheus's `promtool` (Debian `prometheus`): `METALGUARD_PROMTOOL_BIN`, else `PATH`.
+pub fn promtool_bin() -> Result<PathBuf> {
+    from_env_or_path("METALGUARD_PROMTOOL_BIN", "promtool")
+}
+
 /// The `etcdctl` binary: `METALGUARD_ETCDCTL_BIN`, else next to the etcd binary, else `PATH`.
 pub fn etcdctl_bin() -> Result<PathBuf> {
     if std::env::var_os("METALGUARD_ETCDCTL_BIN").is_none()

@@ -186,4 +186,44 @@ mod tests {
             "{text}"
         );
     }
+
+    #[test]
+    fn every_agent_metric_the_alert_rules_and_the_dashboard_read_is_exported() {
+        use metalguard_api::duration::Timestamp;
+        use metalguard_api::protocol::BmcReachability;
+        let metrics = AgentMetrics::new();
+        metrics.observe_probe("P", true, Some(true), Duration::from_millis(1));
+        metrics.set_bmc_reachability(&[BmcReachability {
+            host: "cp-2".into(),
+            reachable: true,
+            checked_at: Timestamp(1),
+            error: None,
+        }]);
+        let text = metrics.encode();
+        let exported: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .collect();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut read = 0;
+        for file in [
+            "packaging/prometheus/metalguard-rules.yaml",
+            "packaging/grafana/metalguard-dashboard.json",
+        ] {
+            let body = std::fs::read_to_string(root.join(file)).unwrap();
+            for (at, _) in body.match_indices("metalguard_agent_") {
+                let name: String = body[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                read += 1;
+                assert!(
+                    exported.contains(name.as_str()),
+                    "{file} reads {name}, which the agent does not export:\n{text}"
+                );
+            }
+        }
+        assert!(read >= 2, "{read} agent metric references");
+    }
 }

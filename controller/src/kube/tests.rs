@@ -365,6 +365,7 @@ impl Lab {
                     host: host.to_owned(),
                     serial: "01".to_owned(),
                     sha256: String::new(),
+                    not_after: 0,
                 },
                 result: CommandResult {
                     operation_id: metalguard_api::plan::OperationId(operation.to_owned()),

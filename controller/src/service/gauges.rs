@@ -1,0 +1,308 @@
+//! What the loop records after each plan for the alert rules and the dashboard
+//! (`packaging/prometheus/`, `packaging/grafana/`): health checks and their short-circuits,
+//! remediations by phase, etcd's voters and failure tolerance, silent agents, the agents that
+//! reach each BMC, and the plan's refusals by kind. Counting is pure; [`record`] only sets.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use metalguard_api::duration::Timestamp;
+use metalguard_api::plan::Plan;
+use metalguard_api::snapshot::{Role, Snapshot};
+use metalguard_core::quorum::{EtcdView, quorum};
+
+use crate::backend::State;
+use crate::inventory::Inventory;
+use crate::metrics::{Metrics, label};
+
+/// etcd as a plan saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EtcdCounts {
+    /// Voting members.
+    pub voters: usize,
+    /// Healthy voting members.
+    pub healthy_voters: usize,
+    /// Learners.
+    pub learners: usize,
+    /// Healthy voters beyond quorum; negative when quorum is lost (or no voter is known,
+    /// which the quorum guard treats the same way).
+    pub failure_tolerance: i64,
+}
+
+/// Counts the members of `snapshot`'s etcd.
+pub(crate) fn count_etcd(snapshot: &Snapshot) -> EtcdCounts {
+    let view = EtcdView::from_snapshot(snapshot);
+    let voters = view.voter_count();
+    let healthy_voters = view.healthy_voter_count();
+    EtcdCounts {
+        voters,
+        healthy_voters,
+        learners: view.learners().count(),
+        failure_tolerance: gauge(healthy_voters) - gauge(quorum(voters)),
+    }
+}
+
+/// Per host of `snapshot` that must have an agent, whether it is silent: no report within
+/// `timeout`. Control-plane hosts must have one; another host only once it is in `reported`
+/// (it has a stored report: a worker without an agent is not silent). A host that never
+/// reported, and every report received before `known_since` (when this controller started
+/// leading), count from `known_since`, as the snapshot does.
+pub(crate) fn find_silent_agents(
+    snapshot: &Snapshot,
+    reported: &BTreeSet<&str>,
+    known_since: Timestamp,
+    (now, timeout): (Timestamp, Duration),
+) -> BTreeMap<String, bool> {
+    snapshot
+        .hosts
+        .iter()
+        .filter(|h| h.role == Role::ControlPlane || reported.contains(h.name.as_str()))
+        .map(|h| {
+            let last = h
+                .agent
+                .as_ref()
+                .map_or(known_since, |a| a.last_heartbeat.max(known_since));
+            (h.name.clone(), now.since(last) > timeout)
+        })
+        .collect()
+}
+
+/// The plan's refusals per kind of reason.
+pub(crate) fn count_refusals(plan: &Plan) -> BTreeMap<&'static str, usize> {
+    let mut kinds = BTreeMap::new();
+    for refusal in &plan.refusals {
+        *kinds.entry(refusal.kind.name()).or_default() += 1;
+    }
+    kinds
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Sets every gauge that follows a plan over `state`.
+pub(crate) fn record(
+    metrics: &Metrics,
+    inventory: &Inventory,
+    (state, snapshot, plan): (&State, &Snapshot, &Plan),
+    known_since: Timestamp,
+    now: Timestamp,
+) {
+    for check in &plan.health {
+        metrics
+            .unhealthy_targets
+            .get_or_create(&label("check", &check.name))
+            .set(gauge(check.unhealthy.len()));
+        metrics
+            .short_circuited
+            .get_or_create(&label("check", &check.name))
+            .set(i64::from(check.short_circuit.is_some()));
+    }
+    let mut phases: BTreeMap<&str, i64> = BTreeMap::new();
+    for r in state.remediations.values() {
+        *phases.entry(r.phase.name()).or_default() += 1;
+    }
+    metrics.remediations.clear();
+    for (phase, count) in phases {
+        metrics
+            .remediations
+            .get_or_create(&label("phase", phase))
+            .set(count);
+    }
+    let etcd = count_etcd(snapshot);
+    metrics.etcd_voters.set(gauge(etcd.voters));
+    metrics.etcd_healthy_voters.set(gauge(etcd.healthy_voters));
+    metrics.etcd_learners.set(gauge(etcd.learners));
+    metrics.etcd_failure_tolerance.set(etcd.failure_tolerance);
+    let timeout = inventory.policy.remediation.executor_heartbeat_timeout;
+    metrics.agent_silent.clear();
+    let reported = state.reports.keys().map(String::as_str).collect();
+    for (host, silent) in find_silent_agents(snapshot, &reported, known_since, (now, timeout)) {
+        metrics
+            .agent_silent
+            .get_or_create(&label("host", &host))
+            .set(i64::from(silent));
+    }
+    metrics.agent_last_report.clear();
+    for (host, stored) in state
+        .reports
+        .iter()
+        .filter(|(host, _)| inventory.host(host).is_some())
+    {
+        let seconds = stored.received_at.as_millis() / 1000;
+        metrics
+            .agent_last_report
+            .get_or_create(&label("host", host))
+            .set(i64::try_from(seconds).unwrap_or(i64::MAX));
+    }
+    metrics.bmc_reachable_agents.clear();
+    for (host, agents) in crate::reachability::count_reaching_agents(inventory, state, now) {
+        metrics
+            .bmc_reachable_agents
+            .get_or_create(&label("host", &host))
+            .set(gauge(agents));
+    }
+    metrics.refusals.clear();
+    for (kind, count) in count_refusals(plan) {
+        metrics
+            .refusals
+            .get_or_create(&label("kind", kind))
+            .set(gauge(count));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use metalguard_api::plan::{ReasonKind, Refusal};
+    use metalguard_api::snapshot::{AgentReport, EtcdMember, Host, Role};
+
+    use super::*;
+
+    fn host(name: &str, member: Option<(u64, bool, bool)>) -> Host {
+        let mut h: Host = serde_json::from_value(serde_json::json!({
+            "name": name, "role": "control-plane", "created_at": 0,
+        }))
+        .unwrap();
+        assert_eq!(h.role, Role::ControlPlane);
+        h.etcd = member.map(|(id, learner, healthy)| EtcdMember {
+            id,
+            name: name.to_owned(),
+            learner,
+            healthy,
+            leader: false,
+            progress_permille: 0,
+        });
+        h
+    }
+
+    fn snapshot(hosts: Vec<Host>) -> Snapshot {
+        Snapshot {
+            hosts,
+            ..Snapshot::default()
+        }
+    }
+
+    #[test]
+    fn tolerance_is_healthy_voters_beyond_quorum() {
+        let three = snapshot(vec![
+            host("cp-1", Some((1, false, true))),
+            host("cp-2", Some((2, false, true))),
+            host("cp-3", Some((3, false, true))),
+            host("cp-4", Some((4, true, true))),
+        ]);
+        assert_eq!(
+            count_etcd(&three),
+            EtcdCounts {
+                voters: 3,
+                healthy_voters: 3,
+                learners: 1,
+                failure_tolerance: 1
+            }
+        );
+        let one_down = snapshot(vec![
+            host("cp-1", Some((1, false, true))),
+            host("cp-2", Some((2, false, false))),
+            host("cp-3", Some((3, false, true))),
+        ]);
+        assert_eq!(count_etcd(&one_down).failure_tolerance, 0, "at risk");
+        let lost = snapshot(vec![
+            host("cp-1", Some((1, false, true))),
+            host("cp-2", Some((2, false, false))),
+            host("cp-3", Some((3, false, false))),
+        ]);
+        assert_eq!(count_etcd(&lost).failure_tolerance, -1, "quorum lost");
+        let single = snapshot(vec![host("cp-1", Some((1, false, true)))]);
+        assert_eq!(count_etcd(&single).failure_tolerance, 0, "one voter");
+        let unknown = snapshot(vec![host("cp-1", None)]);
+        assert_eq!(
+            count_etcd(&unknown),
+            EtcdCounts {
+                voters: 0,
+                healthy_voters: 0,
+                learners: 0,
+                failure_tolerance: -1
+            },
+            "no voter known: as lost"
+        );
+    }
+
+    #[test]
+    fn an_agent_is_silent_after_the_heartbeat_timeout_counted_from_leadership() {
+        let timeout = Duration::from_secs(60);
+        let mut reported = host("cp-1", None);
+        reported.agent = Some(AgentReport {
+            last_heartbeat: Timestamp(100_000),
+            can_fence: true,
+            bmc_reachable: BTreeMap::new(),
+        });
+        let never = host("cp-2", None);
+        let mut worker = host("w-1", None);
+        worker.role = Role::Worker;
+        let mut heard_worker = host("w-2", None);
+        heard_worker.role = Role::Worker;
+        let snap = snapshot(vec![reported, never, worker, heard_worker]);
+        let leading_since = Timestamp(50_000);
+        // w-2's only report is from before it was fenced: stored, not in the snapshot.
+        let stored = BTreeSet::from(["cp-1", "w-2"]);
+        let at = |ms| {
+            let mut silent =
+                find_silent_agents(&snap, &stored, leading_since, (Timestamp(ms), timeout));
+            assert_eq!(
+                silent.remove("w-2"),
+                Some(ms > 110_000),
+                "a worker that reported must go on reporting"
+            );
+            silent
+        };
+        assert_eq!(
+            at(110_000),
+            BTreeMap::from([("cp-1".to_owned(), false), ("cp-2".to_owned(), false)]),
+            "a host that never reported has one timeout from the start of leadership"
+        );
+        assert_eq!(
+            at(160_000),
+            BTreeMap::from([("cp-1".to_owned(), false), ("cp-2".to_owned(), true)])
+        );
+        assert_eq!(
+            at(160_001),
+            BTreeMap::from([("cp-1".to_owned(), true), ("cp-2".to_owned(), true)])
+        );
+        let later_leader = find_silent_agents(
+            &snap,
+            &stored,
+            Timestamp(200_000),
+            (Timestamp(230_000), timeout),
+        );
+        assert_eq!(
+            later_leader,
+            BTreeMap::from([
+                ("cp-1".to_owned(), false),
+                ("cp-2".to_owned(), false),
+                ("w-2".to_owned(), false)
+            ]),
+            "a new leader gives every agent one timeout; a worker never heard of has no agent"
+        );
+    }
+
+    #[test]
+    fn refusals_are_counted_by_kind() {
+        let refusal = |kind| Refusal {
+            refused: "remediating".into(),
+            subject: "cp-1".into(),
+            reason: "r".into(),
+            kind,
+        };
+        let plan = Plan {
+            refusals: vec![
+                refusal(ReasonKind::Quorum),
+                refusal(ReasonKind::Quorum),
+                refusal(ReasonKind::Executor),
+            ],
+            ..Plan::default()
+        };
+        assert_eq!(
+            count_refusals(&plan),
+            BTreeMap::from([("executor", 1), ("quorum", 2)])
+        );
+    }
+}
