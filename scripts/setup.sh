@@ -47,6 +47,12 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # Only promtool is wanted from the prometheus package: on a host booted with systemd its
+  # postinst also starts a Prometheus server on :9090, which the tests never use.
+  if [[ " ${need_apt[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    say "apt: stopping and disabling the prometheus service the package started (only promtool is used)"
+    $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  fi
 else
   say "apt: all packages present"
 fi
