@@ -57,6 +57,7 @@ fn join_setup(cluster: &EtcdCluster, slot: &HostSlot) -> JoinSetup {
             listen_peer_url: None,
             listen_client_url: None,
             data_dir: slot.data_dir.clone(),
+            state_file: None,
             extra_env: Vec::new(),
             bootstrap_desired_voters: None,
             poll_interval: Duration::from_millis(100),
