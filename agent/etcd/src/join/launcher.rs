@@ -269,6 +269,16 @@ impl Launcher {
         }
     }
 
+    /// Checks what can be checked before a learner is added, so that no learner is added that
+    /// this host cannot start (the static Pod launcher: template, image, a foreign manifest in
+    /// the way).
+    pub fn preflight(&self) -> Result<(), LaunchError> {
+        match self {
+            Self::StaticPod(l) => l.preflight(),
+            Self::Exec(_) | Self::Systemd(_) | Self::EnvFile(_) => Ok(()),
+        }
+    }
+
     /// Tells the launcher how to reach the local member (and which peer URL is its identity),
     /// for launchers that wait for it to answer (or to go away) instead of starting it
     /// themselves.

@@ -376,10 +376,14 @@ impl JoinFlow {
             .await
             .map_err(self.etcd_err("discover"))?;
         let discovery = state::discover(&view, &self.config.peer_url);
-        if discovery == Discovery::Add && dir_has_data(&self.config.data_dir)? {
-            return Err(JoinError::ForeignDataDir {
-                path: self.config.data_dir.clone(),
-            });
+        if discovery == Discovery::Add {
+            if dir_has_data(&self.config.data_dir)? {
+                return Err(JoinError::ForeignDataDir {
+                    path: self.config.data_dir.clone(),
+                });
+            }
+            // Never add a learner this host cannot start: it would block every other learner.
+            self.launcher.preflight()?;
         }
         // A voter that lost its data dir lost its raft term and vote too: starting it empty
         // could let it vote twice in one term. It must be removed and join again as a learner.

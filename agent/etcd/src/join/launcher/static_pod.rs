@@ -115,6 +115,30 @@ impl StaticPodLauncher {
         manifest::render(launch, &self.pod, template.as_ref()).map_err(LaunchError::Render)
     }
 
+    /// Checks, before a learner is added, that it could be started: the template reads, an
+    /// image is known, and no foreign manifest for another member is in the way (unless
+    /// overwriting is set). A learner added but never started blocks every other learner.
+    pub fn preflight(&self) -> Result<(), LaunchError> {
+        match &self.template {
+            Some(path) => {
+                read_template(path)?;
+            }
+            None if self.pod.image.is_none() => {
+                return Err(LaunchError::Render(manifest::ManifestError::NoImage));
+            }
+            None => {}
+        }
+        match self.find(None)? {
+            Found::Foreign(detail) if !self.overwrite_foreign => {
+                Err(LaunchError::ForeignManifest {
+                    path: self.manifest.clone(),
+                    detail,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Writes the manifest unless it already holds this content or runs this member, then
     /// waits until the member answers.
     pub async fn start(&mut self, launch: &EtcdLaunch) -> Result<(), LaunchError> {
@@ -357,6 +381,7 @@ mod tests {
         assert!(l.start(&launch(&closed_port_url())).await.is_err());
 
         l.overwrite_foreign = true;
+        l.preflight().unwrap();
         std::fs::write(&path, other).unwrap();
         let err = l.start(&launch(&closed_port_url())).await.unwrap_err();
         assert!(err.to_string().contains("did not answer"), "{err}");
@@ -401,6 +426,12 @@ mod tests {
         l.template = Some(dir.path().join("t.yaml"));
         let err = l.render(&launch("https://127.0.0.1:1")).unwrap_err();
         assert!(err.to_string().contains("t.yaml"), "{err}");
+        assert!(l.preflight().is_err());
+        l.template = None;
+        l.preflight().unwrap();
+        l.pod.image = None;
+        let err = l.preflight().unwrap_err();
+        assert!(format!("{err:?}").contains("NoImage"), "{err:?}");
     }
 
     #[test]
