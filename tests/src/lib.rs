@@ -31,6 +31,7 @@ pub mod etcd;
 pub mod etcd_pki;
 pub mod http;
 pub mod ipmi;
+pub mod kubelet;
 pub mod lab;
 pub mod netns;
 pub mod ports;
