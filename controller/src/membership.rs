@@ -308,6 +308,7 @@ mod tests {
             finished_at: Timestamp(0),
             timeline: vec![],
             error: Some("not in sync".into()),
+            promoted_by: None,
         });
         state.operations.insert(failed.id.clone(), failed.clone());
         assert!(
@@ -388,6 +389,7 @@ mod tests {
                 finished_at: Timestamp(0),
                 timeline: vec![],
                 error: Some("not in sync".into()),
+                promoted_by: None,
             });
             state.operations.insert(op.id.clone(), op);
             at += 3_000;

@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use metalguard_api::protocol::Outcome;
+use metalguard_api::protocol::{Outcome, PromotedBy};
 use metalguard_api::remediation::RemediationPhase;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -488,6 +488,7 @@ impl<B: Backend> Controller<B> {
                 }
             });
         let outcome = result.outcome;
+        let promoted_by = result.promoted_by.map(PromotedBy::name);
         let seconds = result.finished_at.since(result.started_at).as_secs_f64();
         let promotion_started = state
             .operations
@@ -526,7 +527,7 @@ impl<B: Backend> Controller<B> {
                         .observe(now().since(started).as_secs_f64());
                 }
             }
-            tracing::info!(operation = %ack.operation_id, %host, outcome = outcome.name(), "command result persisted");
+            tracing::info!(operation = %ack.operation_id, %host, outcome = outcome.name(), promoted_by, "command result persisted");
         }
         Ok(ack)
     }

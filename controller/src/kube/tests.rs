@@ -372,6 +372,7 @@ impl Lab {
                     finished_at: now,
                     timeline: Vec::new(),
                     error: None,
+                    promoted_by: None,
                 },
                 reply,
             })
