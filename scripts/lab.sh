@@ -18,5 +18,6 @@ echo "== cargo build (agent, controller, lab)"
 # controller's default feature; no other crate here has default features) it builds minutes
 # faster, no k8s-openapi. One invocation, so both cores stay busy across the three.
 cargo build --locked -p metalguard-e2e -p metalguard-agent -p metalguard-controller --bins --no-default-features
-[ "$#" -gt 0 ] || set -- demo
+# No command, or options only (scripts/lab.sh --etcd-layout static-pod): the demo.
+case "${1:-}" in ""|-*) set -- demo "$@" ;; esac
 exec target/debug/metalguard-lab "$@"
