@@ -12,8 +12,10 @@ if [ -x "$ROOT/lib/systemd/systemd" ] && [ "$(cat "$STAMP" 2>/dev/null)" = "$wan
 fi
 MIRROR=${METALGUARD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 rm -rf "$ROOT"; mkdir -p "$CACHE"
+# polkitd (with libpam-systemd for logind): the agent's systemd etcd launcher runs `systemctl
+# start etcd` as user metalguard, which systemd authorizes through polkit and the package's rule.
 debootstrap --variant=minbase \
-  --include=systemd,systemd-sysv,dbus,procps,adduser,libc-bin \
+  --include=systemd,systemd-sysv,dbus,procps,adduser,libc-bin,polkitd,libpam-systemd \
   bookworm "$ROOT" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 \
   || { tail -20 "$CACHE/debootstrap.log" >&2; exit 1; }
 # No getty or network setup inside the container: the tests drive it with systemd-run/machinectl-less exec.

@@ -3,6 +3,9 @@
 # and the .rpm, boots a cached Debian bookworm root with systemd-nspawn, and checks install,
 # enable-but-not-started, start when configured, READY, structured journal fields, the
 # watchdog killing a frozen agent, clean stop, upgrade keeping an edited agent.toml, and purge.
+# The etcd join's systemd launcher as installed: user metalguard in the agent unit's sandbox
+# joins a one-member etcd by writing etcd.service's EnvironmentFile and `systemctl start
+# etcd.service`, allowed by the package's polkit rule (refused without it; no other unit).
 # Then the controller's .deb (standalone hosts): enabled but inactive without an inventory, the
 # unit verifies, and configured (no etcd in the container) it runs sandboxed as `metalguard`
 # with its open-file limit, listens, says it cannot act, and stops cleanly.
@@ -45,7 +48,8 @@ rpm_files=$(rpm -qlp "$RPM" 2>/dev/null)
 rpm_scripts=$(rpm -qp --scripts "$RPM" 2>/dev/null)
 rpm_config=$(rpm -qp --configfiles "$RPM" 2>/dev/null)
 for f in /usr/bin/metalguard-agent /usr/lib/systemd/system/metalguard-agent.service /etc/metalguard/agent.toml \
-         /usr/lib/sysusers.d/metalguard-agent.conf /usr/share/man/man1/metalguard-agent.1; do
+         /usr/lib/sysusers.d/metalguard-agent.conf /usr/share/man/man1/metalguard-agent.1 \
+         /usr/share/polkit-1/rules.d/50-metalguard-agent.rules; do
   check "rpm contains $f" grep -qx "$f" <<<"$rpm_files"
 done
 check "rpm marks agent.toml as config" grep -qx /etc/metalguard/agent.toml <<<"$rpm_config"
@@ -69,8 +73,12 @@ ROOT_CACHE=$(packaging/nspawn-root.sh)
 say "copying the cached root ($ROOT_CACHE)"
 cp -a "$ROOT_CACHE" "$WORK/root"
 MACHINE="mg-pkgtest-$$"
+# etcd for the systemd launcher's test: the harness's binary (Debian bookworm's etcd-server,
+# like the container), bound read-only into the container.
+ETCD_BIN=${METALGUARD_ETCD_BIN:-$(command -v etcd || true)}
+[ -x "$ETCD_BIN" ] || fail "no etcd binary (apt-get install etcd-server, or set METALGUARD_ETCD_BIN)"
 systemd-nspawn --boot --register=no --keep-unit --quiet -D "$WORK/root" -M "$MACHINE" \
-  --bind-ro="$WORK/pkgs:/pkgs" >"$WORK/console.log" 2>&1 &
+  --bind-ro="$WORK/pkgs:/pkgs" --bind-ro="$ETCD_BIN:/usr/local/bin/etcd" >"$WORK/console.log" 2>&1 &
 NSPAWN_PID=$!
 leader=""
 for _ in $(seq 100); do
@@ -158,6 +166,72 @@ check "edited agent.toml kept" in_ct grep -q "edited by the operator" /etc/metal
 start2=$(in_ct systemctl show -p ExecMainStartTimestampMonotonic --value metalguard-agent)
 check "service restarted by the upgrade" test "$start1" != "$start2"
 check "service active after upgrade" test "$(in_ct systemctl is-active metalguard-agent)" = active
+
+say "systemd launcher: the agent, as installed (user metalguard, its unit's sandbox), joins etcd run by etcd.service"
+check "package ships the polkit rule" in_ct test -f /usr/share/polkit-1/rules.d/50-metalguard-agent.rules
+# A one-member cluster to join (etcd-seed.service), and the etcd.service the launcher starts: it
+# runs etcd from the EnvironmentFile the agent writes in its state directory.
+EP=$((30000 + $$ % 10000 * 4 % 10000))
+SEED_CLIENT=$EP; SEED_PEER=$((EP + 1)); JOIN_CLIENT=$((EP + 2)); JOIN_PEER=$((EP + 3))
+in_ct sh -c "cat > /etc/systemd/system/etcd-seed.service <<EOT
+[Service]
+Type=notify
+ExecStart=/usr/local/bin/etcd --name seed --data-dir /var/lib/etcd-seed --listen-client-urls http://127.0.0.1:$SEED_CLIENT --advertise-client-urls http://127.0.0.1:$SEED_CLIENT --listen-peer-urls http://127.0.0.1:$SEED_PEER --initial-advertise-peer-urls http://127.0.0.1:$SEED_PEER --initial-cluster seed=http://127.0.0.1:$SEED_PEER --initial-cluster-state new
+EOT"
+in_ct sh -c 'cat > /etc/systemd/system/etcd.service <<EOT
+[Unit]
+Description=etcd (its configuration written by metalguard-agent)
+[Service]
+Type=notify
+EnvironmentFile=/var/lib/metalguard/etcd.env
+ExecStart=/usr/local/bin/etcd
+Restart=on-failure
+EOT'
+# The join runs as the packaged unit does: the installed unit's user and sandbox, with the
+# join command instead of the daemon (a oneshot; no controller in the container to send the
+# go-ahead, so the join promotes itself: --bootstrap-desired-voters 2).
+JOIN="/usr/bin/metalguard-agent etcd --endpoints http://127.0.0.1:$SEED_CLIENT join --name pkgtest --peer-url http://127.0.0.1:$JOIN_PEER --client-url http://127.0.0.1:$JOIN_CLIENT --data-dir /var/lib/etcd-pkgtest --state-file /var/lib/metalguard/etcd-join.json --launcher systemd --unit etcd.service --bootstrap-desired-voters 2"
+# (RuntimeDirectory= is left out: the running agent's /run/metalguard would go with this unit.)
+in_ct sh -c "sed -e '/^ExecCondition=/d' -e '/^WatchdogSec=/d' -e '/^NotifyAccess=/d' -e '/^Restart/d' -e '/^RuntimeDirectory=/d' \
+  -e 's/^Type=notify/Type=oneshot/' -e '/^\[Install\]/,\$d' -e 's|^ExecStart=.*|ExecStart=$JOIN|' \
+  \$(systemctl show -p FragmentPath --value metalguard-agent) > /etc/systemd/system/mg-etcd-join.service"
+in_ct systemctl daemon-reload
+in_ct systemctl start etcd-seed.service
+check "seed etcd active" test "$(in_ct systemctl is-active etcd-seed)" = active
+check "join unit runs as metalguard" test "$(in_ct systemctl show -p User --value mg-etcd-join)" = metalguard
+check "join unit keeps the agent's sandbox" test "$(in_ct systemctl show -p ProtectSystem --value mg-etcd-join)" = strict
+# Without the rule, user metalguard may not start etcd.service (so the rule is what allows it).
+in_ct mv /usr/share/polkit-1/rules.d/50-metalguard-agent.rules /root/
+denied=no
+for _ in $(seq 50); do
+  if ! in_ct runuser -u metalguard -- systemctl start etcd.service 2>"$WORK/denied.log"; then denied=yes; break; fi
+  in_ct systemctl stop etcd.service 2>/dev/null || true; sleep 0.1
+done
+check "without the polkit rule metalguard may not start etcd.service" test "$denied" = yes
+check "the refusal is polkit's" grep -qi "authenticat\|access denied\|not authorized" "$WORK/denied.log"
+in_ct mv /root/50-metalguard-agent.rules /usr/share/polkit-1/rules.d/
+# polkitd reloads its rules when the directory changes: wait until the rule allows the
+# launcher's other verb (stop of the inactive etcd.service).
+allowed=no
+for _ in $(seq 50); do
+  if in_ct runuser -u metalguard -- systemctl stop etcd.service 2>/dev/null; then allowed=yes; break; fi
+  sleep 0.2
+done
+check "with the rule metalguard may stop etcd.service" test "$allowed" = yes
+in_ct systemctl start mg-etcd-join.service || true
+check "join (systemd launcher) succeeded under the agent's sandbox" test "$(in_ct systemctl show -p Result --value mg-etcd-join)" = success
+check "etcd.service started by the agent is active" test "$(in_ct systemctl is-active etcd)" = active
+check "the join's log shows it became a member" bash -c "nsenter --target $leader --mount --pid -- journalctl -u mg-etcd-join --no-pager | grep -Eq 'etcd join advanced.*to=\"?member'"
+check "the EnvironmentFile is the agent's, mode 0600" test "$(in_ct stat -c '%U %a' /var/lib/metalguard/etcd.env)" = "metalguard 600"
+members=$(ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$SEED_CLIENT" member list -w json 2>/dev/null || true)
+check "two members, no learner (joined and promoted)" bash -c "[ \"\$(grep -o '\"ID\"' <<<\"\$1\" | wc -l)\" = 2 ] && ! grep -q '\"isLearner\":true' <<<\"\$1\"" _ "$members"
+check "the joined member is named and serves" bash -c "grep -q '\"name\":\"pkgtest\"' <<<\"\$1\"" _ "$members"
+check "the rule allows no other unit: metalguard may not stop etcd-seed" bash -c "! nsenter --target $leader --mount --pid -- runuser -u metalguard -- systemctl stop etcd-seed.service 2>/dev/null"
+check "etcd-seed still active" test "$(in_ct systemctl is-active etcd-seed)" = active
+check "metalguard may stop the running etcd.service (the launcher's stop)" in_ct runuser -u metalguard -- systemctl stop etcd.service
+check "etcd.service stopped" test "$(in_ct systemctl is-active etcd || true)" = inactive
+in_ct systemctl stop etcd-seed.service
+in_ct journalctl -u mg-etcd-join --no-pager >"$WORK/join.log" 2>&1 || true
 
 say "remove and purge"
 in_ct rm -f /etc/metalguard/agent.d/10-test.toml

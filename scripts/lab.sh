@@ -5,6 +5,9 @@
 #   scripts/lab.sh up         a lab left running, with a cheat-sheet to poke it (Ctrl-C stops it)
 #   scripts/lab.sh run hang   chosen scenarios (hang, double-failure, admin-fence, bad-bmc,
 #                             replace, controller-crash, partition)
+#   scripts/lab.sh run replace --etcd-layout static-pod
+#                             the spare's etcd as kubeadm's static Pod (the agent writes the
+#                             manifest, the lab is the host's kubelet); default env-file
 # Everything the lab starts binds 127.0.0.1 (or addresses inside network namespaces it
 # creates) and is stopped when it ends, also on Ctrl-C.
 set -euo pipefail
@@ -15,5 +18,6 @@ echo "== cargo build (agent, controller, lab)"
 # controller's default feature; no other crate here has default features) it builds minutes
 # faster, no k8s-openapi. One invocation, so both cores stay busy across the three.
 cargo build --locked -p metalguard-e2e -p metalguard-agent -p metalguard-controller --bins --no-default-features
-[ "$#" -gt 0 ] || set -- demo
+# No command, or options only (scripts/lab.sh --etcd-layout static-pod): the demo.
+case "${1:-}" in ""|-*) set -- demo "$@" ;; esac
 exec target/debug/metalguard-lab "$@"

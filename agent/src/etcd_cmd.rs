@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use metalguard_etcd::join::launcher::Launcher;
+use metalguard_etcd::join::launcher::static_pod::manifest::PodSettings;
 use metalguard_etcd::join::{self, JoinConfig, JoinFlow};
 use metalguard_etcd::observe::observe;
 use metalguard_etcd::ops::{self, PromoteRetry, Promoted, Removed};
@@ -122,9 +123,12 @@ pub(crate) struct JoinArgs {
     /// Client listen URL, when it differs from the client URL.
     #[arg(long)]
     listen_client_url: Option<String>,
-    /// etcd data directory (the join state file is written next to it).
+    /// etcd data directory (the join state file is written next to it unless --state-file).
     #[arg(long)]
     data_dir: PathBuf,
+    /// Where the join keeps its state (default: `<data dir>.metalguard-join.json`).
+    #[arg(long)]
+    state_file: Option<PathBuf>,
     /// How to run the local etcd.
     #[arg(long, value_enum, default_value = "exec")]
     launcher: LauncherKind,
@@ -136,13 +140,30 @@ pub(crate) struct JoinArgs {
     unit: String,
     /// EnvironmentFile the unit reads (systemd launcher), or the environment file the host's
     /// supervisor starts etcd from (env-file launcher).
-    #[arg(long, default_value = "/etc/metalguard/etcd.env")]
+    #[arg(long, default_value = crate::config::DEFAULT_SYSTEMD_ENV_FILE)]
     env_file: PathBuf,
+    /// The static Pod manifest the kubelet runs (static-pod launcher).
+    #[arg(long, default_value = crate::config::DEFAULT_STATIC_POD_MANIFEST)]
+    manifest: PathBuf,
+    /// An existing member's manifest to take the image and further flags from (static-pod
+    /// launcher).
+    #[arg(long)]
+    template: Option<PathBuf>,
+    /// The etcd image (static-pod launcher; default: the template's).
+    #[arg(long)]
+    image: Option<String>,
+    /// kubeadm's etcd certificate directory (static-pod launcher).
+    #[arg(long, default_value = crate::config::DEFAULT_STATIC_POD_PKI_DIR)]
+    pki_dir: PathBuf,
+    /// Replace a static Pod manifest the agent did not write (moved aside first).
+    #[arg(long)]
+    overwrite_foreign_manifest: bool,
     /// Command run after the environment file is written (env-file launcher; argv, no
     /// shell). Give it last: every following argument belongs to it.
     #[arg(long, num_args = 1.., allow_hyphen_values = true)]
     start_command: Vec<String>,
-    /// Deadline of the start command and of the local member answering (env-file launcher).
+    /// Deadline of the start command and of the local member answering (env-file and
+    /// static-pod launchers).
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     start_timeout: Duration,
     /// Bootstrap mode: promote ourselves once caught up while voters < N. Without it the
@@ -260,6 +281,16 @@ impl JoinArgs {
                 start_command: self.start_command.clone(),
                 start_timeout: self.start_timeout,
             },
+            LauncherKind::StaticPod => LauncherChoice::StaticPod {
+                manifest: self.manifest.clone(),
+                template: self.template.clone(),
+                pod: PodSettings {
+                    image: self.image.clone(),
+                    pki_dir: self.pki_dir.clone(),
+                },
+                overwrite_foreign: self.overwrite_foreign_manifest,
+                start_timeout: self.start_timeout,
+            },
         };
         let config = JoinConfig {
             client,
@@ -269,6 +300,7 @@ impl JoinArgs {
             listen_peer_url: self.listen_peer_url.clone(),
             listen_client_url: self.listen_client_url.clone(),
             data_dir: self.data_dir.clone(),
+            state_file: self.state_file.clone(),
             extra_env: Vec::new(),
             bootstrap_desired_voters: self.bootstrap_desired_voters,
             poll_interval: join::DEFAULT_POLL_INTERVAL,

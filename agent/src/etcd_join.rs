@@ -7,12 +7,15 @@ use std::time::Duration;
 
 use metalguard_etcd::ClientSettings;
 use metalguard_etcd::join::JoinConfig;
-use metalguard_etcd::join::launcher::{EnvFileLauncher, ExecLauncher, Launcher, SystemdLauncher};
+use metalguard_etcd::join::launcher::static_pod::manifest::PodSettings;
+use metalguard_etcd::join::launcher::{
+    EnvFileLauncher, ExecLauncher, Launcher, StaticPodLauncher, SystemdLauncher,
+};
 use metalguard_etcd::ops;
 
 use crate::config::{
-    DEFAULT_ETCD_BINARY, DEFAULT_ETCD_UNIT, DEFAULT_JOIN_START_TIMEOUT, DEFAULT_SYSTEMD_ENV_FILE,
-    EtcdConfig,
+    DEFAULT_ETCD_BINARY, DEFAULT_ETCD_UNIT, DEFAULT_JOIN_START_TIMEOUT,
+    DEFAULT_STATIC_POD_MANIFEST, DEFAULT_STATIC_POD_PKI_DIR, DEFAULT_SYSTEMD_ENV_FILE, EtcdConfig,
 };
 
 /// How the local etcd is run.
@@ -26,6 +29,8 @@ pub enum LauncherKind {
     /// The agent writes an environment file; the host's supervisor starts etcd from it while
     /// the file exists and stops it when the file is removed.
     EnvFile,
+    /// The agent writes etcd's static Pod manifest in kubeadm's layout; the kubelet runs it.
+    StaticPod,
 }
 
 impl LauncherKind {
@@ -35,6 +40,7 @@ impl LauncherKind {
             Self::Exec => "exec",
             Self::Systemd => "systemd",
             Self::EnvFile => "env-file",
+            Self::StaticPod => "static-pod",
         }
     }
 }
@@ -63,6 +69,19 @@ pub enum LauncherChoice {
         /// Deadline of the start command and of the member answering.
         start_timeout: Duration,
     },
+    /// A static Pod manifest for the kubelet.
+    StaticPod {
+        /// The manifest.
+        manifest: PathBuf,
+        /// An existing member's manifest to take the image and further flags from.
+        template: Option<PathBuf>,
+        /// Image and certificate directory.
+        pod: PodSettings,
+        /// Replace a manifest the agent did not write.
+        overwrite_foreign: bool,
+        /// Deadline of the member answering.
+        start_timeout: Duration,
+    },
 }
 
 impl LauncherChoice {
@@ -72,6 +91,7 @@ impl LauncherChoice {
             Self::Exec { .. } => LauncherKind::Exec,
             Self::Systemd { .. } => LauncherKind::Systemd,
             Self::EnvFile { .. } => LauncherKind::EnvFile,
+            Self::StaticPod { .. } => LauncherKind::StaticPod,
         }
     }
 }
@@ -114,6 +134,22 @@ impl JoinSetup {
                 start_command: join.start_command.clone().unwrap_or_default(),
                 start_timeout: join.start_timeout.unwrap_or(DEFAULT_JOIN_START_TIMEOUT),
             },
+            LauncherKind::StaticPod => LauncherChoice::StaticPod {
+                manifest: join
+                    .manifest
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_STATIC_POD_MANIFEST.into()),
+                template: join.template.clone(),
+                pod: PodSettings {
+                    image: join.image.clone(),
+                    pki_dir: join
+                        .pki_dir
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_STATIC_POD_PKI_DIR.into()),
+                },
+                overwrite_foreign: join.overwrite_foreign_manifest.unwrap_or(false),
+                start_timeout: join.start_timeout.unwrap_or(DEFAULT_JOIN_START_TIMEOUT),
+            },
         };
         let config = JoinConfig {
             client,
@@ -123,6 +159,7 @@ impl JoinSetup {
             listen_peer_url: join.listen_peer_url.clone(),
             listen_client_url: join.listen_client_url.clone(),
             data_dir: join.data_dir.clone().or_else(|| etcd.data_dir.clone())?,
+            state_file: join.state_file.clone(),
             extra_env: join
                 .env
                 .iter()
@@ -156,6 +193,19 @@ impl JoinSetup {
             } => Launcher::EnvFile(EnvFileLauncher::new(
                 env_file.clone(),
                 start_command.clone(),
+                *start_timeout,
+            )),
+            LauncherChoice::StaticPod {
+                manifest,
+                template,
+                pod,
+                overwrite_foreign,
+                start_timeout,
+            } => Launcher::StaticPod(StaticPodLauncher::new(
+                manifest.clone(),
+                template.clone(),
+                pod.clone(),
+                *overwrite_foreign,
                 *start_timeout,
             )),
         }
@@ -223,6 +273,29 @@ mod tests {
             }
         );
         assert_eq!(setup.launcher().kind(), "env-file");
+        let setup = JoinSetup::from_config(
+            &etcd("launcher = \"static-pod\"\nimage = \"registry.k8s.io/etcd:3.6.5-0\"\nstate_file = \"/var/lib/metalguard/etcd-join.json\""),
+            ClientSettings::new(vec![]),
+        )
+        .unwrap();
+        assert_eq!(
+            setup.launcher,
+            LauncherChoice::StaticPod {
+                manifest: "/etc/kubernetes/manifests/etcd.yaml".into(),
+                template: None,
+                pod: PodSettings {
+                    image: Some("registry.k8s.io/etcd:3.6.5-0".into()),
+                    pki_dir: "/etc/kubernetes/pki/etcd".into(),
+                },
+                overwrite_foreign: false,
+                start_timeout: DEFAULT_JOIN_START_TIMEOUT,
+            }
+        );
+        assert_eq!(
+            setup.config.state_path(),
+            PathBuf::from("/var/lib/metalguard/etcd-join.json")
+        );
+        assert_eq!(setup.launcher().kind(), "static-pod");
     }
 
     #[test]

@@ -416,6 +416,7 @@ mod tests {
             finished_at: Timestamp(20),
             timeline: Vec::new(),
             error: (outcome != Outcome::Succeeded).then(|| "bmc said no".to_owned()),
+            promoted_by: None,
         }
     }
 

@@ -10,11 +10,13 @@
 //! retried under a new id (`ID/retry-N`, the agent executes each id at most once) after
 //! [`RETRY_DELAY`], at most [`MAX_ATTEMPTS`] times.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::{Action, ActionKind, OperationId};
 use metalguard_api::protocol::Outcome;
+use metalguard_api::snapshot::Snapshot;
 
 use crate::backend::{OperationKind, State, StoredOperation, Write};
 
@@ -182,13 +184,141 @@ fn choose_agent(
     candidates.first().map(|(_, host)| (*host).to_owned())
 }
 
+/// Every member of `snapshot` that a host claims, by member id: its host and whether it is a
+/// learner.
+pub fn members(snapshot: &Snapshot) -> BTreeMap<u64, (String, bool)> {
+    snapshot
+        .hosts
+        .iter()
+        .filter_map(|h| h.etcd.as_ref().map(|m| (m.id, (h.name.clone(), m.learner))))
+        .collect()
+}
+
+/// What became of the learners seen at the previous round.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct LearnersSeen {
+    /// Voters now, and no promotion operation of metalguard's promoted them nor found them
+    /// promoted: someone outside metalguard did (`kubeadm join --control-plane` in its learner
+    /// mode, a person with etcdctl), and nothing else records it. `(member id, host)`.
+    pub promoted_outside: Vec<(u64, String)>,
+    /// The learners to remember for the next round: today's, and yesterday's voters whose
+    /// promotion operation has not reported yet (its result will say who promoted).
+    pub still_watched: BTreeMap<u64, String>,
+}
+
+/// Compares the learners seen at the previous round (`before`) with the members now
+/// (`now`, from [`members`]): a member that was a learner and now votes is recorded by a
+/// finished promotion operation whose result says who promoted (`promoted_by`); without one
+/// it was promoted outside metalguard. While a promotion operation for it is in flight it
+/// stays watched (the result is on its way).
+pub fn follow_learners(
+    before: &BTreeMap<u64, String>,
+    now: &BTreeMap<u64, (String, bool)>,
+    state: &State,
+) -> LearnersSeen {
+    let mut seen = LearnersSeen {
+        still_watched: now
+            .iter()
+            .filter(|(_, (_, learner))| *learner)
+            .map(|(id, (host, _))| (*id, host.clone()))
+            .collect(),
+        ..LearnersSeen::default()
+    };
+    for (&id, host) in before {
+        if now.get(&id).is_none_or(|(_, learner)| *learner) {
+            continue;
+        }
+        let promotions: Vec<&StoredOperation> = state
+            .operations
+            .values()
+            .filter(|op| op.kind == OperationKind::EtcdPromote { member_id: id })
+            .collect();
+        if promotions.iter().any(|op| op.in_flight()) {
+            seen.still_watched.insert(id, host.clone());
+        } else if !promotions
+            .iter()
+            .any(|op| op.result.as_ref().is_some_and(|r| r.promoted_by.is_some()))
+        {
+            seen.promoted_outside.push((id, host.clone()));
+        }
+    }
+    seen
+}
+
 #[cfg(test)]
 mod tests {
-    use metalguard_api::protocol::{CommandResult, EtcdMemberView, EtcdView};
+    use metalguard_api::protocol::{CommandResult, EtcdMemberView, EtcdView, PromotedBy};
 
     use super::*;
 
     const HB: Duration = Duration::from_secs(60);
+
+    /// A promotion operation; `result` is `None` while in flight.
+    fn promotion(member_id: u64, result: Option<(Outcome, Option<PromotedBy>)>) -> StoredOperation {
+        let id = OperationId(format!("quorum/promote/{member_id:x}"));
+        StoredOperation {
+            id: id.clone(),
+            agent: "cp-1".into(),
+            kind: OperationKind::EtcdPromote { member_id },
+            remediation_id: None,
+            step: None,
+            created_at: Timestamp(1),
+            requested_by: None,
+            executed_by: None,
+            result: result.map(|(outcome, promoted_by)| CommandResult {
+                operation_id: id,
+                outcome,
+                started_at: Timestamp(2),
+                finished_at: Timestamp(3),
+                timeline: vec![],
+                error: None,
+                promoted_by,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_learner_that_votes_without_a_promotion_that_says_who_was_promoted_outside() {
+        let before: BTreeMap<u64, String> = [(4, "cp-4".to_owned()), (5, "cp-5".to_owned())].into();
+        let now: BTreeMap<u64, (String, bool)> = [
+            (1, ("cp-1".to_owned(), false)),
+            (4, ("cp-4".to_owned(), false)),
+            (5, ("cp-5".to_owned(), true)),
+        ]
+        .into();
+        let mut state = State::default();
+        // No promotion operation at all: kubeadm promoted it.
+        let seen = follow_learners(&before, &now, &state);
+        assert_eq!(seen.promoted_outside, [(4, "cp-4".to_owned())]);
+        assert_eq!(seen.still_watched, [(5, "cp-5".to_owned())].into());
+        // A failed attempt says nothing about who promoted: still outside.
+        let failed = promotion(4, Some((Outcome::Failed, None)));
+        state.operations.insert(failed.id.clone(), failed);
+        assert_eq!(
+            follow_learners(&before, &now, &state).promoted_outside,
+            [(4, "cp-4".to_owned())]
+        );
+        // An attempt in flight: its result will say; keep watching.
+        let mut state = State::default();
+        let flying = promotion(4, None);
+        state.operations.insert(flying.id.clone(), flying);
+        let seen = follow_learners(&before, &now, &state);
+        assert!(seen.promoted_outside.is_empty(), "{seen:?}");
+        assert!(seen.still_watched.contains_key(&4), "{seen:?}");
+        // A finished promotion that says who did it (either way) is the record.
+        for by in [PromotedBy::Metalguard, PromotedBy::Outside] {
+            let mut state = State::default();
+            let done = promotion(4, Some((Outcome::Succeeded, Some(by))));
+            state.operations.insert(done.id.clone(), done);
+            let seen = follow_learners(&before, &now, &state);
+            assert!(seen.promoted_outside.is_empty(), "{by:?}: {seen:?}");
+            assert!(!seen.still_watched.contains_key(&4), "{seen:?}");
+        }
+        // A learner that went away (removed) is not a promotion.
+        let gone: BTreeMap<u64, (String, bool)> = [(1, ("cp-1".to_owned(), false))].into();
+        let seen = follow_learners(&before, &gone, &State::default());
+        assert_eq!(seen, LearnersSeen::default());
+    }
 
     fn member(id: u64, learner: bool, healthy: bool) -> EtcdMemberView {
         EtcdMemberView {
@@ -308,6 +438,7 @@ mod tests {
             finished_at: Timestamp(0),
             timeline: vec![],
             error: Some("not in sync".into()),
+            promoted_by: None,
         });
         state.operations.insert(failed.id.clone(), failed.clone());
         assert!(
@@ -388,6 +519,7 @@ mod tests {
                 finished_at: Timestamp(0),
                 timeline: vec![],
                 error: Some("not in sync".into()),
+                promoted_by: None,
             });
             state.operations.insert(op.id.clone(), op);
             at += 3_000;

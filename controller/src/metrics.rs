@@ -37,6 +37,9 @@ pub struct Metrics {
     pub promotions: Family<Labels, Counter>,
     /// Time from a promotion's persisted intent to its persisted success.
     pub promotion_seconds: Histogram,
+    /// Learners seen voting that no promotion operation of metalguard's promoted (kubeadm's
+    /// learner mode or a person did).
+    pub promotions_outside: Counter,
     /// Agents with a long-poll open.
     pub agents_connected: Gauge,
     /// BMCs configured to accept any certificate.
@@ -107,6 +110,7 @@ impl Metrics {
             }),
             remediations_finished: Family::default(),
             promotions: Family::default(),
+            promotions_outside: Counter::default(),
             promotion_seconds: Histogram::new(exponential_buckets(0.1, 2.0, 12)),
             agents_connected: Gauge::default(),
             insecure_bmcs: Gauge::default(),
@@ -178,6 +182,11 @@ impl Metrics {
             "promotions",
             "Learner promotions by outcome",
             metrics.promotions.clone(),
+        );
+        registry.register(
+            "promotions_outside",
+            "Learners seen voting that no metalguard promotion promoted",
+            metrics.promotions_outside.clone(),
         );
         registry.register(
             "promotion_duration_seconds",

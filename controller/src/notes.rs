@@ -199,6 +199,7 @@ role = "control-plane"
             finished_at: Timestamp(8),
             timeline: Vec::new(),
             error: None,
+            promoted_by: None,
         });
         state.operations.insert(id, op);
         assert_eq!(

@@ -167,6 +167,7 @@ fn schemas() -> Value {
             ("finished_at", timestamp()),
             ("timeline", array(&reference("TimelineEntry"))),
             ("error", nullable(&string())),
+            ("promoted_by", one_of_strings(&["metalguard", "outside"])),
         ], &["operation_id", "outcome", "started_at", "finished_at"]),
         "TimelineEntry": object(&[
             ("elapsed_ms", integer()),
@@ -524,6 +525,19 @@ mod tests {
                     what: "w".into(),
                 }],
                 error: Some("e".into()),
+                promoted_by: None,
+            },
+        );
+        check(
+            "CommandResult",
+            &CommandResult {
+                operation_id: OperationId("quorum/promote/1".into()),
+                outcome: Outcome::Succeeded,
+                started_at: Timestamp(1),
+                finished_at: Timestamp(2),
+                timeline: Vec::new(),
+                error: None,
+                promoted_by: Some(PromotedBy::Outside),
             },
         );
         check(

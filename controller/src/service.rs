@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use metalguard_api::protocol::Outcome;
+use metalguard_api::protocol::{Outcome, PromotedBy};
 use metalguard_api::remediation::RemediationPhase;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -93,6 +93,9 @@ pub struct Controller<B> {
     deny_list: Option<DenyListFile>,
     /// Rejected records already logged (each is logged once while it stays).
     rejected_seen: BTreeSet<String>,
+    /// The etcd learners seen at the last round, by member id, with their host (to notice one
+    /// promoted outside metalguard).
+    learners_seen: BTreeMap<u64, String>,
 }
 
 impl<B: Backend> Controller<B> {
@@ -113,6 +116,7 @@ impl<B: Backend> Controller<B> {
             holds_warned: BTreeSet::new(),
             deny_list: None,
             rejected_seen: BTreeSet::new(),
+            learners_seen: BTreeMap::new(),
         }
     }
 
@@ -497,6 +501,7 @@ impl<B: Backend> Controller<B> {
                 }
             });
         let outcome = result.outcome;
+        let promoted_by = result.promoted_by.map(PromotedBy::name);
         let seconds = result.finished_at.since(result.started_at).as_secs_f64();
         let promotion_started = state
             .operations
@@ -535,7 +540,7 @@ impl<B: Backend> Controller<B> {
                         .observe(now().since(started).as_secs_f64());
                 }
             }
-            tracing::info!(operation = %ack.operation_id, %host, outcome = outcome.name(), "command result persisted");
+            tracing::info!(operation = %ack.operation_id, %host, outcome = outcome.name(), promoted_by, "command result persisted");
         }
         Ok(ack)
     }
@@ -578,6 +583,28 @@ impl<B: Backend> Controller<B> {
         }
     }
 
+    /// Logs (and counts) every learner seen at the last round that votes now without a
+    /// promotion operation that says who promoted it: kubeadm's learner mode or a person did,
+    /// and metalguard's promotion gates did not decide it.
+    fn follow_learners(
+        &mut self,
+        snapshot: &metalguard_api::snapshot::Snapshot,
+        state: &crate::backend::State,
+    ) {
+        let now = crate::membership::members(snapshot);
+        let seen = crate::membership::follow_learners(&self.learners_seen, &now, state);
+        for (member_id, host) in &seen.promoted_outside {
+            tracing::warn!(
+                member_id = %format!("{member_id:x}"),
+                %host,
+                promoted_by = PromotedBy::Outside.name(),
+                "etcd learner promoted outside metalguard: its promotion gates did not decide it"
+            );
+            self.metrics.promotions_outside.inc();
+        }
+        self.learners_seen = seen.still_watched;
+    }
+
     /// One plan over `state`; true when it persisted anything.
     async fn execute_round(&mut self, state: &crate::backend::State) -> bool {
         let at = now();
@@ -591,6 +618,7 @@ impl<B: Backend> Controller<B> {
             known_since,
             at,
         );
+        self.follow_learners(&snapshot, state);
         self.backend.publish(&plan).await;
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;

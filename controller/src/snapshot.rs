@@ -394,6 +394,7 @@ role = "control-plane"
             finished_at: Timestamp(8),
             timeline: vec![],
             error: None,
+            promoted_by: None,
         });
         state.operations.insert(id, op);
         let s = build(&inventory, &state, Timestamp(1), Timestamp(10));

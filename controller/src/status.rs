@@ -188,7 +188,10 @@ pub fn render(inventory: &Inventory, state: &State, now: Timestamp) -> String {
                 Some(why) => format!("in flight, NOT OFFERED: {why}"),
                 None => "in flight".to_owned(),
             },
-            |r| r.outcome.name().to_owned(),
+            |r| match r.promoted_by {
+                Some(by) => format!("{}, promoted by {}", r.outcome.name(), by.name()),
+                None => r.outcome.name().to_owned(),
+            },
         );
         let _ = write!(out, "  {} via {}: {:?} {result}", op.id, op.agent, op.kind);
         if let Some(by) = &op.executed_by {

@@ -188,6 +188,7 @@ async fn a_certificate_of_a_host_outside_the_inventory_is_refused_on_every_endpo
         finished_at: Timestamp(2),
         timeline: Vec::new(),
         error: None,
+        promoted_by: None,
     };
     let posted = mallory
         .post(url(port.port(), &results_path("mallory")))

@@ -104,6 +104,7 @@ async fn a_controller_killed_after_persisting_intent_re_offers_the_same_fence_an
         finished_at: Timestamp(2),
         timeline: Vec::new(),
         error: None,
+        promoted_by: None,
     };
     for first_post in [true, false] {
         let ack: ResultAck = executor

@@ -103,6 +103,7 @@ impl Agent {
             finished_at: Timestamp(2),
             timeline: Vec::new(),
             error: None,
+            promoted_by: None,
         };
         let ack: ResultAck = self
             .client

@@ -35,6 +35,7 @@ pub mod etcd_pki;
 pub mod http;
 pub mod ipmi;
 pub mod kube;
+pub mod kubelet;
 pub mod lab;
 pub mod netns;
 pub mod ports;

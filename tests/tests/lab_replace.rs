@@ -5,7 +5,8 @@
 //! member and powers `cp-1` off through another host's agent. The test checks each step was
 //! seen in order within its bound, that healthy voters never fell below quorum, the BMCs'
 //! power logs and the data written before. Runs one at a time with the other lab tests
-//! (`.config/nextest.toml`, test group `lab`); dropping the lab stops every process.
+//! (`.config/nextest.toml`, test group `lab`); dropping the lab stops every process. The
+//! second test runs the same with the spare's etcd as kubeadm's static Pod.
 
 // Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -13,7 +14,7 @@
 use std::path::Path;
 
 use metalguard_e2e::lab::scenarios::{ReplaceOutcome, observe_replace};
-use metalguard_e2e::lab::{Lab, LabOptions, SpareEtcd, Standing};
+use metalguard_e2e::lab::{EtcdLayout, Lab, LabOptions, SpareEtcd, Standing};
 
 /// The timeline and the processes' logs, for failure messages.
 fn story(lab: &Lab) -> String {
@@ -179,4 +180,54 @@ fn a_spare_replaces_a_retired_host_without_losing_quorum_and_the_old_host_is_pow
         left.is_empty(),
         "left running after the lab stopped: {left:?}"
     );
+}
+
+/// The same replacement with the spare's etcd as kubeadm's static Pod: its agent's
+/// `static-pod` launcher writes `manifests/etcd.yaml` (from a member's kubeadm manifest as the
+/// template, kubeadm's certificate layout), and the lab, as the host's kubelet, runs etcd from
+/// it, refusing what a real kubelet could not run.
+#[test]
+fn a_spare_with_etcd_as_a_static_pod_replaces_a_retired_host_without_losing_quorum() {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.spares = 1;
+    options.etcd_layout = EtcdLayout::StaticPod;
+    let mut lab = match Lab::start(options) {
+        Ok(lab) => lab,
+        Err(e) => panic!("the lab did not start: {e}"),
+    };
+    let manifest = lab.hosts()[3].spare_etcd().unwrap().watched_file();
+    assert!(manifest.ends_with("manifests/etcd.yaml"), "{manifest:?}");
+    assert!(!manifest.exists(), "no manifest before the join");
+
+    let o = run_replace(&mut lab);
+    let r = &o.report;
+    let told = story(&lab);
+    assert!(
+        r.ok,
+        "replace did not match its outcome\nexpected: {}\nseen:     {}\n{told}",
+        r.expected, r.seen
+    );
+    assert_eq!(o.final_voters, ["cp-2", "cp-3", "cp-4"], "{told}");
+    assert_eq!(o.final_learners, 0, "{told}");
+    assert!(o.below_quorum.is_empty(), "{:?}\n{told}", o.below_quorum);
+    assert!(o.missing.is_empty(), "{:?}\n{told}", o.missing);
+
+    // The kubelet ran cp-4's etcd from the agent's manifest, once, and refused nothing.
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    assert!(
+        text.contains("metalguard.io/written-by: metalguard-agent"),
+        "{text}"
+    );
+    assert!(text.contains("--initial-cluster-state=existing"), "{text}");
+    let timeline = lab.timeline.render();
+    assert_eq!(
+        timeline
+            .matches("kubelet cp-4     etcd.yaml present: started etcd")
+            .count(),
+        1,
+        "{told}"
+    );
+    assert!(!timeline.contains("not run as etcd"), "{told}");
+    assert!(!timeline.contains("supervisor cp-4"), "{told}");
+    assert!(lab.host_healthy(3), "{told}");
 }

@@ -63,6 +63,7 @@ async fn one_run() -> Sample {
         listen_peer_url: None,
         listen_client_url: None,
         data_dir: slot.data_dir.clone(),
+        state_file: None,
         extra_env: vec![],
         bootstrap_desired_voters: Some(5),
         poll_interval: DEFAULT_POLL_INTERVAL,

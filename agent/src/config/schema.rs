@@ -33,8 +33,16 @@ pub const DEFAULT_MAX_CLOCK_OFFSET: Duration = Duration::from_millis(500);
 pub const DEFAULT_ETCD_BINARY: &str = "/usr/bin/etcd";
 /// Default unit of the systemd launcher.
 pub const DEFAULT_ETCD_UNIT: &str = "etcd.service";
-/// Default EnvironmentFile of the systemd launcher.
-pub const DEFAULT_SYSTEMD_ENV_FILE: &str = "/etc/metalguard/etcd.env";
+/// Default EnvironmentFile of the systemd launcher: in the agent's state directory, the one
+/// place the packaged (unprivileged, `ProtectSystem=strict`) agent may write; systemd reads it
+/// as root when it starts the unit.
+pub const DEFAULT_SYSTEMD_ENV_FILE: &str = "/var/lib/metalguard/etcd.env";
+/// Default static Pod manifest of the static-pod launcher (kubeadm's).
+pub const DEFAULT_STATIC_POD_MANIFEST: &str =
+    metalguard_etcd::join::launcher::static_pod::DEFAULT_MANIFEST;
+/// Default etcd certificate directory of the static-pod launcher (kubeadm's).
+pub const DEFAULT_STATIC_POD_PKI_DIR: &str =
+    metalguard_etcd::join::launcher::static_pod::DEFAULT_PKI_DIR;
 /// Default time without catch-up progress after which a joining learner is stalled.
 pub const DEFAULT_JOIN_STALL_AFTER: Duration = Duration::from_secs(10);
 /// Default interval between observations while a join waits.
@@ -262,7 +270,11 @@ pub struct EtcdJoinConfig {
     /// etcd's data directory (default: `[etcd].data_dir`).
     #[serde(default)]
     pub data_dir: Option<PathBuf>,
-    /// How etcd is run: `exec`, `systemd` or `env-file`.
+    /// Where the join keeps its state (default: `<data dir>.metalguard-join.json`); the
+    /// packaged agent, which may write only its state directory, needs it there.
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
+    /// How etcd is run: `exec`, `systemd`, `env-file` or `static-pod`.
     pub launcher: crate::etcd_join::LauncherKind,
     /// exec: the etcd binary (default [`DEFAULT_ETCD_BINARY`]).
     #[serde(default)]
@@ -277,10 +289,29 @@ pub struct EtcdJoinConfig {
     /// env-file: run after the file is written (program and arguments, no shell).
     #[serde(default)]
     pub start_command: Option<Vec<String>>,
-    /// env-file: deadline of the start command and of the member answering (default
+    /// env-file: deadline of the start command and of the member answering; static-pod:
+    /// deadline of the member answering after the manifest is in place (default
     /// [`DEFAULT_JOIN_START_TIMEOUT`]).
     #[serde(default, with = "humantime_serde::option")]
     pub start_timeout: Option<Duration>,
+    /// static-pod: the manifest the kubelet runs (default [`DEFAULT_STATIC_POD_MANIFEST`]).
+    #[serde(default)]
+    pub manifest: Option<PathBuf>,
+    /// static-pod: an existing member's manifest (copied from another control-plane host)
+    /// to take the image and further flags from.
+    #[serde(default)]
+    pub template: Option<PathBuf>,
+    /// static-pod: the etcd image (default: the template's).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// static-pod: kubeadm's etcd certificate directory (default
+    /// [`DEFAULT_STATIC_POD_PKI_DIR`]): `ca.crt`, `server.*`, `peer.*`.
+    #[serde(default)]
+    pub pki_dir: Option<PathBuf>,
+    /// static-pod: replace a manifest the agent did not write (it is moved aside first);
+    /// default false.
+    #[serde(default)]
+    pub overwrite_foreign_manifest: Option<bool>,
     /// Further `ETCD_*` variables for the local etcd (its own TLS files, tuning).
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,

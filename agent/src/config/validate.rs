@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::bounds::{CONTROLLER_URL, ETCD_URL, PROBE_URL, check_durations, check_url};
-use super::schema::{AgentConfig, DEFAULT_ETCD_BINARY, EtcdConfig, ProbeTiming};
+use super::schema::{AgentConfig, DEFAULT_ETCD_BINARY, EtcdConfig, EtcdJoinConfig, ProbeTiming};
 use crate::etcd_join::LauncherKind;
 
 /// Shortest probe period accepted.
@@ -199,7 +199,32 @@ fn check_join(etcd: &EtcdConfig, problems: &mut Vec<String>) {
         (
             "start_timeout",
             join.start_timeout.is_some(),
-            &[LauncherKind::EnvFile][..],
+            &[LauncherKind::EnvFile, LauncherKind::StaticPod][..],
+        ),
+        (
+            "manifest",
+            join.manifest.is_some(),
+            &[LauncherKind::StaticPod][..],
+        ),
+        (
+            "template",
+            join.template.is_some(),
+            &[LauncherKind::StaticPod][..],
+        ),
+        (
+            "image",
+            join.image.is_some(),
+            &[LauncherKind::StaticPod][..],
+        ),
+        (
+            "pki_dir",
+            join.pki_dir.is_some(),
+            &[LauncherKind::StaticPod][..],
+        ),
+        (
+            "overwrite_foreign_manifest",
+            join.overwrite_foreign_manifest.is_some(),
+            &[LauncherKind::StaticPod][..],
         ),
     ] {
         if given && !used_by.contains(&kind) {
@@ -249,10 +274,19 @@ fn check_join(etcd: &EtcdConfig, problems: &mut Vec<String>) {
                     )),
                 }
             }
-            if join.start_timeout.is_some_and(|t| t.is_zero()) {
-                problems.push("etcd.join.start_timeout: must be greater than zero".to_owned());
-            }
         }
+        LauncherKind::StaticPod => check_static_pod(join, problems),
+    }
+    if join.start_timeout.is_some_and(|t| t.is_zero()) {
+        problems.push("etcd.join.start_timeout: must be greater than zero".to_owned());
+    }
+    if let Some(file) = &join.state_file
+        && !file.is_absolute()
+    {
+        problems.push(format!(
+            "etcd.join.state_file: {} must be an absolute path",
+            file.display()
+        ));
     }
     if let Some(file) = &join.env_file
         && !file.is_absolute()
@@ -287,6 +321,53 @@ fn check_join(etcd: &EtcdConfig, problems: &mut Vec<String>) {
             "etcd.join.timeout: must be longer than stall_after ({:?})",
             join.stall_after
         ));
+    }
+}
+
+/// `launcher = "static-pod"`: absolute paths, an image (given or from a template that reads as
+/// an etcd static Pod), and no TLS file variables (the Pod mounts `pki_dir` and takes
+/// kubeadm's files from it).
+fn check_static_pod(join: &EtcdJoinConfig, problems: &mut Vec<String>) {
+    use metalguard_etcd::join::launcher::static_pod::manifest::{
+        ExistingManifest, PKI_FLAGS, flag_of_env,
+    };
+    for (key, path) in [
+        ("manifest", join.manifest.as_ref()),
+        ("template", join.template.as_ref()),
+        ("pki_dir", join.pki_dir.as_ref()),
+    ] {
+        if let Some(path) = path.filter(|p| !p.is_absolute()) {
+            problems.push(format!(
+                "etcd.join.{key}: {} must be an absolute path",
+                path.display()
+            ));
+        }
+    }
+    if join.image.as_deref() == Some("") {
+        problems.push("etcd.join.image: must not be empty".to_owned());
+    }
+    match &join.template {
+        Some(path) if path.is_absolute() => match std::fs::read_to_string(path) {
+            Err(err) => problems.push(format!("etcd.join.template: {}: {err}", path.display())),
+            Ok(text) => {
+                if let Err(err) = ExistingManifest::parse(&text).and_then(|m| m.template()) {
+                    problems.push(format!("etcd.join.template: {}: {err}", path.display()));
+                }
+            }
+        },
+        None if join.image.is_none() => problems.push(
+            "etcd.join.image: set it, or set etcd.join.template to an existing member's manifest"
+                .to_owned(),
+        ),
+        Some(_) | None => {}
+    }
+    for key in join.env.keys() {
+        let flag = flag_of_env(key);
+        if PKI_FLAGS.iter().any(|(f, _)| *f == flag) {
+            problems.push(format!(
+                "etcd.join.env.{key}: the static-pod launcher names kubeadm's files in etcd.join.pki_dir (the directory the pod mounts); leave it out"
+            ));
+        }
     }
 }
 
@@ -563,6 +644,62 @@ mod tests {
                 "{want}: {problems:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_static_pod_join_needs_an_image_or_a_readable_template_and_no_tls_variables() {
+        let ok = join(
+            "launcher = \"static-pod\"\nimage = \"registry.k8s.io/etcd:3.6.5-0\"\n\
+             data_dir = \"/var/lib/etcd\"\nstate_file = \"/var/lib/metalguard/etcd-join.json\"\n",
+        );
+        assert!(ok.is_empty(), "{ok:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let template = dir.path().join("etcd.yaml");
+        std::fs::write(
+            &template,
+            "kind: Pod\nspec:\n  containers:\n  - name: etcd\n    command: [etcd]\n",
+        )
+        .unwrap();
+        let problems = join(&format!(
+            "launcher = \"static-pod\"\ndata_dir = \"/var/lib/etcd\"\ntemplate = \"{}\"\n\
+             manifest = \"etcd.yaml\"\nstate_file = \"join.json\"\nenv_file = \"/run/e.env\"\n\
+             [etcd.join.env]\nETCD_CERT_FILE = \"/x.crt\"\nETCD_SNAPSHOT_COUNT = \"5000\"\n",
+            template.display()
+        ));
+        for want in [
+            "etcd.join.template: ",
+            "etcd.join.manifest: etcd.yaml must be an absolute path",
+            "etcd.join.state_file: join.json must be an absolute path",
+            "etcd.join.env_file: only used by launcher = \"systemd\" or \"env-file\", not \"static-pod\"",
+            "etcd.join.env.ETCD_CERT_FILE: the static-pod launcher names kubeadm's files",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(want)),
+                "{want}: {problems:?}"
+            );
+        }
+        assert!(
+            problems.iter().any(|p| p.contains("has no image")),
+            "the template is read: {problems:?}"
+        );
+        assert!(
+            !problems.iter().any(|p| p.contains("ETCD_SNAPSHOT_COUNT")),
+            "{problems:?}"
+        );
+        let problems = join("launcher = \"static-pod\"\ndata_dir = \"/var/lib/etcd\"\n");
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("etcd.join.image: set it, or set etcd.join.template")),
+            "{problems:?}"
+        );
+        let problems = join("launcher = \"exec\"\nimage = \"x\"\n");
+        assert!(
+            problems.iter().any(|p| p.starts_with(
+                "etcd.join.image: only used by launcher = \"static-pod\", not \"exec\""
+            )),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::OperationId;
-use metalguard_api::protocol::{Command, CommandKind, CommandResult, Outcome};
+use metalguard_api::protocol::{Command, CommandKind, CommandResult, Outcome, PromotedBy};
 use metalguard_e2e::etcd::{EtcdCluster, HostSlot};
 use metalguard_etcd::ClientSettings;
 use metalguard_etcd::join::JoinConfig;
@@ -57,6 +57,7 @@ fn join_setup(cluster: &EtcdCluster, slot: &HostSlot) -> JoinSetup {
             listen_peer_url: None,
             listen_client_url: None,
             data_dir: slot.data_dir.clone(),
+            state_file: None,
             extra_env: Vec::new(),
             bootstrap_desired_voters: None,
             poll_interval: Duration::from_millis(100),
@@ -151,6 +152,31 @@ async fn join_go_ahead_ends_with_a_caught_up_learner_and_runs_once_per_operation
         "{text}"
     );
     assert_eq!(cluster.member_list().unwrap().len(), 2);
+
+    // The controller's promotion: this command promoted it, and the result says so; a second
+    // promotion (or one after kubeadm's own) finds a voter and says it was promoted outside.
+    let promote = |op: &str| command(op, CommandKind::EtcdPromote { member_id: mine.id });
+    let promoted = Box::pin(executor.handle(promote("promote/m1/1")))
+        .await
+        .unwrap();
+    let text = timeline_text(&promoted);
+    assert_eq!(promoted.outcome, Outcome::Succeeded, "{text}");
+    assert_eq!(promoted.promoted_by, Some(PromotedBy::Metalguard), "{text}");
+    assert!(text.contains("promoted by this command"), "{text}");
+    let again = Box::pin(executor.handle(promote("promote/m1/2")))
+        .await
+        .unwrap();
+    let text = timeline_text(&again);
+    assert_eq!(again.outcome, Outcome::Succeeded, "{text}");
+    assert_eq!(again.promoted_by, Some(PromotedBy::Outside), "{text}");
+    assert!(text.contains("promoted outside metalguard"), "{text}");
+    let json = serde_json::to_value(&again).unwrap();
+    assert_eq!(json["promoted_by"], "outside", "{json}");
+    let members = cluster.member_list().unwrap();
+    assert!(members.iter().all(|m| !m.is_learner), "{members:?}");
+    // Any other command's result carries no promoted_by (and the field is left out).
+    let json = serde_json::to_value(&first).unwrap();
+    assert!(json.get("promoted_by").is_none(), "{json}");
 
     executor.joiner().unwrap().stop_etcd().await;
 }

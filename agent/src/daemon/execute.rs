@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::OperationId;
 use metalguard_api::protocol::{
-    BmcTrust, Command, CommandKind, CommandResult, FenceCommand, Outcome, PowerAction,
+    BmcTrust, Command, CommandKind, CommandResult, FenceCommand, Outcome, PowerAction, PromotedBy,
     TimelineDirection, TimelineEntry,
 };
 use metalguard_bmc::{
@@ -22,6 +22,7 @@ use metalguard_bmc::{
 };
 use metalguard_etcd::ClientSettings;
 use metalguard_etcd::leader::LeaderMoved;
+use metalguard_etcd::ops::Promoted;
 
 use super::join::Joiner;
 use super::journal::{Claim, Journal, interrupted_result};
@@ -152,7 +153,10 @@ impl Executor {
     async fn execute(&self, command: Command) -> std::io::Result<CommandResult> {
         tracing::info!(operation = %command.operation_id, kind = command.kind.name(), "executing command");
         let started_at = Timestamp(now_ms());
-        let (outcome, timeline, error) = Box::pin(self.run(&command.kind)).await;
+        let ((outcome, timeline, error), promoted_by) = match command.kind {
+            CommandKind::EtcdPromote { member_id } => Box::pin(self.run_promote(member_id)).await,
+            ref kind => (Box::pin(self.run(kind)).await, None),
+        };
         let result = CommandResult {
             operation_id: command.operation_id,
             outcome,
@@ -160,6 +164,7 @@ impl Executor {
             finished_at: Timestamp(now_ms()),
             timeline,
             error,
+            promoted_by,
         };
         tracing::info!(operation = %result.operation_id, outcome = result.outcome.name(), error = ?result.error, "command finished");
         self.journal.finish(&result)?;
@@ -170,7 +175,7 @@ impl Executor {
         match kind {
             CommandKind::Fence(fence) => self.run_fence(fence).await,
             CommandKind::EtcdPromote { member_id } => {
-                Box::pin(self.run_etcd(EtcdChange::Promote(*member_id))).await
+                Box::pin(self.run_promote(*member_id)).await.0
             }
             CommandKind::EtcdRemove { member_id } => {
                 Box::pin(self.run_etcd(EtcdChange::Remove(*member_id))).await
@@ -266,6 +271,40 @@ impl Executor {
         (result, timeline, error)
     }
 
+    /// Promotes a learner and says who promoted it: this command, or someone before it (a
+    /// voter already: kubeadm's learner mode promotes its own learner, or a person did).
+    async fn run_promote(&self, member_id: u64) -> (Run, Option<PromotedBy>) {
+        let Some(settings) = &self.etcd else {
+            return (rejected("this agent has no [etcd] configuration"), None);
+        };
+        let mut timeline = Timeline::start();
+        let what = format!("promote member {member_id:x}");
+        timeline.push(TimelineDirection::Sent, what.clone());
+        let promoted = Box::pin(metalguard_etcd::ops::promote(
+            settings,
+            member_id,
+            metalguard_etcd::ops::DEFAULT_PROMOTE_RETRY,
+        ))
+        .await;
+        match promoted {
+            Ok(promoted) => {
+                let (by, seen) = describe_promotion(member_id, promoted);
+                tracing::info!(
+                    member_id,
+                    promoted_by = by.name(),
+                    "etcd promotion finished"
+                );
+                timeline.push(TimelineDirection::Seen, seen);
+                (timeline.succeeded(), Some(by))
+            }
+            Err(err) => {
+                let message = format!("{what}: {}", error_chain(&err));
+                timeline.push(TimelineDirection::Seen, message.clone());
+                (timeline.failed(message), None)
+            }
+        }
+    }
+
     async fn run_etcd(&self, change: EtcdChange) -> Run {
         let Some(settings) = &self.etcd else {
             return rejected("this agent has no [etcd] configuration");
@@ -274,13 +313,6 @@ impl Executor {
         let what = change.describe();
         timeline.push(TimelineDirection::Sent, what.clone());
         let result = match change {
-            EtcdChange::Promote(id) => Box::pin(metalguard_etcd::ops::promote(
-                settings,
-                id,
-                metalguard_etcd::ops::DEFAULT_PROMOTE_RETRY,
-            ))
-            .await
-            .map(|p| format!("{p:?}")),
             EtcdChange::Remove(id) => Box::pin(metalguard_etcd::ops::remove(settings, id))
                 .await
                 .map(|r| format!("{r:?}")),
@@ -338,10 +370,26 @@ pub fn tls_trust(ca_dir: &std::path::Path, trust: &BmcTrust) -> Result<TlsTrust,
     })
 }
 
-/// An etcd change the controller asks for.
+/// Who promoted member `id`, and the timeline entry that says so.
+fn describe_promotion(id: u64, promoted: Promoted) -> (PromotedBy, String) {
+    match promoted {
+        Promoted::Promoted { attempts } => (
+            PromotedBy::Metalguard,
+            format!("member {id:x} promoted by this command ({attempts} call(s))"),
+        ),
+        Promoted::AlreadyVoter => (
+            PromotedBy::Outside,
+            format!(
+                "member {id:x} was a voter already: promoted outside metalguard (kubeadm's learner mode or a person), not by this command"
+            ),
+        ),
+    }
+}
+
+/// An etcd change the controller asks for (a promotion runs on its own:
+/// [`Executor::run_promote`]).
 #[derive(Debug, Clone, Copy)]
 enum EtcdChange {
-    Promote(u64),
     Remove(u64),
     MoveLeader(u64),
 }
@@ -349,7 +397,6 @@ enum EtcdChange {
 impl EtcdChange {
     fn describe(self) -> String {
         match self {
-            Self::Promote(id) => format!("promote member {id:x}"),
             Self::Remove(id) => format!("remove member {id:x}"),
             Self::MoveLeader(id) => format!("move etcd leadership to member {id:x}"),
         }

@@ -106,9 +106,10 @@ impl Joiner {
                         etcd_started = Some(Instant::now());
                     }
                     let caught_up_after = etcd_started.unwrap_or(began).elapsed();
+                    let found = flow.found_learner();
                     timeline.push(
                         TimelineDirection::Seen,
-                        self.describe(&state, caught_up_after, etcd_started.is_some()),
+                        self.describe(&state, caught_up_after, etcd_started.is_some(), found),
                     );
                     if matches!(
                         state,
@@ -187,10 +188,20 @@ impl Joiner {
         })
     }
 
-    fn describe(&self, state: &JoinState, caught_up_after: Duration, since_start: bool) -> String {
+    fn describe(
+        &self,
+        state: &JoinState,
+        caught_up_after: Duration,
+        since_start: bool,
+        found: Option<u64>,
+    ) -> String {
         let id = state.member_id().unwrap_or(0);
         match state {
             JoinState::Discover => "the member of this host was removed from the cluster: etcd stopped and its data dir wiped; joining again".to_owned(),
+            JoinState::Added { .. } if found == Some(id) => format!(
+                "learner {id:x} for peer url {} was already a member, not added by this agent (kubeadm's learner mode, a person, or an agent that died before recording its add): joining it, no second add",
+                self.setup.config.peer_url
+            ),
             JoinState::Added { .. } => format!(
                 "learner {id:x} added for peer url {}",
                 self.setup.config.peer_url

@@ -122,6 +122,7 @@ pub fn interrupted_result(op: &OperationId, now: Timestamp) -> CommandResult {
             what: what.to_owned(),
         }],
         error: Some(what.to_owned()),
+        promoted_by: None,
     }
 }
 
@@ -151,6 +152,7 @@ mod tests {
             finished_at: Timestamp(at + 1),
             timeline: Vec::new(),
             error: None,
+            promoted_by: None,
         }
     }
 

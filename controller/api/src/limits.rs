@@ -402,6 +402,7 @@ mod tests {
             finished_at: Timestamp(2),
             timeline: (0..1_000).map(entry).collect(),
             error: Some("e".repeat(100_000)),
+            promoted_by: None,
         };
         assert!(check_result(&result).is_err());
         assert!(fit_result(&mut result));

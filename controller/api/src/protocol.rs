@@ -460,6 +460,32 @@ pub struct CommandResult {
     /// Why it failed, for `failed` and `rejected` outcomes.
     #[serde(default)]
     pub error: Option<String>,
+    /// For a succeeded promotion: whether this command promoted the learner, or found it a
+    /// voter already (someone else promoted it: `kubeadm join --control-plane` in its learner
+    /// mode, or a person with etcdctl). `None` for every other command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted_by: Option<PromotedBy>,
+}
+
+/// Who promoted a learner, as the promotion command found out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromotedBy {
+    /// This command's MemberPromote call did (metalguard, after its promotion gates).
+    Metalguard,
+    /// It was a voter already when the command ran (or became one between its retries):
+    /// promoted outside metalguard, whose gates did not decide it.
+    Outside,
+}
+
+impl PromotedBy {
+    /// A short, stable name for logs, metrics and the Kubernetes record.
+    pub fn name(self) -> &'static str {
+        match self {
+            PromotedBy::Metalguard => "metalguard",
+            PromotedBy::Outside => "outside",
+        }
+    }
 }
 
 /// How a command ended.

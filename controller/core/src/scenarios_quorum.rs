@@ -64,6 +64,56 @@ fn seed_001_replacement_flow_learner_promoted_old_removed_hook_released() {
     assert_eq!(w.snap.orphan_members, []);
 }
 
+/// `kubeadm join --control-plane` in its learner mode added the newcomer's learner itself:
+/// metalguard adds none, and its own promotion waits for the same gates (the hook, catch-up);
+/// when kubeadm promotes first, the replacement goes on from the voter it finds.
+#[test]
+fn seed_001_a_learner_added_outside_metalguard_is_the_joining_member_not_a_reason_to_add() {
+    let mut s = cluster(3, 1);
+    s.hosts[0].deletion_requested_at = Some(NOW);
+    let mut w = World::new(s, policy(), NOW);
+    let newcomer = w.add_cp_host(None);
+    let kubeadms = w.next_member;
+    w.next_member += 1;
+    let mut learner = crate::testkit::member(kubeadms, true, true);
+    learner.progress_permille = 0;
+    w.host_mut(&newcomer).unwrap().etcd = Some(learner);
+    w.refresh();
+    // No second learner: the hook first, and promotion waits for catch-up.
+    let p = w.step().unwrap();
+    assert!(
+        matches!(kinds(&p)[..], [ActionKind::AddQuorumHook { host }] if *host == newcomer),
+        "{p}"
+    );
+    assert!(refused(&p, "etcd", "catching up"), "{p}");
+    w.advance(5);
+    let p = w.step().unwrap();
+    assert!(
+        matches!(kinds(&p)[..], [ActionKind::PromoteLearner { member_id, .. }] if *member_id == kubeadms),
+        "{p}"
+    );
+
+    // Again, but kubeadm promotes before metalguard does: the old member goes next.
+    let mut s = cluster(3, 1);
+    s.hosts[0].deletion_requested_at = Some(NOW);
+    let mut w = World::new(s, policy(), NOW);
+    let newcomer = w.add_cp_host(None);
+    w.host_mut(&newcomer).unwrap().etcd = Some(crate::testkit::member(9, false, true));
+    w.host_mut(&newcomer)
+        .unwrap()
+        .pre_drain_hooks
+        .insert(QUORUM_HOOK.to_owned());
+    w.refresh();
+    let p = w.step().unwrap();
+    assert!(
+        matches!(
+            kinds(&p)[..],
+            [ActionKind::RemoveMember { member_id: 1, .. }]
+        ),
+        "{p}"
+    );
+}
+
 #[test]
 fn seed_001_leader_is_moved_before_its_member_is_removed() {
     let mut s = cluster(3, 0);

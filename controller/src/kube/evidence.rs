@@ -126,6 +126,7 @@ mod tests {
                 finished_at: Timestamp(OFF),
                 timeline: Vec::new(),
                 error: None,
+                promoted_by: None,
             }),
         };
         let ready = crate::kube::world::node_status(&node("2023-11-14T22:13:00Z"));

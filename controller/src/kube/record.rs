@@ -7,7 +7,7 @@ use k8s_openapi::jiff;
 use metalguard_api::duration::Timestamp;
 use metalguard_api::k8s::host::{OperationResult, OperationStatus, RemediationStatus};
 use metalguard_api::plan::OperationId;
-use metalguard_api::protocol::{CommandResult, Outcome, PowerAction};
+use metalguard_api::protocol::{CommandResult, Outcome, PowerAction, PromotedBy};
 use metalguard_api::remediation::{NodeBackup, Remediation, RemediationPhase};
 
 use crate::backend::{OperationKind, StoredOperation};
@@ -142,6 +142,7 @@ pub fn operation_status(op: &StoredOperation) -> OperationStatus {
             start_time: time(r.started_at),
             finish_time: time(r.finished_at),
             error: r.error.clone(),
+            promoted_by: r.promoted_by.map(|by| by.name().to_owned()),
         }),
     }
 }
@@ -179,6 +180,11 @@ pub fn operation(s: &OperationStatus) -> Result<StoredOperation, String> {
             finished_at: timestamp(&r.finish_time),
             timeline: Vec::new(),
             error: r.error.clone(),
+            promoted_by: r
+                .promoted_by
+                .as_deref()
+                .map(parse_name::<PromotedBy>)
+                .transpose()?,
         }),
     };
     Ok(StoredOperation {
@@ -245,6 +251,7 @@ mod tests {
                 finished_at: Timestamp(1_700_000_063_000),
                 timeline: Vec::new(),
                 error: None,
+                promoted_by: None,
             }),
         };
         assert_eq!(operation(&operation_status(&op)), Ok(op));
@@ -264,6 +271,35 @@ mod tests {
         let status = operation_status(&remove);
         assert_eq!(status.member_id.as_deref(), Some("deadbeef"));
         assert_eq!(operation(&status), Ok(remove));
+        // Who promoted a learner survives the record (kubeadm promoted it: "outside").
+        let promote = StoredOperation {
+            id: OperationId("quorum/promote/4".into()),
+            agent: "cp-1".into(),
+            kind: OperationKind::EtcdPromote { member_id: 4 },
+            remediation_id: None,
+            step: None,
+            created_at: Timestamp(1_700_000_000_000),
+            requested_by: None,
+            executed_by: None,
+            result: Some(CommandResult {
+                operation_id: OperationId("quorum/promote/4".into()),
+                outcome: Outcome::Succeeded,
+                started_at: Timestamp(1_700_000_001_000),
+                finished_at: Timestamp(1_700_000_002_000),
+                timeline: Vec::new(),
+                error: None,
+                promoted_by: Some(PromotedBy::Outside),
+            }),
+        };
+        let mut status = operation_status(&promote);
+        let result = status.result.as_mut().unwrap();
+        assert_eq!(result.promoted_by.as_deref(), Some("outside"));
+        assert_eq!(operation(&status), Ok(promote));
+        status.result.as_mut().unwrap().promoted_by = Some("a-person".into());
+        assert_eq!(
+            operation(&status).unwrap_err(),
+            "unknown value \"a-person\""
+        );
     }
 
     #[test]

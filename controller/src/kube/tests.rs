@@ -374,6 +374,7 @@ impl Lab {
                     finished_at: now,
                     timeline: Vec::new(),
                     error: None,
+                    promoted_by: None,
                 },
                 reply,
             })

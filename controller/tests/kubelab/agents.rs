@@ -218,6 +218,7 @@ impl Agents {
             finished_at: now,
             timeline: Vec::new(),
             error: (outcome != Outcome::Succeeded).then(|| "the test said so".to_owned()),
+            promoted_by: None,
         };
         self.clients[&offered.agent]
             .post(format!("{}{}", self.url, results_path(&offered.agent)))

@@ -8,6 +8,9 @@
 //! `--netns` (as root) runs every host in its own network namespace; `run partition` implies
 //! it.
 //! `replace` needs a spare host: `demo` and `run replace` start one unless `--spares` says more.
+//! `--etcd-layout static-pod` runs a spare's etcd as kubeadm's static Pod (the agent's
+//! `static-pod` launcher writes the manifest, the lab is the host's kubelet) instead of from an
+//! environment file (`env-file`, the default).
 //! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
 //! of this executable (`target/<profile>/`) unless `--bin-dir` says otherwise.
 
@@ -18,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use metalguard_e2e::lab::scenarios::{self, Report};
-use metalguard_e2e::lab::{Lab, LabOptions};
+use metalguard_e2e::lab::{EtcdLayout, Lab, LabOptions};
 
 struct Args {
     command: String,
@@ -27,11 +30,12 @@ struct Args {
     spares: usize,
     bin_dir: PathBuf,
     netns: bool,
+    etcd_layout: EtcdLayout,
 }
 
 fn usage() -> String {
     format!(
-        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--spares N] [--bin-dir DIR] [--netns]\n\
+        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--spares N] [--bin-dir DIR] [--netns] [--etcd-layout env-file|static-pod]\n\
          scenarios: {} (the demo's, in its order); also controller-crash",
         scenarios::ALL.join(", ")
     )
@@ -50,6 +54,7 @@ fn parse() -> Result<Args, String> {
             .and_then(|p| p.parent().map(PathBuf::from))
             .unwrap_or_default(),
         netns: false,
+        etcd_layout: EtcdLayout::default(),
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -74,6 +79,13 @@ fn parse() -> Result<Args, String> {
                     .ok_or("--bin-dir needs a path")?;
             }
             "--netns" => parsed.netns = true,
+            "--etcd-layout" => {
+                parsed.etcd_layout = args
+                    .next()
+                    .as_deref()
+                    .and_then(EtcdLayout::parse)
+                    .ok_or("--etcd-layout needs env-file or static-pod")?;
+            }
             "-h" | "--help" => return Err(usage()),
             other if !other.starts_with('-') => parsed.scenarios.push(other.to_owned()),
             other => return Err(format!("unknown option {other}\n{}", usage())),
@@ -108,6 +120,7 @@ fn start(args: &Args) -> Result<Lab, String> {
     // partition cuts one host's link: every host needs its own network namespace (root).
     options.netns = args.netns || args.scenarios.iter().any(|s| s == "partition");
     options.live = true;
+    options.etcd_layout = args.etcd_layout;
     // replace needs a spare host to replace the retired one with.
     let replace = args.command == "demo" || args.scenarios.iter().any(|s| s == "replace");
     options.spares = if replace {

@@ -150,8 +150,12 @@ impl LabHost {
     /// Makes this host a spare: no etcd member, not in the inventory, its etcd run from the
     /// environment file its agent writes.
     /// With `pki` (its certificates in kubeadm's layout) its etcd uses TLS.
-    pub(super) fn make_spare(&mut self, pki: Option<crate::etcd_pki::MemberPki>) -> Result<()> {
-        self.spare = Some(SpareEtcd::reserve(&self.name, &self.dir, pki)?);
+    pub(super) fn make_spare(
+        &mut self,
+        pki: Option<crate::etcd_pki::MemberPki>,
+        layout: super::EtcdLayout,
+    ) -> Result<()> {
+        self.spare = Some(SpareEtcd::reserve(&self.name, &self.dir, pki, layout)?);
         self.standing = Standing::Standby;
         Ok(())
     }

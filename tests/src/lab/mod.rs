@@ -126,6 +126,30 @@ pub struct LabOptions {
     pub quota_backend_bytes: Option<u64>,
     /// How etcd's clients and peers talk (default: TLS with client certificates, as kubeadm).
     pub etcd_security: EtcdSecurity,
+    /// How a spare host runs its etcd once its agent joins it.
+    pub etcd_layout: EtcdLayout,
+}
+
+/// How a spare host runs etcd (the agent's `[etcd.join] launcher`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EtcdLayout {
+    /// An environment file the lab, as the host's supervisor, runs etcd from (`env-file`).
+    #[default]
+    EnvFile,
+    /// kubeadm's static Pod manifest, run by the lab as the host's kubelet (`static-pod`);
+    /// needs the TLS etcd.
+    StaticPod,
+}
+
+impl EtcdLayout {
+    /// Parses `env-file` or `static-pod`.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "env-file" => Some(Self::EnvFile),
+            "static-pod" => Some(Self::StaticPod),
+            _ => None,
+        }
+    }
 }
 
 impl LabOptions {
@@ -141,6 +165,7 @@ impl LabOptions {
             netns: false,
             quota_backend_bytes: None,
             etcd_security: EtcdSecurity::default(),
+            etcd_layout: EtcdLayout::default(),
         }
     }
 }
@@ -326,7 +351,10 @@ impl Lab {
                 Some(pki) => Some(pki.issue_member(name, Ipv4Addr::LOCALHOST)?),
                 None => None,
             };
-            host.make_spare(pki)?;
+            host.make_spare(pki, options.etcd_layout)?;
+            if let Some(template) = host.spare_etcd().and_then(spare::SpareEtcd::template_path) {
+                spare::write_template(template, etcd.member(0))?;
+            }
             hosts.push(host);
         }
         timeline.add(
@@ -1123,7 +1151,7 @@ impl Lab {
                     out,
                     "--- etcd {} (spare)\n{}",
                     h.name,
-                    crate::process::tail_of(spare.log_path(), 10)
+                    crate::process::tail_of(&spare.log_path(), 10)
                 );
             }
         }

@@ -10,6 +10,14 @@
 //! [`SpareEtcd::supervise`] applies that once; the lab calls it on every tick while the host
 //! is powered. Power loss kills the process ([`SpareEtcd::kill`]); the next tick with power
 //! starts it again if the file is still there, as a host's init system would at boot.
+//!
+//! With the static-Pod layout ([`EtcdLayout::StaticPod`](super::EtcdLayout)) the agent's
+//! `static-pod` launcher writes kubeadm's manifest instead, and the lab is the host's kubelet
+//! ([`pod`]), with the same contract for the manifest.
+
+mod pod;
+
+pub use pod::write_template;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -17,8 +25,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use super::EtcdLayout;
 use super::host::Standing;
 use crate::etcd_pki::MemberPki;
+use crate::kubelet::Kubelet;
 use crate::ports::{PortLease, reserve_port};
 use crate::process::Proc;
 use crate::{HarnessError, Result, http, tools};
@@ -48,6 +58,11 @@ pub enum Supervised {
     },
     /// The file disappeared: etcd stopped.
     Stopped,
+    /// The kubelet would not run the manifest (static-Pod layout).
+    Refused {
+        /// Why.
+        why: String,
+    },
 }
 
 /// The etcd of a spare host and its supervision state.
@@ -65,13 +80,30 @@ pub struct SpareEtcd {
     /// The file's content etcd was started with.
     running_env: Option<String>,
     last_start: Option<Instant>,
+    /// The static-Pod layout: the host's kubelet runs etcd (instead of the env-file fields).
+    kubelet: Option<Kubelet>,
+    /// The static-Pod layout: the template manifest the agent is configured with.
+    template: Option<PathBuf>,
 }
 
 impl SpareEtcd {
     /// Reserves the ports of the spare `name` whose files live in `host_dir`; starts nothing.
     /// With `pki` (the host's certificates in kubeadm's layout) its etcd serves clients and
-    /// peers over TLS and requires client certificates, as the cluster's members do.
-    pub fn reserve(name: &str, host_dir: &Path, pki: Option<MemberPki>) -> Result<Self> {
+    /// peers over TLS and requires client certificates, as the cluster's members do. The
+    /// static-Pod layout needs `pki` (kubeadm's manifest names its certificate files).
+    pub fn reserve(
+        name: &str,
+        host_dir: &Path,
+        pki: Option<MemberPki>,
+        layout: EtcdLayout,
+    ) -> Result<Self> {
+        let static_pod = layout == EtcdLayout::StaticPod;
+        if static_pod && pki.is_none() {
+            return Err(HarnessError::Other(
+                "the static-pod layout needs the lab's TLS etcd (kubeadm's certificate layout)"
+                    .into(),
+            ));
+        }
         Ok(Self {
             name: name.to_owned(),
             client: reserve_port()?,
@@ -84,7 +116,23 @@ impl SpareEtcd {
             proc: None,
             running_env: None,
             last_start: None,
+            kubelet: static_pod.then(|| pod::kubelet(host_dir)),
+            template: static_pod.then(|| pod::template_path(host_dir)),
         })
+    }
+
+    /// Where the static-Pod layout's template goes (`None` with the env-file layout).
+    pub fn template_path(&self) -> Option<&Path> {
+        self.template.as_deref()
+    }
+
+    /// Who runs etcd on this host, for the narration: `supervisor` or `kubelet`.
+    pub fn runner(&self) -> &'static str {
+        if self.kubelet.is_some() {
+            "kubelet"
+        } else {
+            "supervisor"
+        }
     }
 
     fn scheme(&self) -> &'static str {
@@ -111,19 +159,29 @@ impl SpareEtcd {
         self.pki.as_ref()
     }
 
-    /// The environment file the agent writes.
-    pub fn env_file(&self) -> &Path {
-        &self.env_file
+    /// The file the agent writes and etcd runs from: the environment file, or the static Pod
+    /// manifest.
+    pub fn watched_file(&self) -> PathBuf {
+        match &self.kubelet {
+            Some(kubelet) => kubelet.manifest_dir().join(pod::MANIFEST),
+            None => self.env_file.clone(),
+        }
     }
 
     /// etcd's log file.
-    pub fn log_path(&self) -> &Path {
-        &self.log
+    pub fn log_path(&self) -> PathBuf {
+        match &self.kubelet {
+            Some(kubelet) => kubelet.log_path(pod::MANIFEST),
+            None => self.log.clone(),
+        }
     }
 
     /// The agent's `[etcd.join]` table for this host: with TLS, `[etcd.join.env]` passes the
     /// host's server and peer certificates and the client-certificate requirements to etcd.
     pub fn join_config(&self) -> String {
+        if let Some(kubelet) = &self.kubelet {
+            return self.static_pod_join_config(kubelet);
+        }
         let mut text = format!(
             "[etcd.join]\nname = \"{name}\"\npeer_url = \"{peer}\"\nclient_url = \"{client}\"\n\
              data_dir = \"{data}\"\nlauncher = \"env-file\"\nenv_file = \"{env}\"\n\
@@ -149,12 +207,18 @@ impl SpareEtcd {
 
     /// etcd's process id while the process exists.
     pub fn pid(&self) -> Option<u32> {
-        self.proc.as_ref().and_then(Proc::pid)
+        match &self.kubelet {
+            Some(kubelet) => kubelet.pids().first().copied(),
+            None => self.proc.as_ref().and_then(Proc::pid),
+        }
     }
 
     /// Whether etcd's process exists (running or frozen).
     pub fn is_running(&self) -> bool {
-        self.proc.is_some()
+        match &self.kubelet {
+            Some(kubelet) => kubelet.is_running(),
+            None => self.proc.is_some(),
+        }
     }
 
     /// Whether the member answers `/health` (on its metrics URL) with `"health":"true"` now.
@@ -166,6 +230,9 @@ impl SpareEtcd {
 
     /// Applies the env-file contract once; returns what it did, if anything.
     pub fn supervise(&mut self) -> Result<Option<Supervised>> {
+        if let Some(kubelet) = &mut self.kubelet {
+            return pod::sync(kubelet);
+        }
         let content = match std::fs::read_to_string(&self.env_file) {
             Ok(text) => Some(text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -211,6 +278,9 @@ impl SpareEtcd {
 
     /// Kills etcd at once (the host lost power); the file stays.
     pub fn kill(&mut self) {
+        if let Some(kubelet) = &mut self.kubelet {
+            kubelet.kill_all();
+        }
         if let Some(mut p) = self.proc.take() {
             p.kill();
         }
@@ -219,12 +289,18 @@ impl SpareEtcd {
 
     /// Freezes etcd (SIGSTOP), if it runs.
     pub fn freeze(&self) -> Result<()> {
-        self.proc.as_ref().map_or(Ok(()), Proc::freeze)
+        match &self.kubelet {
+            Some(kubelet) => kubelet.freeze(),
+            None => self.proc.as_ref().map_or(Ok(()), Proc::freeze),
+        }
     }
 
     /// Thaws etcd (SIGCONT), if it runs.
     pub fn thaw(&self) -> Result<()> {
-        self.proc.as_ref().map_or(Ok(()), Proc::thaw)
+        match &self.kubelet {
+            Some(kubelet) => kubelet.thaw(),
+            None => self.proc.as_ref().map_or(Ok(()), Proc::thaw),
+        }
     }
 
     fn stop(&mut self) {
@@ -306,10 +382,10 @@ impl super::Lab {
             return Ok(());
         };
         let file = spare
-            .env_file()
+            .watched_file()
             .file_name()
             .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
-        let actor = format!("supervisor {}", self.hosts[i].name);
+        let actor = format!("{} {}", spare.runner(), self.hosts[i].name);
         let (what, why) = match done {
             Supervised::Started { initial_cluster } => (
                 format!("{file} present: started etcd with its variables"),
@@ -327,6 +403,7 @@ impl super::Lab {
                 format!("{file} removed: stopped etcd"),
                 "the agent's member was removed".to_owned(),
             ),
+            Supervised::Refused { why } => (format!("{file} not run as etcd"), why),
         };
         self.timeline.add(&actor, what, why);
         Ok(())

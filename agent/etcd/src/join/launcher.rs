@@ -1,12 +1,16 @@
 //! Starting the local etcd: as a supervised child process (`exec`), as a systemd unit fed
-//! by an EnvironmentFile (`systemd`), or by whoever runs the host from an environment file the
-//! agent writes (`env-file`, see [`EnvFileLauncher`] for that contract). All pass the
-//! configuration as etcd's own `ETCD_*` environment variables, rendered once by
-//! [`EtcdLaunch::env`].
+//! by an EnvironmentFile (`systemd`), by whoever runs the host from an environment file the
+//! agent writes (`env-file`, see [`EnvFileLauncher`] for that contract), or by the kubelet from
+//! a static Pod manifest in kubeadm's layout (`static-pod`, see [`StaticPodLauncher`]). The
+//! first three pass the configuration as etcd's own `ETCD_*` environment variables, rendered
+//! once by [`EtcdLaunch::env`]; the static Pod passes the same settings as flags.
 
 mod env_file;
+mod local;
+pub mod static_pod;
 
 pub use env_file::{DEFAULT_START_TIMEOUT, EnvFileLauncher};
+pub use static_pod::StaticPodLauncher;
 
 use crate::client::ClientSettings;
 use crate::join::state::{write_atomically, write_atomically_with_mode};
@@ -164,6 +168,72 @@ pub enum LaunchError {
         /// How long we waited.
         timeout: Duration,
     },
+    /// The static Pod manifest could not be read, written or moved aside.
+    #[error("{action} etcd static pod manifest {path} failed")]
+    ManifestFile {
+        /// reading, writing, moving aside.
+        action: &'static str,
+        /// The manifest.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The template manifest could not be read.
+    #[error("reading etcd static pod template {path} failed")]
+    TemplateFile {
+        /// The template.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The template manifest is not an etcd static Pod with an image.
+    #[error("etcd static pod template {path} cannot be used")]
+    Template {
+        /// The template.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: static_pod::manifest::ManifestError,
+    },
+    /// The manifest could not be rendered.
+    #[error("etcd static pod manifest could not be rendered")]
+    Render(#[source] static_pod::manifest::ManifestError),
+    /// A manifest the agent did not write, for another member, is in the way.
+    #[error(
+        "etcd static pod manifest {path} was not written by metalguard-agent and does not run this member ({detail}): it is left alone; move it away, or set overwrite_foreign_manifest"
+    )]
+    ForeignManifest {
+        /// The manifest.
+        path: PathBuf,
+        /// What it is.
+        detail: String,
+    },
+    /// The local member did not answer after its manifest was put in place.
+    #[error(
+        "local etcd did not answer on {client_url} within {timeout:?} after {manifest} was put in place: is the kubelet running static pods from that directory?"
+    )]
+    PodNotAnswering {
+        /// The member's advertised client URL.
+        client_url: String,
+        /// The manifest.
+        manifest: PathBuf,
+        /// How long we waited.
+        timeout: Duration,
+    },
+    /// The local member kept answering after its manifest was moved aside.
+    #[error(
+        "local etcd still answers on {client_url} {timeout:?} after {manifest} was moved aside: the kubelet must stop a static pod whose manifest is gone"
+    )]
+    PodStillRunning {
+        /// The member's advertised client URL.
+        client_url: String,
+        /// The manifest.
+        manifest: PathBuf,
+        /// How long we waited.
+        timeout: Duration,
+    },
     /// The pid file could not be written.
     #[error("writing etcd pid file {path} failed")]
     PidFile {
@@ -184,6 +254,8 @@ pub enum Launcher {
     Systemd(SystemdLauncher),
     /// By the host's supervisor, from an environment file the agent writes.
     EnvFile(EnvFileLauncher),
+    /// By the kubelet, from a static Pod manifest the agent writes.
+    StaticPod(StaticPodLauncher),
 }
 
 impl Launcher {
@@ -193,14 +265,33 @@ impl Launcher {
             Self::Exec(l) => l.start(launch),
             Self::Systemd(l) => l.start(launch).await,
             Self::EnvFile(l) => l.start(launch).await,
+            Self::StaticPod(l) => l.start(launch).await,
         }
     }
 
-    /// Tells the launcher how to reach the local member, for launchers that wait for it to
-    /// answer (or to go away) instead of starting it themselves.
-    pub fn set_local_member(&mut self, client_url: &str, settings: &ClientSettings) {
-        if let Self::EnvFile(l) = self {
-            l.set_local_member(client_url, settings);
+    /// Checks what can be checked before a learner is added, so that no learner is added that
+    /// this host cannot start (the static Pod launcher: template, image, a foreign manifest in
+    /// the way).
+    pub fn preflight(&self) -> Result<(), LaunchError> {
+        match self {
+            Self::StaticPod(l) => l.preflight(),
+            Self::Exec(_) | Self::Systemd(_) | Self::EnvFile(_) => Ok(()),
+        }
+    }
+
+    /// Tells the launcher how to reach the local member (and which peer URL is its identity),
+    /// for launchers that wait for it to answer (or to go away) instead of starting it
+    /// themselves.
+    pub fn set_local_member(
+        &mut self,
+        client_url: &str,
+        peer_url: &str,
+        settings: &ClientSettings,
+    ) {
+        match self {
+            Self::EnvFile(l) => l.set_local_member(client_url, settings),
+            Self::StaticPod(l) => l.set_local_member(client_url, peer_url, settings),
+            Self::Exec(_) | Self::Systemd(_) => {}
         }
     }
 
@@ -210,6 +301,7 @@ impl Launcher {
             Self::Exec(_) => "exec",
             Self::Systemd(_) => "systemd",
             Self::EnvFile(_) => "env-file",
+            Self::StaticPod(_) => "static-pod",
         }
     }
 
@@ -230,6 +322,7 @@ impl Launcher {
             }
             Self::Systemd(l) => l.stop().await,
             Self::EnvFile(l) => l.stop().await,
+            Self::StaticPod(l) => l.stop().await,
         }
     }
 }

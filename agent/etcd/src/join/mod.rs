@@ -47,8 +47,13 @@ pub struct JoinConfig {
     pub listen_peer_url: Option<String>,
     /// Client listen URL, when it differs from the client URL.
     pub listen_client_url: Option<String>,
-    /// etcd's data directory; the state file lives next to it.
+    /// etcd's data directory.
     pub data_dir: PathBuf,
+    /// Where the join's state is kept; `None` for `<data dir>.metalguard-join.json`
+    /// ([`state::state_path`]). An agent that may not write next to the data directory (the
+    /// packaged agent runs unprivileged, with only its state directory writable) keeps it in
+    /// its own state directory.
+    pub state_file: Option<PathBuf>,
     /// Further `ETCD_*` variables for the local etcd.
     pub extra_env: Vec<(String, String)>,
     /// Promote ourselves once promotable while voters < `desired_voters` (bootstrap only);
@@ -63,6 +68,13 @@ pub struct JoinConfig {
 }
 
 impl JoinConfig {
+    /// The state file: [`JoinConfig::state_file`] or `<data dir>.metalguard-join.json`.
+    pub fn state_path(&self) -> PathBuf {
+        self.state_file
+            .clone()
+            .unwrap_or_else(|| state::state_path(&self.data_dir))
+    }
+
     fn launch(&self, initial_cluster: &str) -> EtcdLaunch {
         EtcdLaunch {
             name: self.name.clone(),
@@ -118,6 +130,17 @@ pub enum JoinError {
         /// The empty data dir.
         path: PathBuf,
     },
+    /// The data dir could not be read, so whether it holds data is unknown.
+    #[error(
+        "cannot tell whether etcd data dir {path} holds data: the agent's user must be able to list it"
+    )]
+    DataDir {
+        /// The data dir.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Wiping the data dir of a removed member failed.
     #[error("wiping etcd data dir {path} of the removed member failed")]
     Wipe {
@@ -148,6 +171,7 @@ pub struct JoinFlow {
     state: JoinState,
     catch_up: CatchUp,
     resumed: bool,
+    found_learner: Option<u64>,
 }
 
 impl JoinFlow {
@@ -155,8 +179,8 @@ impl JoinFlow {
     pub fn load(config: JoinConfig, launcher: Launcher) -> Result<Self, JoinError> {
         let mut launcher = launcher;
         launcher.set_data_dir(&config.data_dir);
-        launcher.set_local_member(&config.client_url, &config.client);
-        let state = state::load(&state::state_path(&config.data_dir))?;
+        launcher.set_local_member(&config.client_url, &config.peer_url, &config.client);
+        let state = state::load(&config.state_path())?;
         tracing::info!(
             step = state.name(),
             member_id = state.member_id(),
@@ -169,12 +193,20 @@ impl JoinFlow {
             state,
             catch_up,
             resumed: false,
+            found_learner: None,
         })
     }
 
     /// The current state.
     pub fn state(&self) -> &JoinState {
         &self.state
+    }
+
+    /// The learner this flow found already added for its peer URL instead of adding one
+    /// (someone else added it: `kubeadm join --control-plane` with its learner mode, a person
+    /// with etcdctl, or an earlier agent that died before recording its add), if it did.
+    pub fn found_learner(&self) -> Option<u64> {
+        self.found_learner
     }
 
     /// The launcher (to stop etcd, or to read the exec child's PID).
@@ -191,7 +223,7 @@ impl JoinFlow {
     }
 
     fn persist(&mut self, next: JoinState) -> Result<StepOutcome, JoinError> {
-        state::save(&state::state_path(&self.config.data_dir), &next)?;
+        state::save(&self.config.state_path(), &next)?;
         tracing::info!(
             from = self.state.name(),
             to = next.name(),
@@ -344,15 +376,19 @@ impl JoinFlow {
             .await
             .map_err(self.etcd_err("discover"))?;
         let discovery = state::discover(&view, &self.config.peer_url);
-        if discovery == Discovery::Add && dir_has_data(&self.config.data_dir) {
-            return Err(JoinError::ForeignDataDir {
-                path: self.config.data_dir.clone(),
-            });
+        if discovery == Discovery::Add {
+            if dir_has_data(&self.config.data_dir)? {
+                return Err(JoinError::ForeignDataDir {
+                    path: self.config.data_dir.clone(),
+                });
+            }
+            // Never add a learner this host cannot start: it would block every other learner.
+            self.launcher.preflight()?;
         }
         // A voter that lost its data dir lost its raft term and vote too: starting it empty
         // could let it vote twice in one term. It must be removed and join again as a learner.
         if let Discovery::AlreadyVoter { member_id } = discovery
-            && !dir_has_data(&self.config.data_dir)
+            && !dir_has_data(&self.config.data_dir)?
         {
             return Err(JoinError::VoterWithoutData {
                 member_id,
@@ -362,6 +398,14 @@ impl JoinFlow {
         let added = Box::pin(ops::add_learner(&self.config.client, &self.config.peer_url))
             .await
             .map_err(self.etcd_err("add learner"))?;
+        if added.reused && !added.already_voter {
+            tracing::info!(
+                member_id = added.member_id,
+                peer_url = self.config.peer_url,
+                "etcd learner for this peer url exists already (added by kubeadm, a person, or an agent that died before recording its add): joining it, not adding another"
+            );
+            self.found_learner = Some(added.member_id);
+        }
         let initial_cluster =
             state::build_initial_cluster(&added.members, added.member_id, &self.config.name)?;
         if added.already_voter {
@@ -394,8 +438,17 @@ pub fn is_retryable(err: &JoinError) -> bool {
     }
 }
 
-fn dir_has_data(dir: &std::path::Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some())
+/// Whether `dir` holds anything; a missing dir is empty, one that cannot be listed is an
+/// error (the answer decides between refusing a foreign data dir and starting a voter).
+fn dir_has_data(dir: &std::path::Path) -> Result<bool, JoinError> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(JoinError::DataDir {
+            path: dir.to_owned(),
+            source,
+        }),
+    }
 }
 
 fn wipe_dir(dir: &std::path::Path) -> Result<(), JoinError> {

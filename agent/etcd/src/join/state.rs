@@ -239,25 +239,35 @@ pub fn load(path: &Path) -> Result<JoinState, StateFileError> {
 /// Writes `content` to `path` atomically: a temporary file in the same directory, fsync,
 /// rename, fsync of the directory. A crash leaves either the old or the new content.
 pub fn write_atomically(path: &Path, content: &[u8]) -> std::io::Result<()> {
-    write_atomically_inner(path, content, None)
+    write_atomically_inner(path, content, None, false)
 }
 
 /// [`write_atomically`] with the file's permission bits set to `mode` before it is renamed
 /// into place, so that no reader ever sees it with other permissions.
 pub fn write_atomically_with_mode(path: &Path, content: &[u8], mode: u32) -> std::io::Result<()> {
-    write_atomically_inner(path, content, Some(mode))
+    write_atomically_inner(path, content, Some(mode), false)
 }
 
-fn write_atomically_inner(path: &Path, content: &[u8], mode: Option<u32>) -> std::io::Result<()> {
+/// [`write_atomically_with_mode`] through a hidden temporary file (`.<name>.tmp`), for
+/// directories whose every other file a reader takes for input: the kubelet runs every file
+/// of its static Pod directory but those whose name starts with a dot.
+pub fn write_atomically_hidden(path: &Path, content: &[u8], mode: u32) -> std::io::Result<()> {
+    write_atomically_inner(path, content, Some(mode), true)
+}
+
+fn write_atomically_inner(
+    path: &Path,
+    content: &[u8],
+    mode: Option<u32>,
+    hidden: bool,
+) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let mut tmp_name = path
-        .file_name()
-        .map(std::ffi::OsStr::to_os_string)
-        .unwrap_or_default();
+    let mut tmp_name = std::ffi::OsString::from(if hidden { "." } else { "" });
+    tmp_name.push(path.file_name().unwrap_or_default());
     tmp_name.push(".tmp");
     let tmp = path.with_file_name(tmp_name);
     {

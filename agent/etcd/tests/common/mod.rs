@@ -66,6 +66,7 @@ pub fn join_config(cluster: &EtcdCluster, slot: &HostSlot, bootstrap: Option<usi
         listen_peer_url: None,
         listen_client_url: None,
         data_dir: slot.data_dir.clone(),
+        state_file: None,
         extra_env: vec![],
         bootstrap_desired_voters: bootstrap,
         poll_interval: DEFAULT_POLL_INTERVAL,

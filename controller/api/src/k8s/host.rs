@@ -327,6 +327,10 @@ pub struct OperationResult {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// For a succeeded promotion, who promoted the learner: `metalguard` (this operation)
+    /// or `outside` (a voter already: kubeadm's learner mode or a person).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoted_by: Option<String>,
 }
 
 /// The Node metadata saved during a remediation.

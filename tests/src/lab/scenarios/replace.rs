@@ -257,10 +257,18 @@ pub fn observe_replace(lab: &mut Lab) -> Result<ReplaceOutcome> {
         step,
         |_, w| Ok(w.learner_at.is_some() || w.voter_at.is_some()),
     )?;
+    let started_from = lab.hosts()[spare]
+        .spare_etcd()
+        .and_then(|s| {
+            s.watched_file()
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
     lab.timeline.add(
         "lab",
         format!("{spare_name}'s member is a learner"),
-        "added by its own agent, which then writes the environment file etcd starts from",
+        format!("added by its own agent, which then writes {started_from}, which etcd runs from"),
     );
     wait_sampling(
         lab,

@@ -26,8 +26,9 @@
 //! command's stderr), then considers etcd started once the member answers a status call on its
 //! advertised client URL within the start timeout.
 
+use super::local::LocalMember;
 use super::{EtcdLaunch, LaunchError, render_environment_file};
-use crate::client::{ClientSettings, bounded};
+use crate::client::ClientSettings;
 use crate::join::state::write_atomically_with_mode;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -38,10 +39,6 @@ use tokio::process::Command;
 pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Permissions of the environment file: readable by the supervisor, whoever runs it.
 const ENV_FILE_MODE: u32 = 0o644;
-/// Interval between two checks of the local member while waiting.
-const ANSWER_POLL: Duration = Duration::from_millis(200);
-/// Deadline of one check of the local member.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(1);
 /// How much of the start command's stderr an error carries.
 const STDERR_TAIL_BYTES: usize = 1024;
 
@@ -55,10 +52,8 @@ pub struct EnvFileLauncher {
     pub start_command: Vec<String>,
     /// Deadline of the start command, and of the member answering (or going away).
     pub start_timeout: Duration,
-    /// How to reach the local member (TLS); set by the join flow.
-    client: Option<ClientSettings>,
-    /// The local member's advertised client URL; set by the join flow or the last start.
-    client_url: Option<String>,
+    /// How to reach the local member; set by the join flow or the last start.
+    local: LocalMember,
 }
 
 impl EnvFileLauncher {
@@ -68,22 +63,20 @@ impl EnvFileLauncher {
             env_file,
             start_command,
             start_timeout,
-            client: None,
-            client_url: None,
+            local: LocalMember::default(),
         }
     }
 
     /// How to reach the local member: its advertised client URL and the client settings (TLS)
     /// to call it with.
     pub fn set_local_member(&mut self, client_url: &str, settings: &ClientSettings) {
-        self.client_url = Some(client_url.to_owned());
-        self.client = Some(settings.clone());
+        self.local.set(client_url, settings);
     }
 
     /// Writes the file (unless it already holds this content), runs the start command and
     /// waits until the local member answers.
     pub async fn start(&mut self, launch: &EtcdLaunch) -> Result<(), LaunchError> {
-        self.client_url = Some(launch.client_url.clone());
+        self.local.set_url(&launch.client_url);
         let content = render_environment_file(&launch.env());
         let current = std::fs::read_to_string(&self.env_file).ok();
         if current.as_deref() == Some(content.as_str()) {
@@ -100,7 +93,18 @@ impl EnvFileLauncher {
         let started = Instant::now();
         self.run_start_command().await?;
         let left = self.start_timeout.saturating_sub(started.elapsed());
-        self.wait_until_answering(&launch.client_url, left).await
+        if self
+            .local
+            .wait_until_answering(&launch.client_url, left)
+            .await
+        {
+            return Ok(());
+        }
+        Err(LaunchError::NotAnswering {
+            client_url: launch.client_url.clone(),
+            env_file: self.env_file.clone(),
+            timeout: self.start_timeout,
+        })
     }
 
     /// Removes the file (the supervisor then stops etcd) and waits until the local client
@@ -118,21 +122,14 @@ impl EnvFileLauncher {
                 });
             }
         }
-        let Some(url) = self.client_url.clone() else {
+        if self.local.wait_until_gone(self.start_timeout).await {
             return Ok(());
-        };
-        let started = Instant::now();
-        while accepts_connections(&url).await {
-            if started.elapsed() >= self.start_timeout {
-                return Err(LaunchError::StillRunning {
-                    client_url: url,
-                    env_file: self.env_file.clone(),
-                    timeout: self.start_timeout,
-                });
-            }
-            tokio::time::sleep(ANSWER_POLL).await;
         }
-        Ok(())
+        Err(LaunchError::StillRunning {
+            client_url: self.local.url().unwrap_or_default().to_owned(),
+            env_file: self.env_file.clone(),
+            timeout: self.start_timeout,
+        })
     }
 
     async fn run_start_command(&self) -> Result<(), LaunchError> {
@@ -171,62 +168,6 @@ impl EnvFileLauncher {
             format!("{}: {tail}", output.status)
         }))
     }
-
-    async fn wait_until_answering(
-        &self,
-        client_url: &str,
-        timeout: Duration,
-    ) -> Result<(), LaunchError> {
-        let settings = self
-            .client
-            .clone()
-            .unwrap_or_else(|| ClientSettings::new(vec![client_url.to_owned()]));
-        let started = Instant::now();
-        loop {
-            if answers(&settings, client_url).await {
-                tracing::info!(
-                    client_url,
-                    waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                    "local etcd answers"
-                );
-                return Ok(());
-            }
-            if started.elapsed() >= timeout {
-                return Err(LaunchError::NotAnswering {
-                    client_url: client_url.to_owned(),
-                    env_file: self.env_file.clone(),
-                    timeout: self.start_timeout,
-                });
-            }
-            tokio::time::sleep(ANSWER_POLL).await;
-        }
-    }
-}
-
-/// Whether the member at `client_url` answers a status call (a learner does).
-async fn answers(settings: &ClientSettings, client_url: &str) -> bool {
-    let Ok(mut client) = settings.connect_one(client_url, ANSWER_TIMEOUT).await else {
-        return false;
-    };
-    bounded("status", client_url, ANSWER_TIMEOUT, client.status())
-        .await
-        .is_ok()
-}
-
-/// Whether anything accepts TCP connections on the host and port of `url`.
-async fn accepts_connections(url: &str) -> bool {
-    let Some(authority) = url
-        .split_once("://")
-        .map_or(url, |(_, rest)| rest)
-        .split('/')
-        .next()
-    else {
-        return false;
-    };
-    matches!(
-        tokio::time::timeout(ANSWER_TIMEOUT, tokio::net::TcpStream::connect(authority)).await,
-        Ok(Ok(_))
-    )
 }
 
 /// The last [`STDERR_TAIL_BYTES`] of a command's stderr, trimmed, on one line.
