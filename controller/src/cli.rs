@@ -61,8 +61,15 @@ enum Command {
     /// and what the planner would decide now, with its reasons.
     Status {
         /// The inventory file.
-        #[arg(long, env = "METALGUARD_INVENTORY")]
-        inventory: PathBuf,
+        #[arg(
+            long,
+            env = "METALGUARD_INVENTORY",
+            required_unless_present = "kubeconfig"
+        )]
+        inventory: Option<PathBuf>,
+        /// Kubernetes mode: read the cluster's metalguard resources instead.
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// One JSON document instead of text.
         #[arg(long)]
         json: bool,
@@ -82,8 +89,19 @@ enum Command {
         #[arg(long)]
         force: bool,
         /// The inventory file.
-        #[arg(long, env = "METALGUARD_INVENTORY")]
-        inventory: PathBuf,
+        #[arg(
+            long,
+            env = "METALGUARD_INVENTORY",
+            required_unless_present = "kubeconfig"
+        )]
+        inventory: Option<PathBuf>,
+        /// Kubernetes mode: create a `FenceRequest` and wait for the leader's verdict.
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// How long to wait for the verdict (Kubernetes mode); without one the command
+        /// fails and the request stays, to be answered when a controller leads.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
     },
     /// Retire a control-plane host: its etcd member is replaced (add its replacement to the
     /// inventory), removed, its hooks released, and then it is powered off.
@@ -97,12 +115,20 @@ enum Command {
         /// person's own identity, `$SUDO_USER`/`$USER` and this host's name).
         #[arg(long)]
         requested_by: Option<String>,
-        /// Withdraw the retirement (refused once a replacement votes or the member is gone).
-        #[arg(long)]
+        /// Withdraw the retirement (refused once a replacement votes or the member is gone;
+        /// standalone mode only).
+        #[arg(long, conflicts_with = "kubeconfig")]
         cancel: bool,
         /// The inventory file.
-        #[arg(long, env = "METALGUARD_INVENTORY")]
-        inventory: PathBuf,
+        #[arg(
+            long,
+            env = "METALGUARD_INVENTORY",
+            required_unless_present = "kubeconfig"
+        )]
+        inventory: Option<PathBuf>,
+        /// Kubernetes mode: declare it in the `GuardedHost`'s `spec.retirement`.
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Hand a host held after a break-glass fence (`metalguard-agent fence --direct`) back to
     /// metalguard: its holds are marked released (and never honoured again); a silent host is
@@ -135,6 +161,10 @@ enum Command {
     Certs(CertsCommand),
 }
 
+/// The default leader election Lease (`run --lease-name`).
+#[cfg(feature = "kubernetes")]
+const LEASE_NAME: &str = "metalguard-controller";
+
 /// The backends of `run`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum BackendKind {
@@ -142,6 +172,50 @@ enum BackendKind {
     Standalone,
     /// The cluster's metalguard resources; state in their status, leadership in a Lease.
     Kubernetes,
+}
+
+/// Where `status`, `fence` and `retire` reach the cluster in Kubernetes mode.
+#[derive(Debug, clap::Args)]
+struct ClusterArgs {
+    /// A kubeconfig (its current context): reach the state through the cluster's metalguard
+    /// resources, as that user (the API server's RBAC decides what it may do).
+    #[arg(long, conflicts_with = "inventory")]
+    kubeconfig: Option<PathBuf>,
+    /// The namespace of the metalguard resources (with `--kubeconfig`).
+    #[arg(
+        long,
+        env = "METALGUARD_NAMESPACE",
+        default_value = "metalguard-system"
+    )]
+    namespace: String,
+}
+
+impl ClusterArgs {
+    /// The cluster to reach, when `--kubeconfig` was given.
+    #[cfg(feature = "kubernetes")]
+    fn target(&self) -> Option<crate::kube::cli::Target> {
+        self.kubeconfig
+            .clone()
+            .map(|kubeconfig| crate::kube::cli::Target {
+                kubeconfig,
+                namespace: self.namespace.clone(),
+            })
+    }
+
+    /// Without the Kubernetes backend, `--kubeconfig` is an error.
+    #[cfg(not(feature = "kubernetes"))]
+    fn refuse_kubeconfig(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.kubeconfig.is_none(),
+            "--kubeconfig: this metalguard-controller was built without the Kubernetes backend"
+        );
+        Ok(())
+    }
+}
+
+/// The standalone inventory, required when no cluster is named.
+fn inventory_path(inventory: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    inventory.context("--inventory (or --kubeconfig) is required")
 }
 
 /// Settings of the Kubernetes backend (ignored by the standalone one, whose inventory file has them).
@@ -352,10 +426,17 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Plan(_) => Ok(()),
         Command::Status {
             inventory,
+            cluster,
             json,
             no_endpoint_probes,
         } => {
-            let inventory = Inventory::load(&inventory)?;
+            #[cfg(feature = "kubernetes")]
+            if let Some(target) = cluster.target() {
+                return crate::kube::cli::status::status(&target, LEASE_NAME, json).await;
+            }
+            #[cfg(not(feature = "kubernetes"))]
+            cluster.refuse_kubeconfig()?;
+            let inventory = Inventory::load(&inventory_path(inventory)?)?;
             let access = EtcdAccess::load(&inventory.etcd)?;
             let mut backend = connect(&inventory, "status".to_owned())?;
             // Each endpoint on its own, at the same time as the state is read.
@@ -410,8 +491,25 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             reason,
             force,
             inventory,
+            cluster,
+            wait,
         } => {
-            let inventory = Inventory::load(&inventory)?;
+            #[cfg(feature = "kubernetes")]
+            if let Some(target) = cluster.target() {
+                let ask = crate::kube::cli::fence::Ask {
+                    host,
+                    reason,
+                    force,
+                    wait,
+                };
+                return crate::kube::cli::fence::fence(&target, &ask).await;
+            }
+            #[cfg(not(feature = "kubernetes"))]
+            {
+                cluster.refuse_kubeconfig()?;
+                let _ = wait;
+            }
+            let inventory = Inventory::load(&inventory_path(inventory)?)?;
             anyhow::ensure!(
                 inventory.host(&host).is_some(),
                 "host {host} is not in the inventory"
@@ -438,7 +536,28 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             requested_by,
             cancel,
             inventory,
-        } => retire(&inventory, &host, reason, requested_by, cancel).await,
+            cluster,
+        } => {
+            #[cfg(feature = "kubernetes")]
+            if let Some(target) = cluster.target() {
+                let declare = crate::kube::cli::retire::Declare {
+                    host,
+                    reason: reason.unwrap_or_default(),
+                    requested_by,
+                };
+                return crate::kube::cli::retire::retire(&target, &declare).await;
+            }
+            #[cfg(not(feature = "kubernetes"))]
+            cluster.refuse_kubeconfig()?;
+            retire(
+                &inventory_path(inventory)?,
+                &host,
+                reason,
+                requested_by,
+                cancel,
+            )
+            .await
+        }
         Command::Release {
             host,
             reason,

@@ -18,12 +18,14 @@
 //! Each object this controller wrote is kept as the API server returned it until the watch
 //! catches up, so a round never plans from a status older than its own last write.
 
+pub mod cli;
 pub mod evidence;
 pub mod hooks;
 pub mod record;
 pub mod run;
 #[cfg(test)]
 mod tests;
+mod verdict;
 pub mod world;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -93,6 +95,9 @@ pub struct KubeBackend {
     /// Objects as this controller last wrote them, until the watch shows them.
     written_hosts: BTreeMap<String, GuardedHost>,
     written_fences: BTreeMap<String, FenceRequest>,
+    /// The pending fence requests the last loaded state held (target → request name): the
+    /// ones a refusal in that round's plan answers ([`verdict`]).
+    considered_fences: BTreeMap<String, String>,
     /// Last notes (kept here: their content reaches people as Events).
     notes: Option<ControllerNotes>,
     /// Inventory fingerprint of the last build.
@@ -118,6 +123,7 @@ impl KubeBackend {
             mirrored: BTreeMap::new(),
             written_hosts: BTreeMap::new(),
             written_fences: BTreeMap::new(),
+            considered_fences: BTreeMap::new(),
             notes: None,
             fingerprint: None,
             announced: BTreeSet::new(),
@@ -917,6 +923,7 @@ impl Backend for KubeBackend {
         self.written_fences
             .retain(|name, written| fences.get(name).is_some_and(|seen| newer(written, &**seen)));
         let mut state = self.current_state();
+        self.considered_fences = self.considered_fences(&state);
         self.refresh_nodes_to_back_up(&mut state).await?;
         Ok(state)
     }
@@ -1049,6 +1056,7 @@ impl Backend for KubeBackend {
         if !self.is_leading() {
             return;
         }
+        self.reject_refused_fences(plan).await;
         let mut now: BTreeSet<String> = BTreeSet::new();
         let mut events = Vec::new();
         for action in &plan.actions {

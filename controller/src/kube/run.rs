@@ -28,10 +28,15 @@ pub const LEASE_SECONDS: u64 = 15;
 /// account, checked by asking the server's version within [`CONNECT_DEADLINE`]: an
 /// unreachable or refusing server is a clear error, never a hang.
 pub async fn connect() -> anyhow::Result<Client> {
-    let mut config = tokio::time::timeout(CONNECT_DEADLINE, Config::infer())
+    let config = tokio::time::timeout(CONNECT_DEADLINE, Config::infer())
         .await
         .context("reading the kubeconfig took too long")?
         .context("no usable kubeconfig or in-cluster service account")?;
+    connect_with(config).await
+}
+
+/// A client from `config`, checked as [`connect`] checks it.
+pub async fn connect_with(mut config: Config) -> anyhow::Result<Client> {
     config.connect_timeout = Some(Duration::from_secs(5));
     let url = config.cluster_url.to_string();
     let client = Client::try_from(config).with_context(|| {

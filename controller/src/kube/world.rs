@@ -401,6 +401,17 @@ pub fn pending_fence(request: &FenceRequest) -> bool {
         && request.spec.action == FenceAction::Remediate
 }
 
+/// Who asked for `request`: its name, and the user `metalguard-controller fence` recorded
+/// (the one the API server's `SelfSubjectReview` named). Whoever may create requests can
+/// write that annotation too: it is a record, the API server's audit log is the proof.
+fn requested_by(request: &FenceRequest) -> String {
+    let name = request.name_any();
+    match request.annotations().get(super::cli::REQUESTED_BY) {
+        Some(who) => format!("FenceRequest/{name} by {who}"),
+        None => format!("FenceRequest/{name}"),
+    }
+}
+
 /// The persisted state: records from the hosts' status, pending fence requests, Nodes;
 /// `reports` are the agents' latest (kept in memory, mirrored onto Nodes). A malformed
 /// operation entry is left out and returned as a problem.
@@ -428,6 +439,16 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
         let hooks = hooks(&h);
         if !hooks.is_empty() {
             state.hooks.insert(name.clone(), hooks);
+        }
+        if let Some(r) = &h.spec.retirement {
+            state.retirements.insert(
+                name.clone(),
+                metalguard_api::snapshot::Retirement {
+                    requested_at: record::timestamp(&r.requested_at),
+                    requested_by: r.requested_by.clone(),
+                    reason: r.reason.clone(),
+                },
+            );
         }
         let Some(status) = &h.status else {
             continue;
@@ -459,7 +480,7 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
                     .creation_timestamp()
                     .as_ref()
                     .map_or(Timestamp(0), record::timestamp),
-                requested_by: Some(format!("FenceRequest/{}", request.name_any())),
+                requested_by: Some(requested_by(request)),
                 force_reason: request.spec.force.then(|| request.spec.reason.clone()),
             }
         });

@@ -69,6 +69,31 @@ pub struct GuardedHostSpec {
     /// Hooks that hold a deletion of this host before drain and before power-off.
     #[serde(default)]
     pub lifecycle_hooks: LifecycleHooks,
+    /// A control-plane host declared retired (`metalguard-controller retire`): the quorum
+    /// guard replaces its etcd member (a new `GuardedHost` joins as learner, is promoted,
+    /// the old member removed), its preDrain hooks are released, and then it is powered off
+    /// and left off. The controller decides each step with the same checks as in standalone
+    /// mode; this field only declares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retirement: Option<HostRetirement>,
+}
+
+/// A retirement request: when, who, why. It cannot be changed once made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self == oldSelf",
+    "message": "a retirement cannot be changed once requested",
+}]))]
+pub struct HostRetirement {
+    /// When it was requested; it also names the power-off that ends it.
+    pub requested_at: Time,
+    /// Who asked (the user the API server authenticated, as the command line recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// Why.
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// The role of a host.

@@ -1,0 +1,229 @@
+//! `metalguard-controller status --kubeconfig FILE`: the standalone status's shape, read from
+//! the resources: `GuardedHost`s (remediations, operations, hooks), the
+//! `GuardedControlPlane`, `HostHealthCheck`s, `FenceRequest`s, Nodes, and the leader from
+//! the Lease. Secrets are not read (a person reading status needs no BMC credentials), and
+//! the agents' reports live in the leader's memory, so no dry-run plan is shown.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use anyhow::Context as _;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher::Event;
+use kube::{Client, ResourceExt as _};
+use metalguard_api::k8s::{FenceRequest, GuardedControlPlane, GuardedHost, HostHealthCheck};
+use serde::de::DeserializeOwned;
+
+use super::{REQUESTED_BY, Target};
+use crate::backend::State;
+use crate::inventory::{ControllerSettings, EtcdSettings, Inventory};
+use crate::kube::world::{self, World};
+
+/// Why there is no agent section and no dry run.
+const NO_REPORTS: &str = "agents' reports are kept in the leader's memory (and mirrored onto their Nodes' MetalguardAgentReady condition), not in the resources: no dry-run plan here";
+
+/// Everything status shows, read once.
+pub struct Seen {
+    /// The inventory the resources make.
+    pub inventory: Inventory,
+    /// The state they hold (no agent reports).
+    pub state: State,
+    /// The fence requests, oldest first.
+    pub fences: Vec<FenceRequest>,
+}
+
+async fn fill<K>(api: Api<K>, writer: &mut Writer<K>, what: &str) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("{what} could not be listed"))?;
+    for object in list.items {
+        writer.apply_watcher_event(&Event::Apply(object));
+    }
+    Ok(())
+}
+
+/// Lists the resources once and builds the inventory and state from them, as the leader's
+/// watches do.
+pub async fn read(client: &Client, namespace: &str, lease_name: &str) -> anyhow::Result<Seen> {
+    let (world, mut writers) = World::new();
+    fill::<GuardedHost>(
+        Api::namespaced(client.clone(), namespace),
+        &mut writers.hosts,
+        "GuardedHosts",
+    )
+    .await?;
+    fill::<GuardedControlPlane>(
+        Api::namespaced(client.clone(), namespace),
+        &mut writers.control_planes,
+        "GuardedControlPlanes",
+    )
+    .await?;
+    fill::<HostHealthCheck>(
+        Api::namespaced(client.clone(), namespace),
+        &mut writers.checks,
+        "HostHealthChecks",
+    )
+    .await?;
+    fill::<FenceRequest>(
+        Api::namespaced(client.clone(), namespace),
+        &mut writers.fences,
+        "FenceRequests",
+    )
+    .await?;
+    fill::<Node>(Api::all(client.clone()), &mut writers.nodes, "Nodes").await?;
+    let inventory = world::inventory(
+        &world,
+        namespace,
+        "",
+        &ControllerSettings::default(),
+        &no_etcd(),
+    )
+    .map_err(|problem| anyhow::anyhow!("the resources make no valid inventory: {problem}"))?;
+    let (mut state, problems) = world::state(&world, &BTreeMap::new());
+    for problem in problems {
+        eprintln!("warning: status entry ignored: {problem}");
+    }
+    state.leader = leader(client, namespace, lease_name).await;
+    let mut fences: Vec<FenceRequest> = world
+        .fences
+        .state()
+        .iter()
+        .map(|f| {
+            let mut f = (**f).clone();
+            f.metadata.managed_fields = None;
+            f
+        })
+        .collect();
+    fences.sort_by_key(|f| (f.creation_timestamp().map(|t| t.0), f.name_any()));
+    Ok(Seen {
+        inventory,
+        state,
+        fences,
+    })
+}
+
+fn no_etcd() -> EtcdSettings {
+    EtcdSettings {
+        endpoints: Vec::new(),
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
+        username: None,
+        password_file: None,
+        prefix: String::new(),
+        lease_ttl: std::time::Duration::from_secs(crate::kube::run::LEASE_SECONDS),
+        timeout: std::time::Duration::from_secs(5),
+    }
+}
+
+/// The Lease's holder while its renewal has not expired; `None` when it has, or when the
+/// Lease cannot be read (a person without `get` on Leases sees no leader, with a warning).
+async fn leader(client: &Client, namespace: &str, lease_name: &str) -> Option<String> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    let lease = match api.get_opt(lease_name).await {
+        Ok(lease) => lease?,
+        Err(error) => {
+            eprintln!(
+                "warning: Lease {namespace}/{lease_name} could not be read: {}",
+                crate::cli::chain(&error)
+            );
+            return None;
+        }
+    };
+    let spec = lease.spec?;
+    let renewed = spec.renew_time?.0;
+    let seconds = i64::from(spec.lease_duration_seconds?);
+    let until = renewed
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
+        .ok()?;
+    (k8s_openapi::jiff::Timestamp::now() < until)
+        .then_some(spec.holder_identity)
+        .flatten()
+}
+
+/// One line per fence request: name, target, phase, who asked, its last word.
+pub fn render_fences(fences: &[FenceRequest]) -> String {
+    let mut out = String::from("fence requests:\n");
+    if fences.is_empty() {
+        out.push_str("  none\n");
+    }
+    for f in fences {
+        let status = f.status.clone().unwrap_or_default();
+        let phase = status
+            .phase
+            .map_or_else(|| "Pending".to_owned(), |p| format!("{p:?}"));
+        let by = f
+            .annotations()
+            .get(REQUESTED_BY)
+            .map_or_else(String::new, |who| format!(" by {who}"));
+        let last = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Accepted" && c.status == "False")
+            .map(|c| c.message.clone())
+            .or_else(|| status.timeline.last().map(|t| t.message.clone()))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {}: {} {}{}{} ({}){}",
+            f.name_any(),
+            f.spec.target,
+            phase,
+            if f.spec.force { " forced" } else { "" },
+            by,
+            f.spec.reason,
+            if last.is_empty() {
+                String::new()
+            } else {
+                format!(" — {last}")
+            }
+        );
+    }
+    out
+}
+
+/// The JSON document: the standalone one's fields this backend has, plus the requests.
+pub fn render_json(seen: &Seen, now: metalguard_api::duration::Timestamp) -> serde_json::Value {
+    let alarms: crate::status::Alarms =
+        Err("etcd alarms are not read in Kubernetes mode".to_owned());
+    let mut document = crate::status::render_json(&seen.inventory, &seen.state, &alarms, now);
+    if let Some(map) = document.as_object_mut() {
+        map.remove("plan");
+        map.insert("agents_note".to_owned(), serde_json::json!(NO_REPORTS));
+        map.insert(
+            "fence_request_objects".to_owned(),
+            serde_json::json!(seen.fences),
+        );
+    }
+    document
+}
+
+/// Prints status from the resources `target` names.
+pub async fn status(target: &Target, lease_name: &str, json: bool) -> anyhow::Result<()> {
+    let client = super::connect(&target.kubeconfig).await?;
+    let seen = read(&client, &target.namespace, lease_name).await?;
+    let now = crate::clock::now();
+    if json {
+        println!("{}", render_json(&seen, now));
+        return Ok(());
+    }
+    print!(
+        "{}",
+        crate::status::render(&seen.inventory, &seen.state, now)
+    );
+    println!("note: {NO_REPORTS}");
+    print!(
+        "{}",
+        crate::status::render_progress(&seen.inventory, &seen.state, now)
+    );
+    print!("{}", render_fences(&seen.fences));
+    Ok(())
+}

@@ -1,0 +1,338 @@
+//! `metalguard-controller fence|status --kubeconfig` on a real kube-apiserver, as a person
+//! in group `metalguard-operators` bound by `examples/operator-rbac.yaml` (nothing else is
+//! granted): `fence` creates a `FenceRequest` recording who asked and prints the leader's
+//! verdict — refused by the short-circuit (exit 1, nothing done), accepted when forced
+//! (exit 0, a remediation started) — and `status` prints the hosts, the remediation, the
+//! requests and the leader, as text and JSON.
+
+#![cfg(feature = "kubernetes")]
+// Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod kubelab;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use kubelab::{BIN, KubeLab, LabOptions, MG, NS, check_spec};
+use serde_json::{Value, json};
+
+const PERSON: &str = "alice";
+
+fn cli(kubeconfig: &Path, args: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("METALGUARD_INVENTORY")
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    eprintln!(
+        "[kube_cli] {args:?} → {:?}\n{}{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn requests_for(lab: &KubeLab, host: &str) -> Vec<Value> {
+    lab.admin()
+        .list(&format!("{MG}/fencerequests"))
+        .unwrap()
+        .into_iter()
+        .filter(|r| r["spec"]["target"] == host)
+        .collect()
+}
+
+#[test]
+fn fence_prints_the_leaders_verdict_and_status_reads_the_resources() {
+    // cp-1's agent drives the workers' BMCs once w-2 and w-3 are unhealthy (a target never
+    // fences itself).
+    let mut lab = KubeLab::start(&LabOptions {
+        check: check_spec(&json!(1), "Delete"),
+        control_plane: vec!["cp-1"],
+        ..LabOptions::default()
+    });
+    lab.agents.report_etcd_voter("cp-1");
+    lab.cluster
+        .kubectl_admin(&[
+            "apply",
+            "-f",
+            "packaging/kubernetes/examples/operator-rbac.yaml",
+        ])
+        .unwrap();
+    let kubeconfig = lab
+        .cluster
+        .user_kubeconfig(PERSON, &["metalguard-operators"])
+        .unwrap();
+    // Two unhealthy workers with maxUnhealthy 1: the check short-circuits.
+    lab.kubelets["w-2"].set_ready(false).unwrap();
+    lab.kubelets["w-3"].set_ready(false).unwrap();
+
+    // No controller yet: no verdict within --wait, the request stays Pending.
+    let out = cli(
+        &kubeconfig,
+        &["fence", "w-2", "--reason", "kernel hung", "--wait", "2s"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no verdict"),
+        "{out:?}"
+    );
+    let first = requests_for(&lab, "w-2");
+    assert_eq!(first.len(), 1, "{first:?}");
+    let name = first[0]["metadata"]["name"].as_str().unwrap().to_owned();
+    assert!(name.starts_with("fence-w-2-"), "{name}");
+    assert_eq!(
+        first[0]["metadata"]["annotations"]["metalguard.io/requested-by"],
+        PERSON
+    );
+    assert_eq!(first[0]["spec"]["reason"], "kernel hung");
+    assert_eq!(first[0]["spec"]["force"], false);
+
+    lab.start_controller("controller-0");
+    lab.wait_leading("w-1", Duration::from_secs(60));
+    // The leader answers the waiting request: refused by the short-circuit.
+    lab.wait(
+        "the first request refused",
+        Duration::from_secs(20),
+        |lab| {
+            lab.admin()
+                .get(&format!("{MG}/fencerequests/{name}"))
+                .unwrap()["status"]["phase"]
+                == "Rejected"
+        },
+    );
+    // And fence run now prints the refusal and fails.
+    let out = cli(
+        &kubeconfig,
+        &["fence", "w-2", "--reason", "kernel hung", "--wait", "20s"],
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let printed = text(&out);
+    assert!(
+        printed.contains(&format!("created by {PERSON}")),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("verdict: refused") && printed.contains("short-circuited"),
+        "{printed}"
+    );
+    assert!(printed.contains("(ShortCircuit)"), "{printed}");
+    assert!(lab.host("w-2")["status"].get("remediation").is_none());
+    assert!(
+        lab.agents.offered().is_empty(),
+        "{:?}",
+        lab.agents.offered()
+    );
+
+    // Forced (the policy gates skipped, never the safety rules): accepted.
+    let out = cli(
+        &kubeconfig,
+        &[
+            "fence",
+            "w-1",
+            "--reason",
+            "disk controller wedged",
+            "--force",
+            "--wait",
+            "20s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let printed = text(&out);
+    assert!(
+        printed.contains(
+            "verdict: accepted — accepted by controller-0: remediation remediation/w-1/1 started"
+        ),
+        "{printed}"
+    );
+    let remediation = &lab.host("w-1")["status"]["remediation"];
+    assert_eq!(remediation["id"], "remediation/w-1/1");
+    assert_eq!(remediation["forced"], "disk controller wedged");
+    assert!(
+        remediation["cause"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("by {PERSON}")),
+        "{remediation}"
+    );
+    lab.agents
+        .wait_offered("remediation/w-1/1/power-off", Duration::from_secs(20));
+
+    // status, as the same person.
+    let out = cli(&kubeconfig, &["status"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let printed = text(&out);
+    assert!(printed.contains("leader: controller-0"), "{printed}");
+    assert!(printed.contains("remediation/w-1/1"), "{printed}");
+    assert!(printed.contains("fence requests:"), "{printed}");
+    let rejected_lines = printed
+        .lines()
+        .filter(|l| l.contains(": w-2 Rejected by alice (kernel hung) — refused by controller-0"))
+        .count();
+    assert_eq!(rejected_lines, 2, "{printed}");
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.contains(": w-1 InProgress forced by alice (disk controller wedged)")),
+        "{printed}"
+    );
+
+    let out = cli(&kubeconfig, &["status", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let document: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(document["leader"], "controller-0");
+    assert_eq!(document["remediations"][0]["id"], "remediation/w-1/1");
+    assert_eq!(
+        document["fence_request_objects"].as_array().unwrap().len(),
+        3
+    );
+    assert!(document.get("plan").is_none());
+    lab.assert_nothing_forbidden();
+}
+
+#[test]
+fn without_the_operator_role_fence_is_forbidden_by_the_api_server() {
+    let lab = KubeLab::start(&LabOptions::default());
+    let kubeconfig = lab.cluster.user_kubeconfig("mallory", &[]).unwrap();
+    let out = cli(
+        &kubeconfig,
+        &[
+            "fence", "w-2", "--reason", "because", "--force", "--wait", "2s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("forbidden") || stderr.contains("Forbidden"),
+        "{stderr}"
+    );
+    assert!(
+        lab.admin()
+            .list(&format!("{MG}/fencerequests"))
+            .unwrap()
+            .is_empty()
+    );
+    let _ = NS;
+}
+
+fn offered_matching(lab: &KubeLab, prefix: &str) -> Vec<String> {
+    lab.agents
+        .offered()
+        .keys()
+        .filter(|id| id.starts_with(prefix))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn retire_declares_on_the_resource_and_the_controller_acts_only_as_the_guard_allows() {
+    let mut lab = KubeLab::start(&LabOptions {
+        control_plane: vec!["cp-1", "cp-2"],
+        ..LabOptions::default()
+    });
+    // One voter (cp-1's), one replica wanted: cp-2 is a spare without a member.
+    lab.agents.report_etcd_voter("cp-1");
+    lab.admin()
+        .create(
+            &format!("{MG}/guardedcontrolplanes"),
+            &json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "GuardedControlPlane",
+                "metadata": {"name": "control-plane", "namespace": NS},
+                "spec": {"replicas": 1,
+                    "hostSelector": {"matchLabels": {"pool": "control-plane"}},
+                    "etcd": {"endpoints": ["https://127.0.0.1:2379"]}}}),
+        )
+        .unwrap();
+    let admin = lab.cluster.admin_kubeconfig().to_owned();
+    lab.start_controller("controller-0");
+    lab.wait_leading("cp-1", Duration::from_secs(60));
+
+    // Workers and unknown hosts are refused by the command, as in standalone mode.
+    let out = cli(&admin, &["retire", "w-1", "--reason", "old"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("w-1 is a worker"),
+        "{out:?}"
+    );
+    assert!(lab.host("w-1")["spec"].get("retirement").is_none());
+    let out = cli(&admin, &["retire", "cp-9", "--reason", "old"]);
+    assert_eq!(out.status.code(), Some(1));
+
+    // cp-2 has no etcd member: once declared, the leader powers it off and leaves it off.
+    let out = cli(
+        &admin,
+        &[
+            "retire",
+            "cp-2",
+            "--reason",
+            "motherboard swap",
+            "--requested-by",
+            "ticket 4711",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let retirement = lab.host("cp-2")["spec"]["retirement"].clone();
+    assert_eq!(retirement["reason"], "motherboard swap");
+    let by = retirement["requestedBy"].as_str().unwrap();
+    assert!(by.starts_with("ticket 4711 (cli, run by "), "{by}");
+    // Declared once: a second retire keeps the first request.
+    let out = cli(&admin, &["retire", "cp-2", "--reason", "again"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out).contains("already retired"), "{out:?}");
+    assert_eq!(lab.host("cp-2")["spec"]["retirement"], retirement);
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let off = loop {
+        if let Some(id) = offered_matching(&lab, "retire/cp-2/").first() {
+            break id.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no retirement power-off offered: {:?}",
+            lab.agents.offered().keys().collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(off.ends_with("/power-off"), "{off}");
+    assert_ne!(lab.agents.offered()[&off].agent, "cp-2");
+    lab.agents.set_live("cp-2", false);
+    lab.agents.finish_until_recorded(
+        &off,
+        metalguard_api::protocol::Outcome::Succeeded,
+        Duration::from_secs(20),
+    );
+
+    // cp-1 holds the only voter: declared, but the guard keeps it (no replacement exists).
+    let out = cli(&admin, &["retire", "cp-1", "--reason", "old"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    lab.wait("cp-1's retirement waits", Duration::from_secs(20), |lab| {
+        lab.events().iter().any(|(_, name, type_, reason, note)| {
+            name == "cp-1"
+                && type_ == "Warning"
+                && reason == "Refused"
+                && note.contains("still in the cluster")
+        })
+    });
+    // Rounds go by: cp-2 stays off (nothing powers it on), nothing is done to cp-1.
+    std::thread::sleep(Duration::from_secs(4));
+    let offered: Vec<String> = lab.agents.offered().keys().cloned().collect();
+    assert_eq!(offered, std::slice::from_ref(&off), "{offered:?}");
+    let ops = lab.host("cp-2")["status"]["operations"].clone();
+    let op = ops
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["id"] == off.as_str())
+        .unwrap_or_else(|| panic!("{ops}"));
+    assert_eq!(op["result"]["outcome"], "succeeded", "{op}");
+    assert!(lab.host("cp-2")["status"].get("remediation").is_none());
+    lab.assert_nothing_forbidden();
+}
