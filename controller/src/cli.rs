@@ -88,6 +88,10 @@ enum Command {
         /// Skip policy gates (never the safety rules).
         #[arg(long)]
         force: bool,
+        /// Power off and leave off: the Node is handled as in a remediation, then the host
+        /// stays off and its remediation needs a person (`action: PowerOff`).
+        #[arg(long)]
+        power_off: bool,
         /// The inventory file.
         #[arg(
             long,
@@ -490,6 +494,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             host,
             reason,
             force,
+            power_off,
             inventory,
             cluster,
             wait,
@@ -500,6 +505,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                     host,
                     reason,
                     force,
+                    power_off,
                     wait,
                 };
                 return crate::kube::cli::fence::fence(&target, &ask).await;
@@ -519,6 +525,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 requested_at: now(),
                 requested_by: Some(format!("{} (cli): {reason}", invoker())),
                 force_reason: force.then(|| reason.clone()),
+                stay_off: power_off,
             };
             backend.request_fence(&host, &request).await?;
             println!("fence of {host} requested; the leader plans it on its next round");

@@ -361,6 +361,7 @@ mod tests {
             cancel_requested: None,
             backup: None,
             powered_on_at: None,
+            stay_off: false,
         }
     }
 

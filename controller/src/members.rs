@@ -115,6 +115,7 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
                 requested_at: Timestamp(NOW - 500),
                 requested_by: Some("mallory".into()),
                 force_reason: Some("testing".into()),
+                stay_off: false,
             },
         );
         state

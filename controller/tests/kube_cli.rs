@@ -336,3 +336,92 @@ fn retire_declares_on_the_resource_and_the_controller_acts_only_as_the_guard_all
     assert!(lab.host("cp-2")["status"].get("remediation").is_none());
     lab.assert_nothing_forbidden();
 }
+
+#[test]
+fn a_power_off_fence_leaves_the_host_off_across_rounds_and_says_why() {
+    let mut lab = KubeLab::start(&LabOptions {
+        check: check_spec(&json!("100%"), "OutOfServiceTaint"),
+        ..LabOptions::default()
+    });
+    let admin = lab.cluster.admin_kubeconfig().to_owned();
+    lab.start_controller("controller-0");
+    lab.wait_leading("w-1", Duration::from_secs(60));
+    let out = cli(
+        &admin,
+        &[
+            "fence",
+            "w-2",
+            "--power-off",
+            "--force",
+            "--reason",
+            "failing disks, keep it down",
+            "--wait",
+            "20s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let printed = text(&out);
+    assert!(printed.contains("power off and leave off"), "{printed}");
+    assert!(printed.contains("verdict: accepted"), "{printed}");
+    let request = requests_for(&lab, "w-2").remove(0);
+    assert_eq!(request["spec"]["action"], "PowerOff");
+    let name = request["metadata"]["name"].as_str().unwrap().to_owned();
+    assert_eq!(lab.host("w-2")["status"]["remediation"]["stayOff"], true);
+
+    let off = "remediation/w-2/1/power-off";
+    lab.agents.wait_offered(off, Duration::from_secs(20));
+    lab.kubelets["w-2"].stop();
+    lab.agents.set_live("w-2", false);
+    assert_eq!(
+        lab.agents
+            .finish(off, metalguard_api::protocol::Outcome::Succeeded),
+        200
+    );
+    let fence = |lab: &KubeLab| {
+        lab.admin()
+            .get(&format!("{MG}/fencerequests/{name}"))
+            .unwrap()
+    };
+    lab.wait("the request Succeeded", Duration::from_secs(30), |lab| {
+        fence(lab)["status"]["phase"] == "Succeeded"
+    });
+    let remediation = lab.host("w-2")["status"]["remediation"].clone();
+    assert_eq!(remediation["phase"], "NeedsPerson", "{remediation}");
+    let message = remediation["message"].as_str().unwrap();
+    assert!(
+        message.contains("powered off on request") && message.contains("is left off"),
+        "{message}"
+    );
+    assert!(
+        lab.taints("w-2")
+            .iter()
+            .any(|t| t == "node.kubernetes.io/out-of-service")
+    );
+    let status = fence(&lab)["status"].clone();
+    let timeline: Vec<&str> = status["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["remediationPhase"].as_str().unwrap_or(""))
+        .collect();
+    for phase in ["PoweringOff", "VerifiedOff", "NeedsPerson"] {
+        assert!(timeline.contains(&phase), "{phase}: {timeline:?}");
+    }
+    assert!(!timeline.contains(&"PoweringOn"), "{timeline:?}");
+
+    // Rounds go by: the host is never powered on, no new remediation starts.
+    std::thread::sleep(Duration::from_secs(5));
+    let offered: Vec<String> = lab.agents.offered().keys().cloned().collect();
+    assert_eq!(offered, [off], "{offered:?}");
+    assert_eq!(
+        lab.host("w-2")["status"]["remediation"]["id"],
+        "remediation/w-2/1"
+    );
+    assert_eq!(fence(&lab)["status"]["phase"], "Succeeded");
+    let out = cli(&admin, &["status"]);
+    assert!(
+        text(&out).contains("remediation/w-2/1 target w-2 phase needs-a-person"),
+        "{out:?}"
+    );
+    lab.assert_nothing_forbidden();
+}

@@ -218,6 +218,21 @@ pub struct Remediation {
     /// host before its fence and is not held against it (see `metalguard-core::health`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub powered_on_at: Option<Timestamp>,
+    /// Power off and leave off (an administrator's `PowerOff` fence): after the Node is
+    /// handled, the remediation ends needing a person instead of powering the host on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stay_off: bool,
+}
+
+impl Remediation {
+    /// True when this remediation may go to `next`: the phase machine's transitions, and
+    /// for a stay-off remediation, from `node-removed` to `needs-a-person` (left off).
+    pub fn may_step_to(&self, next: &RemediationPhase) -> bool {
+        self.phase.can_transition_to(next)
+            || (self.stay_off
+                && self.phase == RemediationPhase::NodeRemoved
+                && matches!(next, RemediationPhase::NeedsPerson { .. }))
+    }
 }
 
 /// Builds the stable id of a remediation.
@@ -232,8 +247,20 @@ impl Remediation {
         next: RemediationPhase,
         at: Timestamp,
     ) -> Result<(), IllegalTransition> {
+        if !self.may_step_to(&next) {
+            return Err(IllegalTransition {
+                from: self.phase.name().to_owned(),
+                to: next.name().to_owned(),
+            });
+        }
         let current = std::mem::replace(&mut self.phase, RemediationPhase::Detected);
-        match current.clone().transition(next) {
+        // A stay-off remediation's last step is legal by `may_step_to`, not by the phases alone.
+        let moved = if self.stay_off && current == RemediationPhase::NodeRemoved {
+            Ok(next)
+        } else {
+            current.clone().transition(next)
+        };
+        match moved {
             Ok(p) => {
                 if p == RemediationPhase::WaitingForNode {
                     self.powered_on_at = Some(at);
@@ -342,6 +369,7 @@ mod tests {
             cancel_requested: None,
             backup: None,
             powered_on_at: None,
+            stay_off: false,
         };
         assert!(r.advance(P::Done, Timestamp(5)).is_err());
         assert_eq!(r.phase, P::Gated);
@@ -359,5 +387,42 @@ mod tests {
             Some(Timestamp(9)),
             "the boot is remembered past done"
         );
+    }
+
+    #[test]
+    fn only_a_stay_off_remediation_ends_left_off_after_its_node_is_handled() {
+        let mut r = Remediation {
+            id: remediation_id("n", 1),
+            target: "n".into(),
+            seq: 1,
+            attempt: 1,
+            executor: "e".into(),
+            strategy: Strategy::ExternalBaremetal,
+            node_handling: NodeHandling::Delete,
+            phase: P::NodeRemoved,
+            started_at: Timestamp(0),
+            phase_since: Timestamp(0),
+            control_plane: false,
+            cause: "test".into(),
+            forced: None,
+            cancel_requested: None,
+            backup: None,
+            powered_on_at: None,
+            stay_off: false,
+        };
+        let left_off = P::NeedsPerson {
+            reason: "left off".into(),
+        };
+        assert!(!r.may_step_to(&left_off));
+        assert!(r.clone().advance(left_off.clone(), Timestamp(1)).is_err());
+        r.stay_off = true;
+        assert!(r.may_step_to(&left_off));
+        // Never from another phase, and power-on stays legal (a cancel undoes it).
+        assert!(r.may_step_to(&P::PoweringOn));
+        let mut early = r.clone();
+        early.phase = P::VerifiedOff;
+        assert!(!early.may_step_to(&left_off));
+        r.advance(left_off.clone(), Timestamp(2)).unwrap();
+        assert_eq!((r.phase, r.phase_since), (left_off, Timestamp(2)));
     }
 }

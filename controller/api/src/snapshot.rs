@@ -162,6 +162,10 @@ pub struct FenceRequest {
     /// this reason is recorded. Safety rules (quorum, one per target) are never skipped.
     #[serde(default)]
     pub force_reason: Option<String>,
+    /// Power off and leave off (`fence --power-off`, a `FenceRequest` with `action:
+    /// PowerOff`): the remediation ends needing a person instead of powering the host on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stay_off: bool,
 }
 
 /// A break-glass hold: a person fenced a host directly through its BMC

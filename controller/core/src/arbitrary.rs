@@ -217,6 +217,7 @@ fn to_host(i: usize, b: HostBits) -> Host {
             requested_at: ago(30),
             requested_by: Some("admin".into()),
             force_reason: forced.then(|| "test".to_owned()),
+            stay_off: false,
         }),
         retirement: b.retiring.then(|| Retirement {
             requested_at: ago(90),
@@ -306,6 +307,8 @@ fn to_remediation(hosts: &[Host], b: RemBits) -> Remediation {
         cancel_requested: b.cancel.then(|| "test".to_owned()),
         backup: None,
         powered_on_at: b.booted.map(ago),
+        // Some stay-off remediations, in every phase.
+        stay_off: b.cancel != b.forced,
     }
 }
 
@@ -648,7 +651,7 @@ fn check(s: &Snapshot, pol: &Policy, now: Timestamp) -> Result<(), String> {
                 let Some(r) = s.remediations.iter().find(|r| &r.id == remediation_id) else {
                     return fail(format!("step of unknown {remediation_id}"));
                 };
-                if !r.phase.can_transition_to(&step.resulting_phase()) {
+                if !r.may_step_to(&step.resulting_phase()) {
                     return fail(format!("illegal {} from {}", step.name(), r.phase));
                 }
                 let h = hosts.get(target.as_str()).copied();

@@ -77,6 +77,7 @@ fn snapshot(desired: u32, hosts: &[HostBits], rems: &[(usize, u8, u8)]) -> Snaps
                 requested_at: ago(d),
                 requested_by: None,
                 force_reason: (c & 16 != 0).then(|| "forced".to_owned()),
+                stay_off: false,
             });
         }
         if c & 128 != 0 {
@@ -129,6 +130,7 @@ fn snapshot(desired: u32, hosts: &[HostBits], rems: &[(usize, u8, u8)]) -> Snaps
             cancel_requested: (ph & 0x40 != 0).then(|| "fuzz".to_owned()),
             backup: None,
             powered_on_at: None,
+            stay_off: false,
         });
     }
     Snapshot {
@@ -215,7 +217,7 @@ fn check(s: &Snapshot) -> Result<(), String> {
                     .iter()
                     .find(|r| &r.id == remediation_id)
                     .ok_or("unknown remediation")?;
-                if !r.phase.can_transition_to(&step.resulting_phase()) {
+                if !r.may_step_to(&step.resulting_phase()) {
                     return Err(format!(
                         "illegal step {} from {} in {remediation_id}",
                         step.name(),

@@ -392,6 +392,7 @@ fn admin_fence_goes_through_the_gates_unless_forced_and_the_reason_is_recorded()
             requested_at: w.now,
             requested_by: Some("alice".into()),
             force_reason: None,
+            stay_off: false,
         });
     });
     let p = w.step().unwrap();
@@ -431,6 +432,7 @@ fn forced_fence_of_a_control_plane_host_never_skips_the_quorum_guard() {
             requested_at: w.now,
             requested_by: None,
             force_reason: Some("because".into()),
+            stay_off: false,
         });
     });
     let p = w.step().unwrap();
@@ -458,4 +460,73 @@ fn control_plane_host_with_a_live_member_is_not_fenced_while_another_member_hang
             .any(|r| r.subject == "cp-0" && r.reason.contains("would leave 1 of 3")),
         "{p}"
     );
+}
+
+#[test]
+fn a_stay_off_fence_powers_off_handles_the_node_and_leaves_the_host_off_for_a_person() {
+    // w-0 is unhealthy by its check: the request adds only "leave it off".
+    let mut w = world(2, &["w-0"], |w| {
+        w.host_mut("w-0").unwrap().fence_request = Some(FenceRequest {
+            requested_at: w.now,
+            requested_by: Some("alice".into()),
+            force_reason: None,
+            stay_off: true,
+        });
+    });
+    let rid = "remediation/w-0/1";
+    while !phase_or_none(&w, rid).is_some_and(|p| p.is_terminal()) {
+        w.step().unwrap();
+        w.advance(10);
+        assert!(w.log.len() < 50, "{:?}", w.log);
+    }
+    let P::NeedsPerson { reason } = phase(&w, rid) else {
+        panic!("{:?}", phase(&w, rid));
+    };
+    assert!(reason.contains("is left off"), "{reason}");
+    let r = w.snap.remediations.iter().find(|r| r.id == rid).unwrap();
+    assert!(r.stay_off);
+    let done = steps(&w, rid);
+    for step in ["power-off", "verify-power-off", "delete-node"] {
+        assert!(done.iter().any(|s| s == step), "{step}: {done:?}");
+    }
+    assert!(!done.iter().any(|s| s.starts_with("power-on")), "{done:?}");
+    assert!(w.power_off.contains("w-0"));
+    // Rounds go by: nothing powers it on, no new remediation starts.
+    run(&mut w, 10);
+    assert!(w.power_off.contains("w-0"));
+    assert_eq!(
+        w.snap
+            .remediations
+            .iter()
+            .filter(|r| r.target == "w-0")
+            .count(),
+        1
+    );
+    let p = w.step().unwrap();
+    assert!(
+        p.refusals
+            .iter()
+            .any(|r| r.subject == "w-0" && r.reason.contains("needs a person")),
+        "{p}"
+    );
+}
+
+#[test]
+fn without_stay_off_the_same_fence_powers_the_host_back_on() {
+    let mut w = world(2, &["w-0"], |w| {
+        w.host_mut("w-0").unwrap().fence_request = Some(FenceRequest {
+            requested_at: w.now,
+            requested_by: Some("alice".into()),
+            force_reason: None,
+            stay_off: false,
+        });
+    });
+    let rid = "remediation/w-0/1";
+    while phase_or_none(&w, rid) != Some(P::WaitingForNode) {
+        w.step().unwrap();
+        w.advance(10);
+        assert!(w.log.len() < 50, "{:?}", w.log);
+    }
+    assert!(steps(&w, rid).iter().any(|s| s == "power-on"));
+    assert!(!w.snap.remediations.iter().any(|r| r.stay_off));
 }

@@ -179,6 +179,7 @@ pub(crate) fn remediation(
         cancel_requested: None,
         backup: None,
         powered_on_at: None,
+        stay_off: false,
     }
 }
 

@@ -106,6 +106,7 @@ mod tests {
             cancel_requested: None,
             backup: None,
             powered_on_at: None,
+            stay_off: false,
         };
         let op = StoredOperation {
             id: OperationId("remediation/w-2/1/power-off".into()),

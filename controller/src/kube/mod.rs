@@ -393,6 +393,8 @@ impl KubeBackend {
         }
         let phase = match &r.phase {
             RemediationPhase::Done => FencePhase::Succeeded,
+            // Powered off and left off, as a `PowerOff` request asks: done, for a person now.
+            RemediationPhase::NeedsPerson { .. } if r.stay_off => FencePhase::Succeeded,
             RemediationPhase::Failed { .. } | RemediationPhase::NeedsPerson { .. } => {
                 FencePhase::Failed
             }

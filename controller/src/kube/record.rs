@@ -48,6 +48,7 @@ pub fn remediation_status(r: &Remediation) -> RemediationStatus {
         forced: r.forced.clone(),
         cancel_requested: r.cancel_requested.clone(),
         power_on_time: r.powered_on_at.map(time),
+        stay_off: r.stay_off,
     }
 }
 
@@ -91,6 +92,7 @@ pub fn remediation(target: &str, s: &RemediationStatus) -> Remediation {
             annotations: b.annotations.clone(),
         }),
         powered_on_at: s.power_on_time.as_ref().map(timestamp),
+        stay_off: s.stay_off,
     }
 }
 
@@ -230,8 +232,10 @@ mod tests {
                 annotations: std::collections::BTreeMap::default(),
             }),
             powered_on_at: Some(Timestamp(1_700_000_050_000)),
+            stay_off: true,
         };
         assert_eq!(remediation("cp-2", &remediation_status(&r)), r);
+        assert!(remediation_status(&r).stay_off);
         let op = StoredOperation {
             id: OperationId("remediation/cp-2/3/power-off".into()),
             agent: "cp-1".into(),

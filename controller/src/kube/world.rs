@@ -398,7 +398,6 @@ pub fn pending_fence(request: &FenceRequest) -> bool {
         .as_ref()
         .and_then(|s| s.phase)
         .is_none_or(|p| p == FencePhase::Pending)
-        && request.spec.action == FenceAction::Remediate
 }
 
 /// Who asked for `request`: its name, and the user `metalguard-controller fence` recorded
@@ -482,6 +481,7 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
                     .map_or(Timestamp(0), record::timestamp),
                 requested_by: Some(requested_by(request)),
                 force_reason: request.spec.force.then(|| request.spec.reason.clone()),
+                stay_off: request.spec.action == FenceAction::PowerOff,
             }
         });
     }

@@ -303,6 +303,10 @@ pub struct RemediationStatus {
     /// it is not held against the host during its startup grace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power_on_time: Option<Time>,
+    /// Power off and leave off (a `PowerOff` fence request): after the Node is handled the
+    /// remediation ends `NeedsPerson`, the host off, instead of powering it on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stay_off: bool,
 }
 
 /// One destructive operation (a BMC power action or an etcd membership change): its intent is

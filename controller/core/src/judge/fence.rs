@@ -183,7 +183,7 @@ impl Judge<'_> {
                 format!("{remediation_id} of {target} is not a known remediation"),
             ));
         };
-        if !r.phase.can_transition_to(&step.resulting_phase()) {
+        if !r.may_step_to(&step.resulting_phase()) {
             return Err((
                 target.to_owned(),
                 Rule::StateMachine,

@@ -71,6 +71,8 @@ struct Candidate<'a> {
     since: Timestamp,
     forced: Option<String>,
     blocked_by: Option<(ReasonKind, String)>,
+    /// An administrator asked to power it off and leave it off.
+    stay_off: bool,
 }
 
 struct Planner<'a> {

@@ -27,6 +27,7 @@ impl<'a> Planner<'a> {
                         since: u.since,
                         forced: None,
                         blocked_by: None,
+                        stay_off: false,
                     });
                 if let (None, Some(sc)) = (&c.blocked_by, &v.short_circuit) {
                     c.blocked_by = Some((
@@ -46,7 +47,15 @@ impl<'a> Planner<'a> {
                 .remediations
                 .iter()
                 .any(|r| r.target == h.name && r.started_at >= req.requested_at);
-            if served || by_host.contains_key(h.name.as_str()) && req.force_reason.is_none() {
+            if served {
+                continue;
+            }
+            // Unhealthy already: the request adds only what it asks beyond the check's
+            // remediation (leaving the host off); forced, it becomes the candidate below.
+            if let Some(c) = by_host.get_mut(h.name.as_str())
+                && req.force_reason.is_none()
+            {
+                c.stay_off |= req.stay_off;
                 continue;
             }
             let blocked_by = self
@@ -70,6 +79,7 @@ impl<'a> Planner<'a> {
                     since: req.requested_at,
                     forced: req.force_reason.clone(),
                     blocked_by,
+                    stay_off: req.stay_off,
                 },
             );
         }
@@ -315,6 +325,7 @@ impl<'a> Planner<'a> {
                 cancel_requested: None,
                 backup: None,
                 powered_on_at: None,
+                stay_off: c.stay_off,
             };
             let mut reason = format!(
                 "{name}: {}; attempt {attempt}; executor {}",
@@ -322,6 +333,9 @@ impl<'a> Planner<'a> {
             );
             if let Some(f) = &c.forced {
                 reason = format!("{reason}; FORCED past policy gates: {f}");
+            }
+            if c.stay_off {
+                reason = format!("{reason}; power off and leave off");
             }
             if guarded {
                 cp_running.push(name.to_owned());

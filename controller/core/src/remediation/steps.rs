@@ -97,7 +97,7 @@ impl Planner<'_> {
                 RemediationStep::VerifyPowerOff,
                 format!("confirm {name} reports power Off (PoweringOff is not off)"),
             ),
-            (P::VerifiedOff, None) if r.strategy == Strategy::Reboot => (
+            (P::VerifiedOff, None) if r.strategy == Strategy::Reboot && !r.stay_off => (
                 RemediationStep::PowerOn,
                 format!("reboot strategy: {name} is off, power it on"),
             ),
@@ -113,6 +113,18 @@ impl Planner<'_> {
                 RemediationStep::DeleteNode,
                 format!("delete node {name} so its workloads are rescheduled"),
             ),
+            (P::NodeRemoved, None) if r.stay_off => {
+                let reason = format!(
+                    "{name} was powered off on request ({}) and is left off: a person powers it on",
+                    r.cause
+                );
+                (
+                    RemediationStep::EscalateToPerson {
+                        reason: reason.clone(),
+                    },
+                    reason,
+                )
+            }
             (P::NodeRemoved, _) => (RemediationStep::PowerOn, format!("power {name} on")),
             (P::PoweringOn, _) => (
                 RemediationStep::VerifyPowerOn,

@@ -26,6 +26,8 @@ pub struct Ask {
     pub reason: String,
     /// Skip the policy gates (never the safety rules).
     pub force: bool,
+    /// Power off and leave off (`action: PowerOff`).
+    pub power_off: bool,
     /// How long to wait for the verdict.
     pub wait: Duration,
 }
@@ -94,7 +96,11 @@ pub async fn fence(target: &Target, ask: &Ask) -> anyhow::Result<()> {
         },
         spec: FenceRequestSpec {
             target: ask.host.clone(),
-            action: FenceAction::Remediate,
+            action: if ask.power_off {
+                FenceAction::PowerOff
+            } else {
+                FenceAction::Remediate
+            },
             reason: ask.reason.clone(),
             force: ask.force,
         },
@@ -107,8 +113,13 @@ pub async fn fence(target: &Target, ask: &Ask) -> anyhow::Result<()> {
         .with_context(|| format!("FenceRequest for {} could not be created in {ns}", ask.host))?;
     let name = created.name_any();
     println!(
-        "FenceRequest {ns}/{name} created by {who}: fence {}{}",
+        "FenceRequest {ns}/{name} created by {who}: fence {}{}{}",
         ask.host,
+        if ask.power_off {
+            ", power off and leave off"
+        } else {
+            ""
+        },
         if ask.force { " (forced)" } else { "" }
     );
     let deadline = tokio::time::Instant::now() + ask.wait;
