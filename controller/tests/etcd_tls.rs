@@ -135,13 +135,15 @@ async fn status_fence_and_retire_work_with_one_endpoint_a_black_hole() {
         "{doc}"
     );
 
-    // fence and retire reach etcd through the same endpoints.
+    // fence and retire reach etcd through the same endpoints (the fence a power-off-only
+    // one: the flag travels through the store to the leader's remediation).
     let (ok, out, err, _) = cli(&[
         "fence",
         "w-2",
         "--reason",
         "test",
         "--force",
+        "--power-off",
         "--inventory",
         inventory.to_str().unwrap(),
     ]);
@@ -176,6 +178,22 @@ async fn status_fence_and_retire_work_with_one_endpoint_a_black_hole() {
             .any(|k| k.contains("remediation/w-2/")),
         "the fence's intent was persisted"
     );
+    let (ok, json, err, _) = cli(&[
+        "status",
+        "--json",
+        "--no-endpoint-probes",
+        "--inventory",
+        inventory.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let remediation = doc["remediations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["target"] == "w-2")
+        .unwrap_or_else(|| panic!("{doc}"));
+    assert_eq!(remediation["stay_off"], true, "{remediation}");
 }
 
 #[test]
