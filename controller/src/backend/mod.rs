@@ -121,6 +121,8 @@ pub enum NodeWrite {
 /// made from it and the policy it was made under. What a backend publishes comes from here,
 /// never from a second read.
 #[derive(Debug, Clone, Copy)]
+// Only the Kubernetes backend reads it; the standalone backend's `publish` ignores it.
+#[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
 pub struct Judged<'a> {
     /// The state the snapshot was built from.
     pub state: &'a State,

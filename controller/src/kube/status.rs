@@ -252,17 +252,14 @@ pub fn observe_host(
 ) -> GuardedHostStatus {
     let mut status = previous.clone();
     status.observed_generation = generation;
-    match power_of(judged, &host.name) {
-        Some((power, at)) => {
-            if previous.power != Some(power) || previous.power_observed_time.is_none() {
-                status.power_observed_time = Some(second(at));
-            }
-            status.power = Some(power);
+    if let Some((power, at)) = power_of(judged, &host.name) {
+        if previous.power != Some(power) || previous.power_observed_time.is_none() {
+            status.power_observed_time = Some(second(at));
         }
-        None => {
-            status.power = None;
-            status.power_observed_time = None;
-        }
+        status.power = Some(power);
+    } else {
+        status.power = None;
+        status.power_observed_time = None;
     }
     let timeout = heartbeat_timeout(judged.policy, host);
     status.agent = judged.state.reports.get(&host.name).map(|stored| {

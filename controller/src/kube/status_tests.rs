@@ -2,6 +2,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use metalguard_api::duration::Timestamp;
+use metalguard_api::k8s::control_plane::GuardedControlPlaneStatus;
 use metalguard_api::k8s::host::{GuardedHostStatus, PowerState};
 use metalguard_api::plan::OperationId;
 use metalguard_api::plan::{CheckSummary, Plan};
@@ -327,7 +328,12 @@ fn the_control_plane_status_is_the_judged_snapshot_with_the_cores_tolerance() {
         plan: &plan,
         policy: &pol,
     };
-    let status = observe_control_plane(&judged, &Default::default(), Some(4), Timestamp(NOW));
+    let status = observe_control_plane(
+        &judged,
+        &GuardedControlPlaneStatus::default(),
+        Some(4),
+        Timestamp(NOW),
+    );
     assert_eq!(
         (
             status.replicas,
