@@ -243,6 +243,14 @@ struct KubeArgs {
     /// The leader election Lease.
     #[arg(long, default_value = "metalguard-controller")]
     lease_name: String,
+    /// This controller's pod (the Deployment sets it from the downward API): labelled
+    /// `metalguard.io/leader=true` while it leads, so the Service reaches only the leader.
+    #[arg(long, env = "METALGUARD_POD_NAME")]
+    pod_name: Option<String>,
+    /// The pod's namespace; it must be `--namespace` (RBAC lets the controller patch pods
+    /// there only).
+    #[arg(long, env = "METALGUARD_POD_NAMESPACE")]
+    pod_namespace: Option<String>,
     /// The agent API address (mTLS).
     #[arg(long, env = "METALGUARD_LISTEN", default_value = "0.0.0.0:8443")]
     listen: std::net::SocketAddr,
@@ -811,7 +819,19 @@ async fn run_kubernetes(args: KubeArgs, id: String) -> anyhow::Result<()> {
         tls_dir: Some(args.tls_dir),
         ..crate::inventory::ControllerSettings::default()
     };
+    if let Some(pod_namespace) = args
+        .pod_namespace
+        .as_ref()
+        .filter(|_| args.pod_name.is_some())
+    {
+        anyhow::ensure!(
+            *pod_namespace == args.namespace,
+            "the controller's pod is in namespace {pod_namespace}, not in {}: it may label only pods of its own namespace",
+            args.namespace
+        );
+    }
     let settings = crate::kube::KubeSettings {
+        pod: args.pod_name,
         namespace: args.namespace,
         credentials_namespace: args.credentials_namespace,
         identity: id.clone(),

@@ -521,8 +521,32 @@ fn the_deployment_is_hardened_and_fits_the_budget_and_the_service() {
     let budget = find(&objects, "PodDisruptionBudget")[0];
     assert!(selects(&budget["spec"]["selector"]["matchLabels"]));
     assert_eq!(budget["spec"]["minAvailable"], 1);
+    // The Service selects the pods' labels plus the one the leader puts on its own pod (from
+    // the downward API's name and namespace): it reaches the leader only.
     let service = find(&objects, "Service")[0];
-    assert!(selects(&service["spec"]["selector"]));
+    let mut selector = service["spec"]["selector"].clone();
+    let leader = selector
+        .as_object_mut()
+        .unwrap()
+        .remove(crate::kube::observe::LEADER_LABEL);
+    assert_eq!(leader, Some(Value::from("true")), "{service}");
+    assert!(selects(&selector));
+    let env_from_field = |name: &str| {
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["valueFrom"]["fieldRef"]["fieldPath"].clone())
+    };
+    assert_eq!(
+        env_from_field("METALGUARD_POD_NAME"),
+        Some(Value::from("metadata.name"))
+    );
+    assert_eq!(
+        env_from_field("METALGUARD_POD_NAMESPACE"),
+        Some(Value::from("metadata.namespace"))
+    );
     for port in service["spec"]["ports"].as_array().unwrap() {
         assert!(port_names.contains(&port["targetPort"].as_str().unwrap()));
     }

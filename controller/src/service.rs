@@ -619,7 +619,14 @@ impl<B: Backend> Controller<B> {
             at,
         );
         self.follow_learners(&snapshot, state);
-        self.backend.publish(&plan).await;
+        self.backend
+            .publish(crate::backend::Judged {
+                state,
+                snapshot: &snapshot,
+                plan: &plan,
+                policy: &self.inventory.policy,
+            })
+            .await;
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
         let mut waiting = Vec::new();

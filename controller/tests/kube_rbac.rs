@@ -210,7 +210,8 @@ fn every_request_of_a_remediation_is_allowed_and_every_grant_is_used() {
         ..LabOptions::default()
     });
     lab.agents.report_etcd_voter("cp-1");
-    lab.start_controller("controller-0");
+    kubelab::create_control_plane(lab.admin(), 1);
+    lab.start_controller_in_pod("controller-0");
     lab.wait_leading("w-1", Duration::from_secs(60));
     lab.admin()
         .create(
@@ -248,6 +249,19 @@ fn every_request_of_a_remediation_is_allowed_and_every_grant_is_used() {
         },
     );
     assert!(!kubelab::quorum_hooks(&lab.host("cp-1")).is_empty());
+    // The control plane's status and the leader's pod label (their grants are used).
+    lab.wait("control plane status", Duration::from_secs(20), |lab| {
+        lab.admin()
+            .get(&format!("{MG}/guardedcontrolplanes/control-plane"))
+            .unwrap()["status"]["etcdVoters"]
+            == 1
+    });
+    assert_eq!(
+        lab.pod_labels("controller-0")
+            .get("metalguard.io/leader")
+            .map(String::as_str),
+        Some("true")
+    );
 
     lab.assert_nothing_forbidden();
     let mut used: Vec<Grant> = lab

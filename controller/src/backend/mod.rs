@@ -117,6 +117,23 @@ pub enum NodeWrite {
     },
 }
 
+/// One plan round as the planner saw it: the persisted state, the snapshot judged, the plan
+/// made from it and the policy it was made under. What a backend publishes comes from here,
+/// never from a second read.
+#[derive(Debug, Clone, Copy)]
+// Only the Kubernetes backend reads it; the standalone backend's `publish` ignores it.
+#[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
+pub struct Judged<'a> {
+    /// The state the snapshot was built from.
+    pub state: &'a State,
+    /// The snapshot the planner judged.
+    pub snapshot: &'a metalguard_api::snapshot::Snapshot,
+    /// The plan made from it.
+    pub plan: &'a metalguard_api::plan::Plan,
+    /// The policy it was made under.
+    pub policy: &'a metalguard_api::policy::Policy,
+}
+
 /// The store and leadership of one controller. `Send` futures so the loop can be spawned.
 pub trait Backend: Send {
     /// Acquires or renews leadership. An error means the store is unreachable: the caller
@@ -153,10 +170,12 @@ pub trait Backend: Send {
         None
     }
 
-    /// Tells people about a plan: the Kubernetes backend writes Events for decisions and
-    /// refusals and the health checks' conditions. The standalone backend logs only.
-    fn publish(&mut self, plan: &metalguard_api::plan::Plan) -> impl Future<Output = ()> + Send {
-        let _ = plan;
+    /// Tells people about a plan and what it was judged on: the Kubernetes backend writes
+    /// Events for decisions and refusals, the health checks' conditions, the hosts' and the
+    /// control plane's observed status, and silent agents onto their Nodes. The standalone
+    /// backend logs only.
+    fn publish(&mut self, judged: Judged<'_>) -> impl Future<Output = ()> + Send {
+        let _ = judged;
         std::future::ready(())
     }
 

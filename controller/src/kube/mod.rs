@@ -21,8 +21,10 @@
 pub mod cli;
 pub mod evidence;
 pub mod hooks;
+pub mod observe;
 pub mod record;
 pub mod run;
+pub mod status;
 #[cfg(test)]
 mod tests;
 mod verdict;
@@ -42,7 +44,6 @@ use kube::{Client, ResourceExt as _};
 use metalguard_api::k8s::fence::{FencePhase, FenceRequestStatus, TimelineEntry};
 use metalguard_api::k8s::host::RemediationPhaseName;
 use metalguard_api::k8s::{FenceRequest, GuardedHost, HostHealthCheck};
-use metalguard_api::plan::Plan;
 use metalguard_api::remediation::{Remediation, RemediationPhase};
 use metalguard_api::snapshot::ConditionStatus;
 use serde_json::json;
@@ -77,6 +78,9 @@ pub struct KubeSettings {
     pub identity: String,
     /// The Lease's name.
     pub lease_name: String,
+    /// This controller's pod in `namespace` (downward API), labelled while it leads; `None`
+    /// outside a pod.
+    pub pod: Option<String>,
     /// Agent API, TLS directory, plan interval.
     pub controller: ControllerSettings,
     /// Lease duration (`lease_ttl`) and request timeout (`timeout`); no etcd endpoints are used.
@@ -110,6 +114,10 @@ pub struct KubeBackend {
     leading_until: Option<tokio::time::Instant>,
     /// Dropping it makes kube-lease-manager release the Lease.
     lease_flag: Option<tokio::sync::watch::Receiver<bool>>,
+    /// The control plane as last written, until the watch shows it.
+    written_control_plane: Option<metalguard_api::k8s::GuardedControlPlane>,
+    /// Whether the pod's leader label was last written present (`Some(true)`) or removed.
+    pod_labelled: Option<bool>,
 }
 
 impl KubeBackend {
@@ -130,6 +138,8 @@ impl KubeBackend {
             check_verdicts: BTreeMap::new(),
             leading_until: None,
             lease_flag: None,
+            written_control_plane: None,
+            pod_labelled: None,
         }
     }
 
@@ -283,18 +293,12 @@ impl KubeBackend {
             }
         }
         kept.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        let mut status = json!({
-            "operations": kept.iter().map(record::operation_status).collect::<Vec<_>>(),
-        });
-        if let Some(r) = &remediation {
-            status["remediation"] = serde_json::to_value(record::remediation_status(r))
-                .unwrap_or(serde_json::Value::Null);
-        }
-        let patch = json!({
-            "apiVersion": "metalguard.io/v1alpha1",
-            "kind": "GuardedHost",
-            "status": status,
-        });
+        // The observed fields go along: one manager owns the whole status, and an apply
+        // without a field it owns would drop that field.
+        let mut status = status;
+        status.operations = kept.iter().map(record::operation_status).collect();
+        status.remediation = remediation.as_ref().map(record::remediation_status);
+        let patch = observe::host_status_apply(&status);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let written = self
             .hosts_api()
@@ -896,10 +900,12 @@ impl Backend for KubeBackend {
         ) {
             (true, Some(left)) if left > LEASE_MARGIN => {
                 self.leading_until = Some(tokio::time::Instant::now() + left - LEASE_MARGIN);
+                self.label_pod(true).await;
                 Ok(Leadership::Leader)
             }
             _ => {
                 self.leading_until = None;
+                self.label_pod(false).await;
                 Ok(Leadership::Follower { holder })
             }
         }
@@ -907,6 +913,7 @@ impl Backend for KubeBackend {
 
     async fn resign(&mut self) {
         self.leading_until = None;
+        self.label_pod(false).await;
         // kube-lease-manager releases the Lease when its flag's last receiver is dropped.
         self.lease_flag = None;
     }
@@ -1054,10 +1061,11 @@ impl Backend for KubeBackend {
         }
     }
 
-    async fn publish(&mut self, plan: &Plan) {
+    async fn publish(&mut self, judged: crate::backend::Judged<'_>) {
         if !self.is_leading() {
             return;
         }
+        let plan = judged.plan;
         self.reject_refused_fences(plan).await;
         let mut now: BTreeSet<String> = BTreeSet::new();
         let mut events = Vec::new();
@@ -1114,5 +1122,8 @@ impl Backend for KubeBackend {
                 self.check_status(check).await;
             }
         }
+        self.write_host_observations(&judged).await;
+        self.write_control_plane_status(&judged).await;
+        self.mark_silent_agents(&judged).await;
     }
 }

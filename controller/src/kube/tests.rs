@@ -41,6 +41,10 @@ struct Server {
     lease_holder: String,
     version: u64,
     seen: Vec<Seen>,
+    /// Status applies of `GuardedHost`s that leave their records (remediation, operations)
+    /// as they were: the leader's observations (power, agent, member, conditions), kept apart
+    /// so that `seen` is the decisions' requests.
+    observations: Vec<Seen>,
 }
 
 fn mask(value: &mut Value) {
@@ -189,10 +193,22 @@ async fn serve(mut handle: Handle, server: Arc<Mutex<Server>>) {
             if let Some(meta) = shown.get_mut("metadata").and_then(Value::as_object_mut) {
                 meta.remove("name").filter(|_| method != "POST");
             }
-            s.seen.push(Seen {
+            let seen = Seen {
                 call: format!("{method} {}", parts.uri.path_and_query().unwrap()),
                 body: shown,
-            });
+            };
+            let records = |v: &Value| (v["remediation"].clone(), v["operations"].clone());
+            let observation = method == "PATCH"
+                && path.contains("/guardedhosts/")
+                && path.ends_with("/status")
+                && s.objects
+                    .get(path.trim_end_matches("/status"))
+                    .is_some_and(|o| records(&o["status"]) == records(&body["status"]));
+            if observation {
+                s.observations.push(seen);
+            } else {
+                s.seen.push(seen);
+            }
             s.answer(&method, &path, &body)
         };
         respond.send_response(
@@ -297,6 +313,7 @@ impl Lab {
                 credentials_namespace: "metalguard-bmc".to_owned(),
                 identity: ME.to_owned(),
                 lease_name: "metalguard-controller".to_owned(),
+                pod: None,
                 controller: ControllerSettings::default(),
                 timing: EtcdSettings {
                     endpoints: Vec::new(),
@@ -324,7 +341,15 @@ impl Lab {
         }
     }
 
-    /// The requests seen since the last call.
+    /// The observation writes since the last call (see [`Server::observations`]).
+    fn take_observations(&self) -> Vec<(String, Value)> {
+        std::mem::take(&mut self.server.lock().unwrap().observations)
+            .into_iter()
+            .map(|s| (s.call, s.body))
+            .collect()
+    }
+
+    /// The requests seen since the last call, but observation writes.
     fn take(&self) -> Vec<(String, Value)> {
         std::mem::take(&mut self.server.lock().unwrap().seen)
             .into_iter()
@@ -522,8 +547,20 @@ async fn an_unhealthy_node_is_fenced_deleted_and_restored_request_by_request() {
     assert_eq!(written_phase(&seen[5].1), ("Gated", vec![]));
     assert_eq!(event(&seen[6]), ("w-3", "Normal", "PowerOff"));
     // Intent first: the power-off operation and PoweringOff in one apply, before any command.
+    let mut records = seen[7].1.clone();
+    // The apply carries the observed fields too (one manager owns the whole status: an apply
+    // without a field it owns would drop it).
+    let observed = records["status"]
+        .as_object_mut()
+        .unwrap()
+        .remove("conditions");
     assert_eq!(
-        seen[7].1,
+        observed.unwrap()[2],
+        json!({"type": "Remediating", "status": "True", "reason": "Gated",
+            "message": "remediation remediation/w-3/1 is gated", "lastTransitionTime": "<time>"})
+    );
+    assert_eq!(
+        records,
         json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "GuardedHost", "status": {
             "operations": [{"id": "remediation/w-3/1/power-off", "agent": "w-1", "type": "fence",
                 "target": "w-3", "power": "off", "remediationId": "remediation/w-3/1",
@@ -655,6 +692,19 @@ async fn a_short_circuit_touches_no_node_and_says_why() {
     lab.report("w-1").await;
     let _ = lab.take();
     lab.round().await;
+    // Each host's observed status is applied once (w-1's agent reports: power On)...
+    let observed = lab.take_observations();
+    assert_eq!(
+        calls(&observed),
+        ["w-1", "w-2", "w-3"].map(|h| format!("PATCH {GH}/{h}/status{APPLY}"))
+    );
+    assert_eq!(observed[0].1["status"]["power"], "On");
+    assert_eq!(observed[0].1["status"]["agent"]["version"], "0.1.0");
+    assert_eq!(observed[1].1["status"]["conditions"][0]["status"], "False");
+    assert!(
+        observed[1].1["status"].get("power").is_none(),
+        "never observed"
+    );
     let seen = lab.take();
     assert_calls(
         &seen,
@@ -693,8 +743,13 @@ async fn a_short_circuit_touches_no_node_and_says_why() {
         "{}",
         seen[2].1
     );
-    // Said once: the next round only reads the Lease.
+    // Said once: the next round only reads the Lease, and writes no observation again (the
+    // watch has not caught up: our own writes stand for what the object carries).
     lab.quiet_round().await;
+    assert_calls(&lab.take_observations(), &[]);
+    lab.sync();
+    lab.quiet_round().await;
+    assert_calls(&lab.take_observations(), &[]);
 }
 
 #[tokio::test]

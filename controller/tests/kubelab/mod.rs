@@ -195,6 +195,41 @@ impl KubeLab {
         self.controllers.insert(id.to_owned(), proc);
     }
 
+    /// Creates a Pod object named `id` (no scheduler runs: it stays Pending) and starts
+    /// controller `id` as that pod, as the Deployment's downward API would
+    /// (`METALGUARD_POD_NAME`, `METALGUARD_POD_NAMESPACE`).
+    pub fn start_controller_in_pod(&mut self, id: &str) {
+        create_pod(self.admin(), id);
+        let kubeconfig = self
+            .cluster
+            .service_account_kubeconfig(NS, SERVICE_ACCOUNT)
+            .unwrap();
+        let mut command = Command::new(BIN);
+        command
+            .args(["run", "--backend=kubernetes", "--namespace", NS, "--id", id])
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port.port()))
+            .arg("--tls-dir")
+            .arg(self.dir.path().join("tls"))
+            .env("KUBECONFIG", kubeconfig)
+            .env("METALGUARD_POD_NAME", id)
+            .env("METALGUARD_POD_NAMESPACE", NS)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("RUST_LOG", "info");
+        let log = self.dir.path().join(format!("{id}.log"));
+        let proc = Proc::spawn(id, command, &log).unwrap();
+        self.controllers.insert(id.to_owned(), proc);
+    }
+
+    /// The labels of pod `name` in the controller's namespace.
+    pub fn pod_labels(&self, name: &str) -> BTreeMap<String, String> {
+        let pod = self
+            .admin()
+            .get(&format!("/api/v1/namespaces/{NS}/pods/{name}"))
+            .unwrap();
+        serde_json::from_value(pod["metadata"]["labels"].clone()).unwrap_or_default()
+    }
+
     /// Kills controller `id`.
     pub fn kill_controller(&mut self, id: &str) {
         if let Some(mut proc) = self.controllers.remove(id) {
@@ -444,4 +479,38 @@ pub fn quorum_hooks(host: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A Pod object of the controller (the Deployment's labels), never scheduled.
+pub fn create_pod(admin: &ApiClient, name: &str) {
+    admin
+        .create(
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            &json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": NS,
+                    "labels": {"app.kubernetes.io/name": "metalguard-controller"}},
+                // The namespace enforces the restricted Pod Security Standard, as the
+                // Deployment's pods meet it.
+                "spec": {
+                    "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{"name": "controller", "image": "metalguard-controller:0.1.0",
+                        "securityContext": {"allowPrivilegeEscalation": false,
+                            "capabilities": {"drop": ["ALL"]}}}]}}),
+        )
+        .unwrap();
+}
+
+/// The `GuardedControlPlane` `control-plane` over the hosts labelled `pool: control-plane`.
+pub fn create_control_plane(admin: &ApiClient, replicas: u32) {
+    admin
+        .create(
+            &format!("{MG}/guardedcontrolplanes"),
+            &json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "GuardedControlPlane",
+                "metadata": {"name": "control-plane", "namespace": NS},
+                "spec": {"replicas": replicas,
+                    "hostSelector": {"matchLabels": {"pool": "control-plane"}},
+                    "etcd": {"endpoints": ["https://127.0.0.1:2379"]}}}),
+        )
+        .unwrap();
 }

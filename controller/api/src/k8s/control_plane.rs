@@ -129,7 +129,17 @@ pub struct GuardedControlPlaneStatus {
     /// Name of the member that leads raft.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_leader: Option<String>,
-    /// `Available` (quorum holds), `QuorumAtRisk` (one more failure loses it), `Progressing`.
+    /// Voter failures etcd survives at its current size: `(voters − 1) / 2` (unset while no
+    /// voter is known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum_tolerance: Option<u32>,
+    /// The voluntary disruption budget: control-plane hosts that must stay available
+    /// (hosts − 1, seed 001's quorum-guard PodDisruptionBudget).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<u32>,
+    /// `QuorumSafe` (healthy voters keep quorum after one more failure; `False` with
+    /// `QuorumAtRisk` or `QuorumLost`), `Scaling` (a membership change is under way or the
+    /// voters differ from `spec.replicas`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

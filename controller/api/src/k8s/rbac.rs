@@ -101,6 +101,20 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
     rule(
         Scope::Namespace,
         "metalguard.io",
+        "guardedcontrolplanes/status",
+        &["patch"],
+        "replicas, etcd voters, learners and leader, quorum tolerance, disruption budget, conditions",
+    ),
+    rule(
+        Scope::Namespace,
+        "",
+        "pods",
+        &["patch"],
+        "the leader labels its own pod metalguard.io/leader=true (and removes it when it stops leading), so the Service reaches only the leader",
+    ),
+    rule(
+        Scope::Namespace,
+        "metalguard.io",
         "hosthealthchecks",
         &["list", "watch"],
         "read health checks",
@@ -194,10 +208,7 @@ mod tests {
                 );
             }
             let status = format!("{plural}/status");
-            // The control plane's status is not written yet (docs/design-kubernetes.md).
-            if plural != "guardedcontrolplanes" {
-                assert!(all.iter().any(|(_, _, r, v)| *r == status && v == "patch"));
-            }
+            assert!(all.iter().any(|(_, _, r, v)| *r == status && v == "patch"));
         }
     }
 }

@@ -1,0 +1,200 @@
+//! The leader's writes of what it observed ([`super::status`]): `GuardedHost` and
+//! `GuardedControlPlane` status by server-side apply under [`FIELD_MANAGER`], each only when
+//! it differs from what the object carries; `MetalguardAgentReady=Unknown` on the Node of a
+//! silent agent; and the leader label on the controller's own pod.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams};
+use metalguard_api::k8s::GuardedControlPlane;
+use metalguard_api::k8s::host::GuardedHostStatus;
+use serde_json::json;
+
+use super::{AGENT_READY, FIELD_MANAGER, KubeBackend, status};
+use crate::backend::Judged;
+
+/// The label the leader puts on its own pod; the Service selects it.
+pub const LEADER_LABEL: &str = "metalguard.io/leader";
+/// Why a Node's `MetalguardAgentReady` is `Unknown`.
+pub const AGENT_SILENT: &str = "AgentSilent";
+
+/// `status` as the body of a `GuardedHost` status apply: every field this manager owns, so
+/// nothing it wrote before is dropped by the apply.
+pub fn host_status_apply(status: &GuardedHostStatus) -> serde_json::Value {
+    json!({
+        "apiVersion": "metalguard.io/v1alpha1",
+        "kind": "GuardedHost",
+        "status": status,
+    })
+}
+
+impl KubeBackend {
+    /// Writes each host's observed status that changed since the object's.
+    pub(super) async fn write_host_observations(&mut self, judged: &Judged<'_>) {
+        let now = judged.snapshot.observed_at;
+        for host in &judged.snapshot.hosts {
+            let Some(object) = self.host(&host.name) else {
+                continue;
+            };
+            let previous = object.status.clone().unwrap_or_default();
+            let observed =
+                status::observe_host(judged, &previous, object.metadata.generation, host, now);
+            if observed == previous {
+                continue;
+            }
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            match self
+                .hosts_api()
+                .patch_status(
+                    &host.name,
+                    &params,
+                    &Patch::Apply(&host_status_apply(&observed)),
+                )
+                .await
+            {
+                Ok(written) => {
+                    self.written_hosts.insert(host.name.clone(), written);
+                }
+                Err(error) => {
+                    tracing::warn!(host = %host.name, %error, "observed host status not written");
+                }
+            }
+        }
+    }
+
+    /// Writes the `GuardedControlPlane`'s status when it changed (only with exactly one).
+    pub(super) async fn write_control_plane_status(&mut self, judged: &Judged<'_>) {
+        let planes = self.world.control_planes.state();
+        let [plane] = planes.as_slice() else {
+            return;
+        };
+        let name = plane.name_any();
+        let previous = match &self.written_control_plane {
+            Some(written) if written.name_any() == name && super::newer(written, &**plane) => {
+                written.status.clone().unwrap_or_default()
+            }
+            _ => plane.status.clone().unwrap_or_default(),
+        };
+        let observed = status::observe_control_plane(
+            judged,
+            &previous,
+            plane.metadata.generation,
+            judged.snapshot.observed_at,
+        );
+        if observed == previous {
+            return;
+        }
+        let patch = json!({
+            "apiVersion": "metalguard.io/v1alpha1",
+            "kind": "GuardedControlPlane",
+            "status": observed,
+        });
+        let api: Api<GuardedControlPlane> = Api::namespaced(self.client.clone(), self.ns());
+        match api
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(written) => self.written_control_plane = Some(written),
+            Err(error) => {
+                tracing::warn!(control_plane = %name, %error, "control plane status not written");
+            }
+        }
+    }
+
+    /// Sets `MetalguardAgentReady=Unknown` on the Node of each host whose agent has been
+    /// silent longer than its heartbeat timeout (once; the agent's next report sets it back).
+    pub(super) async fn mark_silent_agents(&mut self, judged: &Judged<'_>) {
+        let now = judged.snapshot.observed_at;
+        for host in &judged.snapshot.hosts {
+            let timeout = status::heartbeat_timeout(judged.policy, host);
+            if !status::agent_silent(host, timeout, now) {
+                continue;
+            }
+            let Some(node) = self.world.node_of(&host.name) else {
+                continue;
+            };
+            let on_node = node
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == AGENT_READY).cloned());
+            let already = self
+                .mirrored
+                .get(&host.name)
+                .and_then(|m| m.get(AGENT_READY))
+                .is_some_and(|(s, r)| s == "Unknown" && r == AGENT_SILENT);
+            // Only a condition an agent once set is turned Unknown; none is added.
+            let Some(condition) = on_node.filter(|c| c.status != "Unknown") else {
+                continue;
+            };
+            if already {
+                continue;
+            }
+            let last = host.agent.as_ref().map(|a| a.last_heartbeat);
+            let message = match last {
+                Some(at) => format!(
+                    "no report from the metalguard agent since {} (heartbeat timeout {})",
+                    status::second(at).0,
+                    metalguard_api::duration::format_duration(timeout)
+                ),
+                None => format!(
+                    "no report from the metalguard agent since this controller leads (heartbeat timeout {})",
+                    metalguard_api::duration::format_duration(timeout)
+                ),
+            };
+            let at = super::record::time(now);
+            let patch = json!({ "status": { "conditions": [{
+                "type": AGENT_READY, "status": "Unknown", "reason": AGENT_SILENT,
+                "message": message, "lastHeartbeatTime": at, "lastTransitionTime": at,
+            }]}});
+            let api: Api<Node> = Api::all(self.client.clone());
+            let name = node.name_any();
+            match api
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::warn!(host = %host.name, node = %name, previous = %condition.status, "agent silent: MetalguardAgentReady set to Unknown");
+                    self.mirrored.entry(host.name.clone()).or_default().insert(
+                        AGENT_READY.to_owned(),
+                        ("Unknown".to_owned(), AGENT_SILENT.to_owned()),
+                    );
+                }
+                Err(error) => {
+                    tracing::warn!(node = %name, %error, "silent agent not marked on its Node");
+                }
+            }
+        }
+    }
+
+    /// Puts [`LEADER_LABEL`] on this controller's pod while it leads and removes it when it
+    /// does not, when that differs from what it last wrote (a failed write is retried at the
+    /// next campaign).
+    pub(super) async fn label_pod(&mut self, leading: bool) {
+        let Some(pod) = self.settings.pod.clone() else {
+            return;
+        };
+        if self.pod_labelled == Some(leading) {
+            return;
+        }
+        let value = if leading { json!("true") } else { json!(null) };
+        let patch = json!({ "metadata": { "labels": { LEADER_LABEL: value } } });
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), self.ns());
+        match api
+            .patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(%pod, leading, "leader label of the controller's pod written");
+                self.pod_labelled = Some(leading);
+            }
+            Err(error) => {
+                tracing::warn!(%pod, leading, %error, "leader label of the controller's pod not written");
+            }
+        }
+    }
+}
