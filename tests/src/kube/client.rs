@@ -164,7 +164,14 @@ impl ApiClient {
         body: Option<&Value>,
         content_type: &str,
     ) -> Result<Value> {
-        let answer = self.call(method, path, body, content_type)?;
+        // As client-go does: 429 (a watch cache still initializing after a CRD was created,
+        // or priority and fairness) is waited out, within 10 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut answer = self.call(method, path, body, content_type)?;
+        while answer.status == 429 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(250));
+            answer = self.call(method, path, body, content_type)?;
+        }
         if (200..300).contains(&answer.status) {
             Ok(answer.body)
         } else {

@@ -14,6 +14,9 @@ use super::Target;
 use crate::kube::record;
 use crate::retire::RetireError;
 
+/// How many times a write that conflicted with another writer is read and tried again.
+const CONFLICT_TRIES: u32 = 5;
+
 /// What a person declares.
 #[derive(Debug, Clone)]
 pub struct Declare {
@@ -46,34 +49,52 @@ pub async fn retire(target: &Target, declare: &Declare) -> anyhow::Result<()> {
     let ns = &target.namespace;
     let host = &declare.host;
     let api: Api<GuardedHost> = Api::namespaced(client.clone(), ns);
-    let current = api
-        .get_opt(host)
-        .await
-        .with_context(|| format!("GuardedHost {ns}/{host} could not be read"))?
-        .ok_or_else(|| RetireError::UnknownHost(host.clone()))?;
-    if current.spec.role == HostRole::Worker {
-        return Err(RetireError::Worker(host.clone()).into());
-    }
-    if let Some(r) = &current.spec.retirement {
-        println!(
-            "{host} was already retired at {} ({}); that request stays in force",
-            r.requested_at.0, r.reason
-        );
-        return Ok(());
-    }
     let user = super::who_am_i(&client).await?;
-    let request = retirement(declare, &user, crate::clock::now());
-    // The resource version makes it a compare-and-swap: a retirement written meanwhile is
-    // not overwritten (the API server answers 409 and nothing changes).
-    let patch = json!({
-        "metadata": {"resourceVersion": current.metadata.resource_version},
-        "spec": {"retirement": request},
-    });
-    api.patch(host, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .with_context(|| {
-            format!("the retirement of GuardedHost {ns}/{host} could not be written")
-        })?;
+    // The leader writes the host's status, which moves its resource version: a conflict is
+    // read again and checked again, as kubectl does, a few times.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let current = api
+            .get_opt(host)
+            .await
+            .with_context(|| format!("GuardedHost {ns}/{host} could not be read"))?
+            .ok_or_else(|| RetireError::UnknownHost(host.clone()))?;
+        if current.spec.role == HostRole::Worker {
+            return Err(RetireError::Worker(host.clone()).into());
+        }
+        if let Some(r) = &current.spec.retirement {
+            println!(
+                "{host} was already retired at {} ({}); that request stays in force",
+                r.requested_at.0, r.reason
+            );
+            return Ok(());
+        }
+        let request = retirement(declare, &user, crate::clock::now());
+        // The resource version makes it a compare-and-swap: a retirement written meanwhile
+        // is not overwritten (the API server answers 409 and nothing changes).
+        let patch = json!({
+            "metadata": {"resourceVersion": current.metadata.resource_version},
+            "spec": {"retirement": request},
+        });
+        match api
+            .patch(host, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < CONFLICT_TRIES => {
+                tracing::debug!(
+                    attempt,
+                    "GuardedHost {ns}/{host} changed meanwhile; reading it again"
+                );
+            }
+            Err(error) => {
+                return Err(error).with_context(|| {
+                    format!("the retirement of GuardedHost {ns}/{host} could not be written")
+                });
+            }
+        }
+    }
     println!(
         "retirement of {host} declared by {user}; the leader replaces its etcd member once a new control-plane GuardedHost joins, then powers it off (see status)"
     );
