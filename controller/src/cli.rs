@@ -17,6 +17,7 @@ use crate::backend::access::EtcdAccess;
 use crate::backend::etcd::EtcdBackend;
 use crate::certs::{self, Usage};
 use crate::clock::now;
+use crate::error::chain;
 use crate::hub::Hub;
 use crate::inventory::Inventory;
 use crate::metrics::Metrics;
@@ -325,18 +326,6 @@ enum CertsCommand {
     },
 }
 
-/// The error and its causes, one per line.
-pub fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str("\n  caused by: ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// Runs the parsed command line.
 pub fn main(cli: Cli) -> ExitCode {
     if let Command::Plan(args) = &cli.command {
@@ -476,7 +465,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             let alarms = backend
                 .alarms()
                 .await
-                .map_err(|error| crate::cli::chain(&error));
+                .map_err(|error| crate::error::chain(&error));
             let at = now();
             if json {
                 let mut document = crate::status::render_json(&inventory, &state, &alarms, at);
@@ -925,7 +914,7 @@ async fn serve<B: crate::backend::Backend + 'static>(
                     .set(end);
             }
             Err(error) => {
-                tracing::warn!(certificate = role, error = %crate::cli::chain(&error), "end of validity not exported");
+                tracing::warn!(certificate = role, error = %crate::error::chain(&error), "end of validity not exported");
             }
         }
     }

@@ -20,6 +20,8 @@ use metalguard_api::snapshot::{ControlPlaneSpec, Role};
 use serde::Deserialize;
 
 mod api_limits;
+mod etcd_rules;
+pub use etcd_rules::validate as validate_etcd;
 pub(crate) mod checks;
 
 pub use api_limits::ApiLimits;
@@ -305,7 +307,7 @@ impl Inventory {
         // Each value first (the endpoint's own error names its index), then how they go
         // together (schemes and TLS files).
         checks::check(self)?;
-        crate::backend::access::validate(&self.etcd)?;
+        validate_etcd(&self.etcd)?;
         if !self.etcd.prefix.starts_with('/') || self.etcd.prefix.ends_with('/') {
             return Err(format!(
                 "etcd.prefix {:?} must start with / and not end with /",

@@ -14,6 +14,7 @@ mod cli;
 mod clock;
 #[cfg(feature = "kubernetes")]
 mod crd;
+mod error;
 mod etcd_report;
 mod executor;
 mod holds;

@@ -113,7 +113,7 @@ pub fn run(args: &PlanArgs) -> ExitCode {
             }
         }
         Err(error) => {
-            eprintln!("error: {}", crate::cli::chain(error.as_ref()));
+            eprintln!("error: {}", crate::error::chain(error.as_ref()));
             ExitCode::from(EXIT_BAD_INPUT)
         }
     }

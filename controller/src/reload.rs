@@ -97,7 +97,7 @@ impl InventoryFile {
                 }
             }
             Err(error) => {
-                let message = crate::cli::chain(&error);
+                let message = crate::error::chain(&error);
                 if self.error.as_ref() == Some(&message) {
                     return Reload::Unchanged;
                 }

@@ -150,7 +150,7 @@ impl<B: Backend> Controller<B> {
                 tracing::info!(revoked = count, "revoked certificates reloaded");
             }
             DenyListReload::Rejected(error) => {
-                tracing::error!(error = %crate::cli::chain(&error), "revoked certificates file changed but cannot be read; the list in force stays");
+                tracing::error!(error = %crate::error::chain(&error), "revoked certificates file changed but cannot be read; the list in force stays");
             }
         }
     }
@@ -217,7 +217,7 @@ impl<B: Backend> Controller<B> {
                 );
             }
             Err(error) => {
-                tracing::info!(error = %crate::cli::chain(&error), "records not sealed again yet (one changed meanwhile?); next round");
+                tracing::info!(error = %crate::error::chain(&error), "records not sealed again yet (one changed meanwhile?); next round");
             }
         }
     }
@@ -265,7 +265,7 @@ impl<B: Backend> Controller<B> {
                     tls,
                 }),
                 Err(error) => {
-                    tracing::warn!(host = %h.name, error = %crate::cli::chain(&error), "bmc left out of the agents' reachability probes");
+                    tracing::warn!(host = %h.name, error = %crate::error::chain(&error), "bmc left out of the agents' reachability probes");
                     None
                 }
             })
@@ -414,7 +414,7 @@ impl<B: Backend> Controller<B> {
             }
             Err(error) => {
                 if self.metrics.store_unavailable.get() == 0 {
-                    tracing::error!(error = %crate::cli::chain(&error), "cannot act: the backend store is unavailable");
+                    tracing::error!(error = %crate::error::chain(&error), "cannot act: the backend store is unavailable");
                 }
                 self.metrics.store_unavailable.set(1);
                 // Keep leading only while the lease certainly still holds: the hub's deadline
@@ -484,7 +484,7 @@ impl<B: Backend> Controller<B> {
             .backend
             .load()
             .await
-            .map_err(|e| ResultError::Unavailable(crate::cli::chain(&e)))?;
+            .map_err(|e| ResultError::Unavailable(crate::error::chain(&e)))?;
         let protocol = state
             .operations
             .get(&result.operation_id)
@@ -514,7 +514,7 @@ impl<B: Backend> Controller<B> {
             self.backend
                 .apply(vec![write])
                 .await
-                .map_err(|e| ResultError::Unavailable(crate::cli::chain(&e)))?;
+                .map_err(|e| ResultError::Unavailable(crate::error::chain(&e)))?;
             if protocol != "none" {
                 let labels = vec![
                     ("protocol".to_owned(), protocol.to_owned()),
@@ -553,7 +553,7 @@ impl<B: Backend> Controller<B> {
             let mut state = match self.backend.load().await {
                 Ok(state) => state,
                 Err(error) => {
-                    tracing::warn!(error = %crate::cli::chain(&error), "state could not be loaded");
+                    tracing::warn!(error = %crate::error::chain(&error), "state could not be loaded");
                     return;
                 }
             };
@@ -682,7 +682,7 @@ impl<B: Backend> Controller<B> {
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(operation = %action.id, error = %crate::cli::chain(&error), "action not persisted");
+                    tracing::warn!(operation = %action.id, error = %crate::error::chain(&error), "action not persisted");
                     return changed;
                 }
             }
@@ -719,7 +719,7 @@ impl<B: Backend> Controller<B> {
         match self.backend.apply(vec![Write::PutNotes(notes)]).await {
             Ok(()) => true,
             Err(error) => {
-                tracing::warn!(error = %crate::cli::chain(&error), "notes not persisted");
+                tracing::warn!(error = %crate::error::chain(&error), "notes not persisted");
                 false
             }
         }

@@ -399,7 +399,7 @@ impl EtcdBackend {
             // The lease ran out while etcd had no quorum (or we were away): etcd answers
             // "requested lease not found" to every keep-alive from now on. The lease is lost,
             // not the store; campaign again with a new one.
-            Err(error) if crate::cli::chain(&error).contains("lease not found") => None,
+            Err(error) if crate::error::chain(&error).contains("lease not found") => None,
             other => other?,
         };
         if answer.is_some_and(|a| a.ttl() > 0) {

@@ -236,7 +236,7 @@ executor_heartbeat_timeout = "1m"
     fn refused(text: &str) -> String {
         match Inventory::parse(Path::new("inv.toml"), text) {
             Ok(_) => panic!("accepted:\n{text}"),
-            Err(e) => crate::cli::chain(&e),
+            Err(e) => crate::error::chain(&e),
         }
     }
 

@@ -49,7 +49,7 @@ pub async fn connect_with(mut config: Config) -> anyhow::Result<Client> {
         }
         Ok(Err(error)) => Err(anyhow::anyhow!(
             "the Kubernetes API server at {url} could not be reached: {}",
-            crate::cli::chain(&error)
+            crate::error::chain(&error)
         )),
         Err(_) => Err(anyhow::anyhow!(
             "the Kubernetes API server at {url} did not answer within {CONNECT_DEADLINE:?}"

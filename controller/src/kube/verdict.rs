@@ -58,7 +58,7 @@ impl KubeBackend {
             };
             let status = rejected(&self.settings.identity, refusal, crate::clock::now());
             if let Err(error) = self.put_fence_status(&name, &status).await {
-                tracing::warn!(request = %name, error = %crate::cli::chain(&error), "fence request not answered; retried next round");
+                tracing::warn!(request = %name, error = %crate::error::chain(&error), "fence request not answered; retried next round");
             }
         }
     }

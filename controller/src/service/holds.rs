@@ -42,7 +42,7 @@ impl<B: Backend> Controller<B> {
             .backend
             .load()
             .await
-            .map_err(|e| HoldError::Unavailable(crate::cli::chain(&e)))?;
+            .map_err(|e| HoldError::Unavailable(crate::error::chain(&e)))?;
         let id = hold.id.clone();
         if let Some(record) = state.hold_records.get(&id) {
             return match &record.released {
@@ -62,7 +62,7 @@ impl<B: Backend> Controller<B> {
         self.backend
             .apply(vec![Write::CreateHold(record.clone())])
             .await
-            .map_err(|e| HoldError::Unavailable(crate::cli::chain(&e)))?;
+            .map_err(|e| HoldError::Unavailable(crate::error::chain(&e)))?;
         log_recorded(&record, "posted");
         Ok(metalguard_api::protocol::HoldAck { id, first: true })
     }
@@ -91,7 +91,7 @@ impl<B: Backend> Controller<B> {
                     wrote = true;
                 }
                 Err(error) => {
-                    tracing::warn!(hold = %record.hold.id, error = %crate::cli::chain(&error), "reported hold not recorded yet");
+                    tracing::warn!(hold = %record.hold.id, error = %crate::error::chain(&error), "reported hold not recorded yet");
                 }
             }
         }

@@ -161,7 +161,7 @@ impl<B: Backend> Controller<B> {
         let stored = stored.clone();
         let result = self.backend.record_report(&stored).await;
         if let Err(error) = &result {
-            tracing::warn!(host = %host, error = %crate::cli::chain(error), "report could not be stored");
+            tracing::warn!(host = %host, error = %crate::error::chain(error), "report could not be stored");
         }
         self.metrics.report_writes.inc();
         self.stored_reports

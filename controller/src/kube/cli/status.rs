@@ -133,7 +133,7 @@ async fn leader(client: &Client, namespace: &str, lease_name: &str) -> Option<St
         Err(error) => {
             eprintln!(
                 "warning: Lease {namespace}/{lease_name} could not be read: {}",
-                crate::cli::chain(&error)
+                crate::error::chain(&error)
             );
             return None;
         }
