@@ -120,11 +120,11 @@ pub struct ControllerSettings {
     /// Re-plan at least this often.
     #[serde(default = "default_plan_interval", with = "go_duration")]
     pub plan_interval: Duration,
-    /// The controllers' record key file (`crate::seal`, mode 0600); default `hmac.key` in
+    /// The controllers' record key file (`crate::pki::seal`, mode 0600); default `hmac.key` in
     /// `tls_dir`. Every controller of a cluster has the same file.
     #[serde(default)]
     pub hmac_key: Option<PathBuf>,
-    /// A deny list of agent certificates (`crate::revocation`), re-read when it changes.
+    /// A deny list of agent certificates (`crate::pki::revocation`), re-read when it changes.
     #[serde(default)]
     pub revoked_certificates: Option<PathBuf>,
     /// What one agent may hold or send (`[controller.limits]`).
@@ -154,7 +154,7 @@ impl ControllerSettings {
         self.hmac_key.clone().or_else(|| {
             self.tls_dir
                 .as_ref()
-                .map(|dir| dir.join(crate::seal::KEY_FILE))
+                .map(|dir| dir.join(crate::pki::seal::KEY_FILE))
         })
     }
 }
@@ -179,7 +179,7 @@ fn default_etcd_timeout() -> Duration {
 }
 
 /// Where state and leadership live, and how the controller authenticates to etcd
-/// (`crate::backend::access` reads the files; never their content in messages).
+/// (`crate::standalone::access` reads the files; never their content in messages).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EtcdSettings {

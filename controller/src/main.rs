@@ -3,46 +3,25 @@
 //! The controller binary: runs the decision core against a backend (standalone now,
 //! Kubernetes next) and executes its plans.
 //!
-//! Data flow: agents → [`server`] (mTLS, host from the certificate) → [`hub`] inbox →
-//! [`service`] loop (leadership and state through [`backend`]) → [`snapshot`] →
-//! `metalguard_core::plan` → [`executor`] (intent persisted first) → [`hub`] → long-polls.
-//! This file only declares modules and hands the command line to [`cli`].
+//! Data flow: agents → [`api`] (mTLS server, host from the certificate) → [`api::hub`] inbox →
+//! [`control`] loop (leadership and state through a [`backend`]: [`standalone`] etcd or
+//! `kube`) → snapshot → `metalguard_core::plan` → executor (intent persisted first) →
+//! [`api::hub`] → long-polls. Certificates are in [`pki`], the hosts and policy in
+//! [`inventory`]. This file only declares modules and hands the command line to [`cli`].
 
+mod api;
 mod backend;
-mod certs;
 mod cli;
 mod clock;
-#[cfg(feature = "kubernetes")]
-mod crd;
+mod control;
 mod error;
-mod etcd_report;
-mod executor;
-mod holds;
-mod hub;
 mod inventory;
 #[cfg(feature = "kubernetes")]
 mod kube;
-#[cfg(all(test, feature = "kubernetes"))]
-mod manifests;
-mod members;
-mod membership;
-mod metrics;
-mod notes;
-mod openapi;
-mod plan_cmd;
-mod reachability;
-mod reload;
-mod retire;
-mod revocation;
-mod rlimit;
-mod seal;
-mod server;
-mod service;
-mod snapshot;
-mod status;
+mod pki;
+mod standalone;
 #[cfg(test)]
 mod testkit;
-mod tls;
 
 use clap::Parser as _;
 

@@ -1,15 +1,11 @@
 //! The backend interface: where the controller's inputs, persisted intent and leadership live.
 //!
-//! Two implementations: [`etcd::EtcdBackend`] (standalone: an inventory file plus state and a
+//! Two implementations: [`crate::standalone::etcd::EtcdBackend`] (standalone: an inventory file plus state and a
 //! lease-guarded leader key in the guarded etcd) and `crate::kube::KubeBackend` (state in the
 //! custom resources' status, leadership through a `Lease` object). The controller loop only ever: campaigns for leadership, loads the
 //! [`State`], records reports, and applies atomic batches of [`Write`]s that succeed only
 //! while it still leads — so two controllers never both act.
 
-pub mod access;
-pub mod diagnosis;
-pub mod etcd;
-mod failover;
 pub mod state;
 
 use std::future::Future;

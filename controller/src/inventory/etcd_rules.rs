@@ -1,6 +1,6 @@
 //! The structural rules of the inventory's `[etcd]` section (schemes, TLS files, credentials
 //! set together), checked when the inventory loads; the files themselves are read by
-//! `crate::backend::access`.
+//! `crate::standalone::access`.
 
 use super::EtcdSettings;
 

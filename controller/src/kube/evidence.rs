@@ -5,7 +5,7 @@
 //! old `Ready=True`, take the host for back, lift the out-of-service taint and finish while
 //! it still boots (found on a real API server: the out-of-service test finished before its
 //! kubelet came back). So, as the standalone backend drops agent reports received before the
-//! verified power-off (`crate::snapshot`), a `Ready` whose `lastHeartbeatTime` predates the
+//! verified power-off (`crate::control::snapshot`), a `Ready` whose `lastHeartbeatTime` predates the
 //! verified power-off of an active remediation reads as `Unknown` until the kubelet posts
 //! again; a Node registered after it (deleted and re-created) is fresh by construction.
 
@@ -41,7 +41,7 @@ pub fn discount_stale_ready<'a>(
     let outdated: Vec<(String, Timestamp)> = nodes
         .keys()
         .filter_map(|host| {
-            let off = crate::snapshot::verified_off_at(state, host)?;
+            let off = crate::control::snapshot::verified_off_at(state, host)?;
             let posted = node_of(host).and_then(|n| ready_heartbeat(&n));
             posted
                 .is_none_or(|at| at < off)

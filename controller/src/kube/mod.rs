@@ -1,4 +1,4 @@
-//! The Kubernetes backend: the same controller loop ([`crate::service::Controller`]) with
+//! The Kubernetes backend: the same controller loop ([`crate::control::service::Controller`]) with
 //! its inputs from watches and its state in the custom resources' status.
 //!
 //! - **Inputs**: reflectors ([`world`]) keep Nodes, `GuardedHost`s, `GuardedControlPlane`s,
@@ -18,9 +18,11 @@
 //! Each object this controller wrote is kept as the API server returned it until the watch
 //! catches up, so a round never plans from a status older than its own last write.
 
-pub mod cli;
+pub mod crd;
 pub mod evidence;
 pub mod hooks;
+#[cfg(test)]
+mod manifests;
 pub mod observe;
 pub mod record;
 pub mod run;
@@ -30,6 +32,9 @@ mod tests;
 mod verdict;
 pub mod world;
 
+/// The annotation in which the command line records who asked (the user the API server
+/// authenticated, from a `SelfSubjectReview`).
+pub const REQUESTED_BY: &str = "metalguard.io/requested-by";
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 

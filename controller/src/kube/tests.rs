@@ -19,10 +19,10 @@ use serde_json::{Value, json};
 
 use super::world::{World, WorldWriters, apply};
 use super::{KubeBackend, KubeSettings};
-use crate::hub::{Hub, Inbound};
+use crate::api::hub::{Hub, Inbound};
+use crate::control::metrics::Metrics;
+use crate::control::service::Controller;
 use crate::inventory::{ControllerSettings, EtcdSettings};
-use crate::metrics::Metrics;
-use crate::service::Controller;
 
 const NS: &str = "metalguard-system";
 const ME: &str = "controller-0";
@@ -380,13 +380,13 @@ impl Lab {
         &mut self,
         host: &str,
         operation: &str,
-    ) -> Result<metalguard_api::protocol::ResultAck, crate::hub::ResultError> {
+    ) -> Result<metalguard_api::protocol::ResultAck, crate::api::hub::ResultError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let now = crate::clock::now();
         self.controller
             .handle(Inbound::Result {
                 host: host.to_owned(),
-                certificate: crate::revocation::CertIdentity {
+                certificate: crate::pki::revocation::CertIdentity {
                     host: host.to_owned(),
                     serial: "01".to_owned(),
                     sha256: String::new(),

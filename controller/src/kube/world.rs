@@ -405,7 +405,7 @@ pub fn pending_fence(request: &FenceRequest) -> bool {
 /// write that annotation too: it is a record, the API server's audit log is the proof.
 fn requested_by(request: &FenceRequest) -> String {
     let name = request.name_any();
-    match request.annotations().get(super::cli::REQUESTED_BY) {
+    match request.annotations().get(super::REQUESTED_BY) {
         Some(who) => format!("FenceRequest/{name} by {who}"),
         None => format!("FenceRequest/{name}"),
     }

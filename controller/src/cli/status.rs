@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use metalguard_api::duration::Timestamp;
 
 use crate::backend::State;
-use crate::backend::etcd::EtcdAlarm;
 use crate::inventory::Inventory;
+use crate::standalone::etcd::EtcdAlarm;
 
 /// What `status` says about etcd's alarms: the list, or why it could not be read.
 pub type Alarms = Result<Vec<EtcdAlarm>, String>;
@@ -20,7 +20,7 @@ pub fn explain(inventory: &Inventory, state: &State, now: Timestamp) -> metalgua
         .map(|r| r.received_at)
         .min()
         .unwrap_or(now);
-    let snapshot = crate::snapshot::build(inventory, state, known_since, now);
+    let snapshot = crate::control::snapshot::build(inventory, state, known_since, now);
     metalguard_core::plan(&snapshot, &inventory.policy, now)
 }
 
@@ -70,7 +70,7 @@ pub fn fence_verdict(inventory: &Inventory, state: &State, host: &str, now: Time
 /// The same view as [`render`] plus the dry-run plan, as one JSON document for scripts (the
 /// local lab reads it): `leader`, `now`, `etcd_alarms` (a list, or `{"error": ...}`),
 /// `agents`, `remediations`, `operations`, `fence_requests`, `hooks`, `holds` (`active` and
-/// `released`, see [`crate::holds::to_json`]), `retirements`, `notes`, `plan`.
+/// `released`, see [`crate::cli::holds::to_json`]), `retirements`, `notes`, `plan`.
 pub fn render_json(
     inventory: &Inventory,
     state: &State,
@@ -89,7 +89,7 @@ pub fn render_json(
         "operations": state.operations.values().collect::<Vec<_>>(),
         "fence_requests": state.fence_requests,
         "hooks": state.hooks,
-        "holds": crate::holds::to_json(state),
+        "holds": crate::cli::holds::to_json(state),
         "rejected_records": state.rejected,
         "withheld_operations": withheld(inventory, state)
             .into_iter()
@@ -111,7 +111,7 @@ fn withheld(inventory: &Inventory, state: &State) -> Vec<(String, String)> {
         .filter_map(|op| {
             Some((
                 op.id.to_string(),
-                crate::executor::withheld(inventory, state, op)?,
+                crate::control::executor::withheld(inventory, state, op)?,
             ))
         })
         .collect()
@@ -151,7 +151,7 @@ pub fn render_rejected(inventory: &Inventory, state: &State) -> String {
 pub fn render(inventory: &Inventory, state: &State, now: Timestamp) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "leader: {}", state.leader.as_deref().unwrap_or("none"));
-    out.push_str(&crate::holds::render(state, now));
+    out.push_str(&crate::cli::holds::render(state, now));
     let _ = writeln!(out, "agents:");
     for (host, stored) in &state.reports {
         let age = now.since(stored.received_at);
@@ -184,7 +184,7 @@ pub fn render(inventory: &Inventory, state: &State, now: Timestamp) -> String {
     let _ = writeln!(out, "operations:");
     for op in state.operations.values() {
         let result = op.result.as_ref().map_or_else(
-            || match crate::executor::withheld(inventory, state, op) {
+            || match crate::control::executor::withheld(inventory, state, op) {
                 Some(why) => format!("in flight, NOT OFFERED: {why}"),
                 None => "in flight".to_owned(),
             },
@@ -246,7 +246,7 @@ fn retirements(inventory: &Inventory, state: &State, now: Timestamp) -> serde_js
                 host.clone(),
                 serde_json::json!({
                     "request": r,
-                    "progress": crate::notes::retirement_progress(inventory, state, host, r, now),
+                    "progress": crate::control::notes::retirement_progress(inventory, state, host, r, now),
                 }),
             )
         })
@@ -304,14 +304,14 @@ pub fn render_progress(inventory: &Inventory, state: &State, now: Timestamp) -> 
             "  {host}: retired {:.1}s ago{by} ({}): {}",
             now.since(r.requested_at).as_secs_f64(),
             r.reason,
-            crate::notes::retirement_progress(inventory, state, host, r, now)
+            crate::control::notes::retirement_progress(inventory, state, host, r, now)
         );
     }
     out
 }
 
 /// What `status` says when the store cannot be read, before the per-endpoint lines
-/// (`crate::etcd_report`) and the error itself: when the members that answered see no leader,
+/// (`crate::cli::etcd_report`) and the error itself: when the members that answered see no leader,
 /// why metalguard then fences nothing; otherwise that it waits for its store.
 pub fn store_unavailable(no_quorum: bool) -> &'static str {
     if no_quorum {

@@ -2,6 +2,14 @@
 //! `crd`. Each
 //! subcommand wires the modules and maps errors to an exit status; no decisions are made here.
 
+mod etcd_report;
+mod holds;
+#[cfg(feature = "kubernetes")]
+pub mod kube;
+pub mod plan;
+pub mod retire;
+pub mod status;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -12,17 +20,17 @@ use clap::{Parser, Subcommand};
 use metalguard_api::snapshot::{FenceRequest, Retirement};
 use tokio_util::sync::CancellationToken;
 
+use crate::api::hub::Hub;
 use crate::backend::Backend as _;
-use crate::backend::access::EtcdAccess;
-use crate::backend::etcd::EtcdBackend;
-use crate::certs::{self, Usage};
 use crate::clock::now;
+use crate::control::metrics::Metrics;
+use crate::control::service::Controller;
 use crate::error::chain;
-use crate::hub::Hub;
 use crate::inventory::Inventory;
-use crate::metrics::Metrics;
-use crate::service::Controller;
-use crate::tls::{KeyModes, TlsFiles, server_config};
+use crate::pki::certs::{self, Usage};
+use crate::pki::tls::{KeyModes, TlsFiles, server_config};
+use crate::standalone::access::EtcdAccess;
+use crate::standalone::etcd::EtcdBackend;
 
 /// metalguard controller.
 #[derive(Debug, Parser)]
@@ -57,7 +65,7 @@ enum Command {
     },
     /// Dry run: print the plan for a snapshot with its reasons (text or JSON); exit 2 when
     /// an input cannot be read, 3 when the snapshot is inconsistent.
-    Plan(crate::plan_cmd::PlanArgs),
+    Plan(crate::cli::plan::PlanArgs),
     /// Print the leader, agents' last reports, remediations and operations from the store,
     /// and what the planner would decide now, with its reasons.
     Status {
@@ -198,10 +206,10 @@ struct ClusterArgs {
 impl ClusterArgs {
     /// The cluster to reach, when `--kubeconfig` was given.
     #[cfg(feature = "kubernetes")]
-    fn target(&self) -> Option<crate::kube::cli::Target> {
+    fn target(&self) -> Option<crate::cli::kube::Target> {
         self.kubeconfig
             .clone()
-            .map(|kubeconfig| crate::kube::cli::Target {
+            .map(|kubeconfig| crate::cli::kube::Target {
                 kubeconfig,
                 namespace: self.namespace.clone(),
             })
@@ -329,7 +337,7 @@ enum CertsCommand {
 /// Runs the parsed command line.
 pub fn main(cli: Cli) -> ExitCode {
     if let Command::Plan(args) = &cli.command {
-        return crate::plan_cmd::run(args);
+        return crate::cli::plan::run(args);
     }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -363,7 +371,7 @@ fn connect(inventory: &Inventory, id: String) -> anyhow::Result<EtcdBackend> {
     let path = inventory.controller.hmac_key_path().context(
         "controller.tls_dir or controller.hmac_key must name the controllers' hmac key file",
     )?;
-    let keys = crate::seal::KeyFile::open(&path)?;
+    let keys = crate::pki::seal::KeyFile::open(&path)?;
     Ok(EtcdBackend::new(&etcd.endpoints, access, id, etcd.lease_ttl).sealing(keys))
 }
 
@@ -433,7 +441,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         } => {
             #[cfg(feature = "kubernetes")]
             if let Some(target) = cluster.target() {
-                return crate::kube::cli::status::status(&target, LEASE_NAME, json).await;
+                return crate::cli::kube::status::status(&target, LEASE_NAME, json).await;
             }
             #[cfg(not(feature = "kubernetes"))]
             cluster.refuse_kubeconfig()?;
@@ -445,7 +453,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 if no_endpoint_probes {
                     Vec::new()
                 } else {
-                    crate::etcd_report::ask_each(&inventory.etcd.endpoints, &access).await
+                    crate::cli::etcd_report::ask_each(&inventory.etcd.endpoints, &access).await
                 }
             };
             let (endpoints, state) = tokio::join!(probes, backend.load());
@@ -454,10 +462,12 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 Err(error) => {
                     eprint!(
                         "{}",
-                        crate::status::store_unavailable(crate::etcd_report::no_quorum(&endpoints))
+                        crate::cli::status::store_unavailable(crate::cli::etcd_report::no_quorum(
+                            &endpoints
+                        ))
                     );
                     if !no_endpoint_probes {
-                        eprint!("{}", crate::etcd_report::render(&endpoints, &access));
+                        eprint!("{}", crate::cli::etcd_report::render(&endpoints, &access));
                     }
                     return Err(error.into());
                 }
@@ -468,22 +478,31 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 .map_err(|error| crate::error::chain(&error));
             let at = now();
             if json {
-                let mut document = crate::status::render_json(&inventory, &state, &alarms, at);
+                let mut document = crate::cli::status::render_json(&inventory, &state, &alarms, at);
                 if !no_endpoint_probes {
                     document["etcd_endpoints"] = serde_json::json!(endpoints);
                 }
                 println!("{document}");
             } else {
                 if !no_endpoint_probes {
-                    print!("{}", crate::etcd_report::render(&endpoints, &access));
+                    print!("{}", crate::cli::etcd_report::render(&endpoints, &access));
                 }
-                print!("{}", crate::status::render_alarms(&alarms));
-                print!("{}", crate::status::render_rejected(&inventory, &state));
-                print!("{}", crate::status::render(&inventory, &state, at));
-                print!("{}", crate::status::render_progress(&inventory, &state, at));
-                print!("{}", crate::reachability::render(&inventory, &state, at));
+                print!("{}", crate::cli::status::render_alarms(&alarms));
+                print!(
+                    "{}",
+                    crate::cli::status::render_rejected(&inventory, &state)
+                );
+                print!("{}", crate::cli::status::render(&inventory, &state, at));
+                print!(
+                    "{}",
+                    crate::cli::status::render_progress(&inventory, &state, at)
+                );
+                print!(
+                    "{}",
+                    crate::control::reachability::render(&inventory, &state, at)
+                );
                 println!("decisions now (dry run over the stored state):");
-                print!("{}", crate::status::explain(&inventory, &state, at));
+                print!("{}", crate::cli::status::explain(&inventory, &state, at));
             }
             Ok(())
         }
@@ -498,14 +517,14 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         } => {
             #[cfg(feature = "kubernetes")]
             if let Some(target) = cluster.target() {
-                let ask = crate::kube::cli::fence::Ask {
+                let ask = crate::cli::kube::fence::Ask {
                     host,
                     reason,
                     force,
                     power_off,
                     wait,
                 };
-                return crate::kube::cli::fence::fence(&target, &ask).await;
+                return crate::cli::kube::fence::fence(&target, &ask).await;
             }
             #[cfg(not(feature = "kubernetes"))]
             {
@@ -530,7 +549,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             let state = backend.load().await?;
             println!(
                 "{}",
-                crate::status::fence_verdict(&inventory, &state, &host, now())
+                crate::cli::status::fence_verdict(&inventory, &state, &host, now())
             );
             Ok(())
         }
@@ -544,12 +563,12 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         } => {
             #[cfg(feature = "kubernetes")]
             if let Some(target) = cluster.target() {
-                let declare = crate::kube::cli::retire::Declare {
+                let declare = crate::cli::kube::retire::Declare {
                     host,
                     reason: reason.unwrap_or_default(),
                     requested_by,
                 };
-                return crate::kube::cli::retire::retire(&target, &declare).await;
+                return crate::cli::kube::retire::retire(&target, &declare).await;
             }
             #[cfg(not(feature = "kubernetes"))]
             cluster.refuse_kubeconfig()?;
@@ -571,7 +590,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             let inv = Inventory::load(&inventory)?;
             let mut problems: Vec<String> = inv.check_files().iter().map(|e| chain(e)).collect();
             problems.extend(
-                crate::backend::access::check_files(&inv.etcd, std::time::SystemTime::now())
+                crate::standalone::access::check_files(&inv.etcd, std::time::SystemTime::now())
                     .iter()
                     .map(|e| chain(e)),
             );
@@ -597,18 +616,18 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Openapi => {
-            print!("{}", crate::openapi::render());
+            print!("{}", crate::api::openapi::render());
             Ok(())
         }
         #[cfg(feature = "kubernetes")]
         Command::Crd => {
-            print!("{}", crate::crd::render()?);
+            print!("{}", crate::kube::crd::render()?);
             Ok(())
         }
         Command::Certs(CertsCommand::Init { dir, days }) => {
             let issued = certs::init_ca(&dir, certs::Validity { days })?;
             println!("{}", issued.describe());
-            println!("{}", dir.join(crate::seal::KEY_FILE).display());
+            println!("{}", dir.join(crate::pki::seal::KEY_FILE).display());
             Ok(())
         }
         Command::Certs(CertsCommand::Issue {
@@ -648,7 +667,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             promote,
             remove,
         }) => {
-            use crate::seal::{Rotation, create_file, rotate};
+            use crate::pki::seal::{Rotation, create_file, rotate};
             let step = match (add, promote, remove) {
                 (true, _, _) => Some(Rotation::Add),
                 (_, Some(id), _) => Some(Rotation::Promote(id)),
@@ -663,7 +682,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 ),
                 Some(step) => {
                     let id = rotate(&file, &step)?;
-                    let keys = crate::seal::Keys::load(&file)?;
+                    let keys = crate::pki::seal::Keys::load(&file)?;
                     println!(
                         "{step:?} {id}: {} now holds {} (the first signs); copy it to every controller host",
                         file.display(),
@@ -684,11 +703,11 @@ async fn retire(
     cancel: bool,
 ) -> anyhow::Result<()> {
     let inventory = Inventory::load(inventory)?;
-    crate::retire::check_retirable(&inventory, host)?;
+    crate::cli::retire::check_retirable(&inventory, host)?;
     let mut backend = connect(&inventory, "cli".to_owned())?;
     if cancel {
         let state = backend.load().await?;
-        let blockers = crate::retire::check_cancellable(&inventory, &state, host, now())?;
+        let blockers = crate::cli::retire::check_cancellable(&inventory, &state, host, now())?;
         anyhow::ensure!(
             backend.cancel_retirement(host, &blockers).await?,
             "the retirement of {host} cannot be withdrawn: the leader has just started removing its member"
@@ -727,8 +746,8 @@ async fn release(inventory: &std::path::Path, host: &str, reason: &str) -> anyho
     let inventory = Inventory::load(inventory)?;
     let mut backend = connect(&inventory, "cli".to_owned())?;
     let state = backend.load().await?;
-    crate::holds::check_releasable(&state, host, inventory.host(host).is_some())?;
-    let release = crate::holds::release_by(&crate::holds::invoking_user(), reason, now());
+    crate::cli::holds::check_releasable(&state, host, inventory.host(host).is_some())?;
+    let release = crate::cli::holds::release_by(&crate::cli::holds::invoking_user(), reason, now());
     let mut attempt = 0;
     let released = loop {
         attempt += 1;
@@ -739,10 +758,10 @@ async fn release(inventory: &std::path::Path, host: &str, reason: &str) -> anyho
     };
     anyhow::ensure!(
         !released.is_empty(),
-        crate::holds::ReleaseError::NotHeld(host.to_owned())
+        crate::cli::holds::ReleaseError::NotHeld(host.to_owned())
     );
     for record in &released {
-        println!("{}", crate::holds::released_line(record));
+        println!("{}", crate::cli::holds::released_line(record));
     }
     println!(
         "released by {} ({reason}); the leader picks it up at once (watch), and each agent that recorded a hold deletes it at its next report",
@@ -765,7 +784,7 @@ fn check_controller_files(inventory: &Inventory) -> Vec<String> {
                     .iter()
                     .map(|e| chain(e)),
             );
-            if let Err(e) = server_config(&files, crate::revocation::Revoked::default()) {
+            if let Err(e) = server_config(&files, crate::pki::revocation::Revoked::default()) {
                 problems.push(chain(&e));
             }
         }
@@ -773,14 +792,14 @@ fn check_controller_files(inventory: &Inventory) -> Vec<String> {
     }
     match settings.hmac_key_path() {
         Some(path) => {
-            if let Err(e) = crate::seal::Keys::load(&path) {
+            if let Err(e) = crate::pki::seal::Keys::load(&path) {
                 problems.push(chain(&e));
             }
         }
         None => problems.push("controller.hmac_key is not set (nor controller.tls_dir)".to_owned()),
     }
     if let Some(path) = &settings.revoked_certificates
-        && let Err(e) = crate::revocation::DenyList::load(path)
+        && let Err(e) = crate::pki::revocation::DenyList::load(path)
     {
         problems.push(chain(&e));
     }
@@ -888,8 +907,10 @@ async fn serve<B: crate::backend::Backend + 'static>(
     hub.set_hosts(inventory.hosts.iter().map(|h| h.name.clone()));
     let deny_list = match revoked {
         Some(path) => {
-            let mut file = crate::revocation::DenyListFile::new(&path);
-            if let crate::revocation::DenyListReload::Rejected(error) = file.check(&hub.revoked()) {
+            let mut file = crate::pki::revocation::DenyListFile::new(&path);
+            if let crate::pki::revocation::DenyListReload::Rejected(error) =
+                file.check(&hub.revoked())
+            {
                 return Err(error.into());
             }
             Some(file)
@@ -910,7 +931,7 @@ async fn serve<B: crate::backend::Backend + 'static>(
             Ok(end) => {
                 metrics
                     .certificate_expiry
-                    .get_or_create(&crate::metrics::label("certificate", role))
+                    .get_or_create(&crate::control::metrics::label("certificate", role))
                     .set(end);
             }
             Err(error) => {
@@ -921,7 +942,7 @@ async fn serve<B: crate::backend::Backend + 'static>(
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("agent api address {} could not be bound", settings.listen))?;
-    let files = match crate::rlimit::raise_open_files() {
+    let files = match crate::api::rlimit::raise_open_files() {
         Ok((before, now)) => {
             if before != now {
                 tracing::info!(before, now, "open-file soft limit raised to the hard limit");
@@ -933,7 +954,8 @@ async fn serve<B: crate::backend::Backend + 'static>(
             1024
         }
     };
-    let max_connections = crate::rlimit::connection_budget(settings.limits.max_connections, files);
+    let max_connections =
+        crate::api::rlimit::connection_budget(settings.limits.max_connections, files);
     if max_connections < settings.limits.max_connections {
         tracing::warn!(
             configured = settings.limits.max_connections,
@@ -945,7 +967,7 @@ async fn serve<B: crate::backend::Backend + 'static>(
     tracing::info!(address = %settings.listen, identity = %id, max_connections, "agent api listening");
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(crate::server::serve(
+    tasks.spawn(crate::api::server::serve(
         listener,
         tls,
         hub.clone(),
@@ -956,7 +978,7 @@ async fn serve<B: crate::backend::Backend + 'static>(
     if let Some(addr) = settings.metrics_listen {
         let (metrics, cancel) = (metrics.clone(), cancel.clone());
         tasks.spawn(async move {
-            if let Err(error) = crate::metrics::serve(addr, metrics, cancel).await {
+            if let Err(error) = crate::control::metrics::serve(addr, metrics, cancel).await {
                 tracing::error!(%addr, %error, "metrics endpoint failed");
             }
         });

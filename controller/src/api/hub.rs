@@ -19,7 +19,7 @@ use metalguard_api::snapshot::Hold;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::revocation::{CertIdentity, Revoked};
+use crate::pki::revocation::{CertIdentity, Revoked};
 
 /// Something an agent sent, for the controller loop.
 #[derive(Debug)]
@@ -288,7 +288,7 @@ impl Hub {
     /// inventory in force, not retired and verified off, and the certificate is not revoked.
     /// The error says why not (answered with 403).
     pub fn admits(&self, certificate: &CertIdentity) -> Result<(), String> {
-        if let Some(why) = crate::revocation::refused(&self.revoked, certificate) {
+        if let Some(why) = crate::pki::revocation::refused(&self.revoked, certificate) {
             return Err(format!(
                 "client certificate for {}: {why}",
                 certificate.host
@@ -487,7 +487,7 @@ mod tests {
                 .contains("retired")
         );
         *hub.revoked().write().unwrap() =
-            crate::revocation::DenyList::parse(std::path::Path::new("r"), "serial 0a:0b\n")
+            crate::pki::revocation::DenyList::parse(std::path::Path::new("r"), "serial 0a:0b\n")
                 .unwrap();
         assert!(
             hub.admits(&identity("cp-1"))
@@ -495,7 +495,7 @@ mod tests {
                 .contains("revoked")
         );
         // The inventory in force: a reload that drops a host drops its admission.
-        *hub.revoked().write().unwrap() = crate::revocation::DenyList::default();
+        *hub.revoked().write().unwrap() = crate::pki::revocation::DenyList::default();
         hub.set_hosts(["cp-2".to_owned()]);
         assert!(hub.admits(&identity("cp-1")).is_err());
     }

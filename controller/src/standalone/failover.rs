@@ -20,9 +20,9 @@ use std::time::Duration;
 
 use etcd_client::Client;
 
-use super::BackendError;
 use super::access::EtcdAccess;
 use super::diagnosis::{EndpointFailure, EndpointFailures, describe};
+use crate::backend::BackendError;
 
 /// gRPC codes that say "this endpoint could not answer": Unavailable, DeadlineExceeded, and
 /// Cancelled (what the client's own request timeout produces: "Timeout expired", and what a

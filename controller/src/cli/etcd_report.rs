@@ -1,14 +1,14 @@
 //! `status`'s view of every etcd endpoint: each asked on its own (a status call on a client of
 //! its own, under a deadline of its own, all at once), so that one endpoint that never
 //! answers costs one timeout and hides nothing about the others. A failure says how the
-//! endpoint failed ([`crate::backend::diagnosis`]).
+//! endpoint failed ([`crate::standalone::diagnosis`]).
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::backend::access::EtcdAccess;
-use crate::backend::diagnosis::{EndpointFailure, describe};
+use crate::standalone::access::EtcdAccess;
+use crate::standalone::diagnosis::{EndpointFailure, describe};
 
 /// What one member said about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -60,7 +60,7 @@ pub async fn ask_each(endpoints: &[String], access: &EtcdAccess) -> Vec<Endpoint
                 answer: None,
                 failure: Some(EndpointFailure {
                     endpoint: endpoint.clone(),
-                    kind: crate::backend::diagnosis::FailureKind::Other,
+                    kind: crate::standalone::diagnosis::FailureKind::Other,
                     detail: "the probe task failed".to_owned(),
                 }),
             })
@@ -157,7 +157,7 @@ pub fn no_quorum(reports: &[EndpointReport]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::diagnosis::FailureKind;
+    use crate::standalone::diagnosis::FailureKind;
 
     fn answered(leader: Option<&str>) -> EndpointReport {
         EndpointReport {

@@ -76,10 +76,10 @@ impl TlsFiles {
     /// The files of `name` in a directory written by `certs init` / `certs issue --server`.
     pub fn in_dir(dir: &Path, name: &str) -> Self {
         Self {
-            ca: dir.join(crate::certs::CA_CERT),
+            ca: dir.join(crate::pki::certs::CA_CERT),
             cert: dir.join(format!("{name}.pem")),
             key: dir.join(format!("{name}-key.pem")),
-            ca_key: dir.join(crate::certs::CA_KEY),
+            ca_key: dir.join(crate::pki::certs::CA_KEY),
         }
     }
 
@@ -142,7 +142,7 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 /// handshake).
 pub fn server_config(
     files: &TlsFiles,
-    revoked: crate::revocation::Revoked,
+    revoked: crate::pki::revocation::Revoked,
 ) -> Result<ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
@@ -154,7 +154,9 @@ pub fn server_config(
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
         .map_err(TlsError::Verifier)?;
-    let verifier = Arc::new(crate::revocation::DenyingVerifier::new(verifier, revoked));
+    let verifier = Arc::new(crate::pki::revocation::DenyingVerifier::new(
+        verifier, revoked,
+    ));
     let chain = read_certs(&files.cert)?;
     let key = PrivateKeyDer::from_pem_file(&files.key)
         .map_err(|e| TlsError::Pem(files.key.clone(), e))?;
@@ -191,9 +193,9 @@ pub fn peer_host(cert: &CertificateDer<'_>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::certs::{Usage, init_ca, issue};
+    use crate::pki::certs::{Usage, init_ca, issue};
 
-    use crate::certs::Validity;
+    use crate::pki::certs::Validity;
 
     #[test]
     fn the_host_comes_from_the_client_certificate() {

@@ -40,10 +40,10 @@ use tokio_util::sync::CancellationToken;
 
 use self::conn::{Activity, ConnectionSlot, Connections, HandshakeSlot};
 use self::guard::{BodyBound, Guards};
+use crate::api::hub::{HoldError, Hub, Inbound, ResultError};
 use crate::clock::now;
-use crate::hub::{HoldError, Hub, Inbound, ResultError};
 use crate::inventory::ApiLimits;
-use crate::revocation::CertIdentity;
+use crate::pki::revocation::CertIdentity;
 
 /// hyper's read buffer per connection (headers must fit; bodies stream through it).
 const MAX_BUF_SIZE: usize = 64 * 1024;

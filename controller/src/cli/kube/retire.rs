@@ -11,8 +11,8 @@ use metalguard_api::k8s::host::{HostRetirement, HostRole};
 use serde_json::json;
 
 use super::Target;
+use crate::cli::retire::RetireError;
 use crate::kube::record;
-use crate::retire::RetireError;
 
 /// How many times a write that conflicted with another writer is read and tried again.
 const CONFLICT_TRIES: u32 = 5;

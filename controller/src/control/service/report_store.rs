@@ -8,7 +8,7 @@
 //! an agent reporting every second, unchanged, one write per heartbeat interval.
 //!
 //! The stored copy serves `status` and a controller that takes over; a new leader gives every
-//! host one heartbeat timeout from the moment it leads anyway (`crate::snapshot`).
+//! host one heartbeat timeout from the moment it leads anyway (`crate::control::snapshot`).
 
 use std::collections::BTreeMap;
 use std::hash::{Hash as _, Hasher as _};

@@ -16,9 +16,7 @@ use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-/// The annotation in which the command line records who asked (the user the API server
-/// authenticated, from a `SelfSubjectReview`).
-pub const REQUESTED_BY: &str = "metalguard.io/requested-by";
+pub use crate::kube::REQUESTED_BY;
 
 /// Where a command reaches the cluster.
 #[derive(Debug, Clone)]
@@ -30,14 +28,14 @@ pub struct Target {
 }
 
 /// A client from `kubeconfig`'s current context, checked by asking the server's version
-/// within [`super::run::CONNECT_DEADLINE`].
+/// within [`crate::kube::run::CONNECT_DEADLINE`].
 pub async fn connect(kubeconfig: &Path) -> anyhow::Result<Client> {
     let file = Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("kubeconfig {} could not be read", kubeconfig.display()))?;
     let config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
         .await
         .with_context(|| format!("kubeconfig {} is not usable", kubeconfig.display()))?;
-    super::run::connect_with(config).await
+    crate::kube::run::connect_with(config).await
 }
 
 /// Who the API server says this client is (`SelfSubjectReview`, allowed to every

@@ -33,7 +33,7 @@ pub fn build(
         .map(|h| h.name.as_str())
         .filter(|name| powered_off_for_retirement(state, name))
         .collect();
-    // Only inventory hosts vote on the members' health (crate::members), and only while fresh.
+    // Only inventory hosts vote on the members' health (crate::control::members), and only while fresh.
     let views: Vec<&EtcdView> = state
         .reports
         .iter()
@@ -97,7 +97,7 @@ pub fn build(
                         .map(|r| (r.host.clone(), r.reachable))
                         .collect(),
                 }),
-                etcd: crate::members::member_of(&h.name, &views),
+                etcd: crate::control::members::member_of(&h.name, &views),
                 hold: state.holds.get(&h.name).cloned(),
             }
         })

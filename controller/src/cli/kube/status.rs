@@ -192,9 +192,9 @@ pub fn render_fences(fences: &[FenceRequest]) -> String {
 
 /// The JSON document: the standalone one's fields this backend has, plus the requests.
 pub fn render_json(seen: &Seen, now: metalguard_api::duration::Timestamp) -> serde_json::Value {
-    let alarms: crate::status::Alarms =
+    let alarms: crate::cli::status::Alarms =
         Err("etcd alarms are not read in Kubernetes mode".to_owned());
-    let mut document = crate::status::render_json(&seen.inventory, &seen.state, &alarms, now);
+    let mut document = crate::cli::status::render_json(&seen.inventory, &seen.state, &alarms, now);
     if let Some(map) = document.as_object_mut() {
         map.remove("plan");
         map.insert("agents_note".to_owned(), serde_json::json!(NO_REPORTS));
@@ -217,12 +217,12 @@ pub async fn status(target: &Target, lease_name: &str, json: bool) -> anyhow::Re
     }
     print!(
         "{}",
-        crate::status::render(&seen.inventory, &seen.state, now)
+        crate::cli::status::render(&seen.inventory, &seen.state, now)
     );
     println!("note: {NO_REPORTS}");
     print!(
         "{}",
-        crate::status::render_progress(&seen.inventory, &seen.state, now)
+        crate::cli::status::render_progress(&seen.inventory, &seen.state, now)
     );
     print!("{}", render_fences(&seen.fences));
     Ok(())

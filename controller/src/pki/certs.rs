@@ -1,12 +1,12 @@
 //! `certs init|issue|show`: the cluster CA and the certificates signed by it.
 //!
 //! Layout of a certificate directory: `ca.pem` + `ca-key.pem` (the CA), `hmac.key` (the
-//! controllers' record key, [`crate::seal`]), and for every name issued `NAME.pem` +
+//! controllers' record key, [`crate::pki::seal`]), and for every name issued `NAME.pem` +
 //! `NAME-key.pem`. Agent certificates carry the host name as common name and DNS SAN with the
 //! clientAuth usage (the controller takes the host from the common name); the controller's
 //! server certificate (`--server`) carries `localhost`, `127.0.0.1` and any extra SANs with
 //! the serverAuth usage. Every certificate has a random serial (what a deny list names,
-//! [`crate::revocation`]) and a bounded validity ([`Validity`]: one year by default, ten for
+//! [`crate::pki::revocation`]) and a bounded validity ([`Validity`]: one year by default, ten for
 //! the CA, never past the CA's own end). Private keys are written with mode 0600 and never
 //! overwritten, except by a renewal (`--renew`), which replaces a certificate and its key
 //! through a rename each.
@@ -24,8 +24,8 @@ use rcgen::{
     KeyUsagePurpose, SanType, SerialNumber,
 };
 
-use crate::revocation::CertIdentity;
-use crate::seal::random_error;
+use crate::pki::revocation::CertIdentity;
+use crate::pki::seal::random_error;
 
 /// File name of the CA certificate.
 pub const CA_CERT: &str = "ca.pem";
@@ -80,7 +80,7 @@ pub enum CertsError {
     Random(#[source] std::io::Error),
     /// The record key could not be created.
     #[error("the controllers' hmac key could not be created")]
-    HmacKey(#[source] crate::seal::KeyFileError),
+    HmacKey(#[source] crate::pki::seal::KeyFileError),
 }
 
 /// How long a new certificate is valid, from now.
@@ -206,9 +206,9 @@ pub fn init_ca(dir: &Path, validity: Validity) -> Result<Issued, CertsError> {
     };
     write_new(&issued.key, key.serialize_pem().as_bytes(), 0o600)?;
     write_new(&issued.cert, cert.pem().as_bytes(), 0o644)?;
-    let hmac = dir.join(crate::seal::KEY_FILE);
+    let hmac = dir.join(crate::pki::seal::KEY_FILE);
     if !hmac.exists() {
-        crate::seal::create_file(&hmac).map_err(CertsError::HmacKey)?;
+        crate::pki::seal::create_file(&hmac).map_err(CertsError::HmacKey)?;
     }
     Ok(issued)
 }
@@ -250,7 +250,7 @@ pub fn renew(
 /// (a CA, a server, an etcd client).
 pub fn not_after(path: &Path) -> Result<i64, CertsError> {
     let unreadable = || CertsError::Unreadable(path.to_owned());
-    let cert = crate::tls::read_certs(path)
+    let cert = crate::pki::tls::read_certs(path)
         .map_err(|_| unreadable())?
         .into_iter()
         .next()
@@ -263,7 +263,7 @@ pub fn not_after(path: &Path) -> Result<i64, CertsError> {
 /// The identity and end of validity of the certificate in `path`.
 pub fn show(path: &Path) -> Result<(CertIdentity, i64), CertsError> {
     let unreadable = || CertsError::Unreadable(path.to_owned());
-    let cert = crate::tls::read_certs(path)
+    let cert = crate::pki::tls::read_certs(path)
         .map_err(|_| unreadable())?
         .into_iter()
         .next()
@@ -409,7 +409,7 @@ mod tests {
         let ca = init_ca(dir.path(), Validity::default()).unwrap();
         let mode = fs::metadata(&ca.key).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let hmac = dir.path().join(crate::seal::KEY_FILE);
+        let hmac = dir.path().join(crate::pki::seal::KEY_FILE);
         let mode = fs::metadata(&hmac).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the controllers' hmac key is made with the CA");
         let agent = issue(dir.path(), "cp-1", Usage::Client, &[], Validity::default()).unwrap();

@@ -1,17 +1,17 @@
 //! Reserved condition types in reports: `Ready` and the kubelet's node conditions
 //! ([`metalguard_api::protocol::RESERVED_CONDITION_TYPES`]) are ignored by the snapshot
-//! ([`crate::snapshot`] judges `Ready` itself); the loop tells people so once per change of what
+//! ([`crate::control::snapshot`] judges `Ready` itself); the loop tells people so once per change of what
 //! a host's agent reports, not on every report.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::Controller;
 use crate::backend::Backend;
-use crate::metrics::label;
+use crate::control::metrics::label;
 
 impl<B: Backend> Controller<B> {
     /// Logs (and counts) when the reserved condition types a host's agent reports change:
-    /// they are ignored ([`crate::snapshot`] judges `Ready` itself), once per change.
+    /// they are ignored ([`crate::control::snapshot`] judges `Ready` itself), once per change.
     pub(super) fn note_reserved_conditions(
         &mut self,
         report: &metalguard_api::protocol::AgentReport,

@@ -68,7 +68,7 @@ pub fn check_cancellable(
             "its power-off ({power_off}) was already issued"
         )));
     }
-    let snapshot = crate::snapshot::build(inventory, state, now, now);
+    let snapshot = crate::control::snapshot::build(inventory, state, now, now);
     let member = snapshot
         .hosts
         .iter()

@@ -3,9 +3,9 @@
 //! once per id); a released id is never taken again.
 
 use super::Controller;
+use crate::api::hub::HoldError;
 use crate::backend::{Backend, StoredHold, Write};
 use crate::clock::now;
-use crate::hub::HoldError;
 
 impl<B: Backend> Controller<B> {
     /// Logs, once per id, a reported hold whose id says another host made it (it is ignored).

@@ -170,14 +170,15 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
     fn one_lying_report_cannot_flip_a_members_health_and_let_a_refused_fence_through() {
         let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
         let honest =
-            crate::status::fence_verdict(&inventory, &state(false), "cp-3", Timestamp(NOW));
+            crate::cli::status::fence_verdict(&inventory, &state(false), "cp-3", Timestamp(NOW));
         assert!(
             honest.starts_with("verdict: refused"),
             "with cp-2's member down, fencing cp-3 would leave one healthy voter of three: {honest}"
         );
         // cp-2's agent (its certificate stolen, or the host confused) says every member is
         // healthy. One view of three cannot outvote the other two.
-        let lying = crate::status::fence_verdict(&inventory, &state(true), "cp-3", Timestamp(NOW));
+        let lying =
+            crate::cli::status::fence_verdict(&inventory, &state(true), "cp-3", Timestamp(NOW));
         assert!(lying.starts_with("verdict: refused"), "{lying}");
         assert_eq!(lying, honest);
     }

@@ -40,7 +40,7 @@ pub struct Guards {
     limits: ApiLimits,
     /// Only the leader does work per post (a follower answers 503 at once): only the leader
     /// spends tokens.
-    hub: Arc<crate::hub::Hub>,
+    hub: Arc<crate::api::hub::Hub>,
     buckets: Mutex<HashMap<String, Bucket>>,
     polls: Mutex<HashMap<String, usize>>,
 }
@@ -54,7 +54,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Guards {
     /// Guards with these limits for the controller whose leadership `hub` knows.
-    pub fn new(limits: ApiLimits, hub: Arc<crate::hub::Hub>) -> Arc<Self> {
+    pub fn new(limits: ApiLimits, hub: Arc<crate::api::hub::Hub>) -> Arc<Self> {
         Arc::new(Self {
             limits,
             hub,
@@ -299,7 +299,7 @@ mod tests {
     }
 
     fn guards(rate: u32, burst: u32) -> Arc<Guards> {
-        Guards::new(limits(rate, burst), crate::hub::Hub::new().0)
+        Guards::new(limits(rate, burst), crate::api::hub::Hub::new().0)
     }
 
     #[test]

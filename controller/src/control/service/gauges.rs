@@ -12,8 +12,8 @@ use metalguard_api::snapshot::{Role, Snapshot};
 use metalguard_core::quorum::{EtcdView, quorum};
 
 use crate::backend::State;
+use crate::control::metrics::{Metrics, label};
 use crate::inventory::Inventory;
-use crate::metrics::{Metrics, label};
 
 /// etcd as a plan saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +136,8 @@ pub(crate) fn record(
             .set(i64::try_from(seconds).unwrap_or(i64::MAX));
     }
     metrics.bmc_reachable_agents.clear();
-    for (host, agents) in crate::reachability::count_reaching_agents(inventory, state, now) {
+    for (host, agents) in crate::control::reachability::count_reaching_agents(inventory, state, now)
+    {
         metrics
             .bmc_reachable_agents
             .get_or_create(&label("host", &host))

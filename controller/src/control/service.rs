@@ -6,8 +6,8 @@
 //! in-flight operations as commands. When the store is unreachable it stops acting at once
 //! and says so.
 //!
-//! Every tick it also re-reads the inventory file when it changed ([`crate::reload`]) and the
-//! deny list of certificates ([`crate::revocation`]), and tells the hub who may speak (the
+//! Every tick it also re-reads the inventory file when it changed ([`crate::control::reload`]) and the
+//! deny list of certificates ([`crate::pki::revocation`]), and tells the hub who may speak (the
 //! inventory's hosts, less the retired ones verified off). Whenever what it needs from people
 //! changes (a host to add to the inventory, a join that waits for its agent) it logs it and
 //! persists it as notes that `status` prints. Stored records whose seal does not hold are
@@ -25,15 +25,15 @@ use metalguard_api::remediation::RemediationPhase;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::hub::{Hub, Inbound, ResultError};
 use crate::backend::{Backend, BackendError, ControllerNotes, Leadership, StoredReport, Write};
 use crate::clock::now;
-use crate::executor;
-use crate::hub::{Hub, Inbound, ResultError};
+use crate::control::executor;
+use crate::control::membership::Next;
+use crate::control::metrics::{Metrics, label};
+use crate::control::reload::{InventoryFile, Reload};
 use crate::inventory::Inventory;
-use crate::membership::Next;
-use crate::metrics::{Metrics, label};
-use crate::reload::{InventoryFile, Reload};
-use crate::revocation::{CertIdentity, DenyListFile, DenyListReload};
+use crate::pki::revocation::{CertIdentity, DenyListFile, DenyListReload};
 
 /// Most records sealed again in one round after a key rotation.
 const RESEAL_BATCH: usize = 64;
@@ -187,7 +187,7 @@ impl<B: Backend> Controller<B> {
             .inventory
             .hosts
             .iter()
-            .filter(|h| crate::snapshot::powered_off_for_retirement(state, &h.name))
+            .filter(|h| crate::control::snapshot::powered_off_for_retirement(state, &h.name))
             .map(|h| h.name.clone())
             .collect();
         self.hub.set_retired(retired);
@@ -591,8 +591,8 @@ impl<B: Backend> Controller<B> {
         snapshot: &metalguard_api::snapshot::Snapshot,
         state: &crate::backend::State,
     ) {
-        let now = crate::membership::members(snapshot);
-        let seen = crate::membership::follow_learners(&self.learners_seen, &now, state);
+        let now = crate::control::membership::members(snapshot);
+        let seen = crate::control::membership::follow_learners(&self.learners_seen, &now, state);
         for (member_id, host) in &seen.promoted_outside {
             tracing::warn!(
                 member_id = %format!("{member_id:x}"),
@@ -609,7 +609,7 @@ impl<B: Backend> Controller<B> {
     async fn execute_round(&mut self, state: &crate::backend::State) -> bool {
         let at = now();
         let known_since = self.leader_since.unwrap_or(at);
-        let snapshot = crate::snapshot::build(&self.inventory, state, known_since, at);
+        let snapshot = crate::control::snapshot::build(&self.inventory, state, known_since, at);
         let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
         gauges::record(
             &self.metrics,
@@ -641,7 +641,7 @@ impl<B: Backend> Controller<B> {
             let heartbeat = self.inventory.policy.remediation.executor_heartbeat_timeout;
             let writes = match executor::writes_for(action, state, at) {
                 Some(writes) => Some(writes),
-                None => match crate::membership::next_for(action, state, at, heartbeat) {
+                None => match crate::control::membership::next_for(action, state, at, heartbeat) {
                     Next::Start(writes) => Some(writes),
                     Next::Nothing => None,
                     Next::Waiting(why) => {
@@ -703,7 +703,7 @@ impl<B: Backend> Controller<B> {
             identity: self.identity.clone(),
             inventory_generation: self.file.as_ref().map_or(1, |f| f.generation),
             inventory_error: self.file.as_ref().and_then(|f| f.error.clone()),
-            needs: crate::notes::needs(plan),
+            needs: crate::control::notes::needs(plan),
             waiting,
         };
         let before = state.notes.clone().unwrap_or_default();

@@ -561,7 +561,7 @@ fn the_deployment_is_hardened_and_fits_the_budget_and_the_service() {
     assert_eq!(
         paths,
         BTreeSet::from([
-            ("ca.crt", crate::certs::CA_CERT),
+            ("ca.crt", crate::pki::certs::CA_CERT),
             ("tls.crt", "controller.pem"),
             ("tls.key", "controller-key.pem"),
         ])

@@ -60,7 +60,7 @@ pub fn retirement_progress(
             None => format!("member removed; powering off through {}'s agent", op.agent),
         };
     }
-    let snapshot = crate::snapshot::build(inventory, state, now, now);
+    let snapshot = crate::control::snapshot::build(inventory, state, now, now);
     let Some(h) = snapshot.hosts.iter().find(|h| h.name == host) else {
         return format!("{host} is not in the inventory any more");
     };

@@ -10,7 +10,7 @@
 //! Keys: `leader`, `reports/HOST`, `operations/ID`, `remediations/ID`,
 //! `fence-requests/HOST`, `retirements/HOST`, `holds/ID` (ID = `<agent host>/<ms>`, so the key
 //! has two segments), `hooks/HOST`, `notes`, all JSON. Every value
-//! but the leader key's is sealed ([`crate::seal`]): written with an HMAC made with the
+//! but the leader key's is sealed ([`crate::pki::seal`]): written with an HMAC made with the
 //! controllers' key and this writer's fencing token, and read only if the seal holds. A value
 //! that does not open (written by hand, altered, sealed with an unknown key) is left out of
 //! the [`State`] and listed in [`State::rejected`] instead, so nothing acts on it.
@@ -26,11 +26,11 @@ use serde::Serialize;
 
 use super::access::EtcdAccess;
 use super::failover::{Endpoints, timed_out};
-use super::state::{RejectedRecord, StaleSeal};
-use super::{
+use crate::backend::state::{RejectedRecord, StaleSeal};
+use crate::backend::{
     Backend, BackendError, HoldRelease, Leadership, State, StoredHold, StoredReport, Write,
 };
-use crate::seal::KeyFile;
+use crate::pki::seal::KeyFile;
 
 /// Sub-keys under the prefix.
 const LEADER: &str = "leader";
@@ -107,7 +107,7 @@ fn place(
             .reports
             .insert(host.to_owned(), serde_json::from_value(value)?);
     } else if sub.starts_with(OPERATIONS) {
-        let op: super::StoredOperation = serde_json::from_value(value)?;
+        let op: crate::backend::StoredOperation = serde_json::from_value(value)?;
         state.operations.insert(op.id.clone(), op);
     } else if sub.starts_with(REMEDIATIONS) {
         let r: metalguard_api::remediation::Remediation = serde_json::from_value(value)?;

@@ -22,7 +22,7 @@ use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use rustls_pki_types::{CertificateDer, UnixTime};
 use sha2::{Digest as _, Sha256};
 
-use crate::seal::{hex, unhex};
+use crate::pki::seal::{hex, unhex};
 
 /// Why a deny list could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +68,7 @@ impl CertIdentity {
     pub fn of(cert: &CertificateDer<'_>) -> Option<Self> {
         let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
         Some(Self {
-            host: crate::tls::peer_host(cert)?,
+            host: crate::pki::tls::peer_host(cert)?,
             serial: colons(&hex(parsed.raw_serial())),
             sha256: hex(&Sha256::digest(cert.as_ref())),
             not_after: parsed.validity().not_after.timestamp(),
@@ -305,7 +305,7 @@ impl ClientCertVerifier for DenyingVerifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::certs::{Usage, init_ca, issue};
+    use crate::pki::certs::{Usage, init_ca, issue};
 
     fn identity(dir: &Path, name: &str) -> CertIdentity {
         let issued = issue(
@@ -313,17 +313,17 @@ mod tests {
             name,
             Usage::Client,
             &[],
-            crate::certs::Validity::default(),
+            crate::pki::certs::Validity::default(),
         )
         .unwrap();
-        let cert = crate::tls::read_certs(&issued.cert).unwrap().remove(0);
+        let cert = crate::pki::tls::read_certs(&issued.cert).unwrap().remove(0);
         CertIdentity::of(&cert).unwrap()
     }
 
     #[test]
     fn a_certificate_is_refused_by_its_serial_or_its_fingerprint_and_no_other() {
         let dir = tempfile::tempdir().unwrap();
-        init_ca(dir.path(), crate::certs::Validity::default()).unwrap();
+        init_ca(dir.path(), crate::pki::certs::Validity::default()).unwrap();
         let (a, b, c) = (
             identity(dir.path(), "cp-1"),
             identity(dir.path(), "cp-2"),

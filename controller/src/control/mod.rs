@@ -1,0 +1,16 @@
+//! The controller loop, the same for both backends: [`service`] campaigns for leadership,
+//! takes reports from the [`crate::api::hub`], builds the decision [`snapshot`] (etcd
+//! [`members`] judged from the agents' views), runs `metalguard_core::plan`, and hands the
+//! plan to the [`executor`] (intent persisted first; [`membership`] for etcd member changes).
+//! [`notes`] are what people must be told, [`metrics`] what an operator alerts on,
+//! [`reachability`] which agents reach each BMC, [`reload`] notices inventory file changes.
+
+pub mod executor;
+pub mod members;
+pub mod membership;
+pub mod metrics;
+pub mod notes;
+pub mod reachability;
+pub mod reload;
+pub mod service;
+pub mod snapshot;
