@@ -21,34 +21,27 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use metalguard_api::protocol::{Outcome, PromotedBy};
-use metalguard_api::remediation::RemediationPhase;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::hub::{Hub, Inbound, ResultError};
-use crate::backend::{Backend, BackendError, ControllerNotes, Leadership, StoredReport, Write};
+use crate::backend::{Backend, BackendError, Leadership, StoredReport};
 use crate::clock::now;
 use crate::control::executor;
-use crate::control::membership::Next;
 use crate::control::metrics::{Metrics, label};
-use crate::control::reload::{InventoryFile, Reload};
+use crate::control::reload::InventoryFile;
 use crate::inventory::Inventory;
-use crate::pki::revocation::{CertIdentity, DenyListFile, DenyListReload};
-
-/// Most records sealed again in one round after a key rotation.
-const RESEAL_BATCH: usize = 64;
+use crate::pki::revocation::{CertIdentity, DenyListFile};
 
 mod gauges;
 mod holds;
 mod report_store;
 mod reserved;
+mod round;
+mod upkeep;
 
-use report_store::{ReportStore, overlay_latest};
+use report_store::ReportStore;
 use reserved::ReservedSeen;
-
-/// Most plan rounds run back to back after one trigger (each round that persisted something
-/// is followed by another).
-const MAX_ROUNDS: usize = 8;
 
 /// How often the leader gauge is checked against the hub's lease deadline.
 const LAPSE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
@@ -130,31 +123,6 @@ impl<B: Backend> Controller<B> {
         self
     }
 
-    /// Tells the hub the hosts of the inventory in force: only their certificates may speak.
-    fn admit_inventory(&self) {
-        self.hub
-            .set_hosts(self.inventory.hosts.iter().map(|h| h.name.clone()));
-    }
-
-    /// Applies a changed deny list, or says why it was not taken.
-    fn reload_deny_list(&mut self) {
-        let Some(file) = self.deny_list.as_mut() else {
-            return;
-        };
-        match file.check(&self.hub.revoked()) {
-            DenyListReload::Unchanged => {}
-            DenyListReload::Loaded(count) => {
-                self.metrics
-                    .revoked_certificates
-                    .set(i64::try_from(count).unwrap_or(i64::MAX));
-                tracing::info!(revoked = count, "revoked certificates reloaded");
-            }
-            DenyListReload::Rejected(error) => {
-                tracing::error!(error = %crate::error::chain(&error), "revoked certificates file changed but cannot be read; the list in force stays");
-            }
-        }
-    }
-
     /// What a load found that the loop must act on besides the plan: records not believed
     /// (logged once each, counted), operations never offered (counted), and the retired
     /// hosts whose certificates may no longer speak.
@@ -193,35 +161,6 @@ impl<B: Backend> Controller<B> {
         self.hub.set_retired(retired);
     }
 
-    /// Seals records again with the signing key after a key rotation (a batch per round),
-    /// each only if unchanged since it was read.
-    async fn reseal(&mut self, state: &crate::backend::State) {
-        if state.stale_seals.is_empty() {
-            return;
-        }
-        let batch: Vec<Write> = state
-            .stale_seals
-            .iter()
-            .take(RESEAL_BATCH)
-            .cloned()
-            .map(Write::Reseal)
-            .collect();
-        let count = batch.len();
-        match self.backend.apply(batch).await {
-            Ok(()) => {
-                self.metrics.records_resealed.inc_by(count as u64);
-                tracing::info!(
-                    count,
-                    left = state.stale_seals.len() - count,
-                    "records sealed again with the signing key"
-                );
-            }
-            Err(error) => {
-                tracing::info!(error = %crate::error::chain(&error), "records not sealed again yet (one changed meanwhile?); next round");
-            }
-        }
-    }
-
     /// Names this controller in its notes (the backend supplies the inventory).
     pub fn identified(mut self, identity: String) -> Self {
         self.identity = identity;
@@ -234,93 +173,6 @@ impl<B: Backend> Controller<B> {
         self.identity = identity;
         self.metrics.inventory_generation.set(1);
         self
-    }
-
-    fn count_insecure_bmcs(&self) {
-        let insecure = self
-            .inventory
-            .hosts
-            .iter()
-            .filter_map(|h| h.bmc.as_ref())
-            .filter(|b| b.tls.insecure)
-            .count();
-        self.metrics
-            .insecure_bmcs
-            .set(i64::try_from(insecure).unwrap_or(i64::MAX));
-    }
-
-    /// Tells the hub every BMC of the inventory (address and trust, no credentials), for the
-    /// agents to probe. A BMC whose trust cannot be read (a missing CA file) is left out and
-    /// logged; fencing it fails for the same reason.
-    fn publish_bmc_targets(&self) {
-        let targets = self
-            .inventory
-            .hosts
-            .iter()
-            .filter_map(|h| Some((h, h.bmc.as_ref()?)))
-            .filter_map(|(h, bmc)| match bmc.trust(&h.name) {
-                Ok(tls) => Some(metalguard_api::protocol::BmcTarget {
-                    host: h.name.clone(),
-                    bmc_address: bmc.address.clone(),
-                    tls,
-                }),
-                Err(error) => {
-                    tracing::warn!(host = %h.name, error = %crate::error::chain(&error), "bmc left out of the agents' reachability probes");
-                    None
-                }
-            })
-            .collect();
-        self.hub.set_bmc_targets(targets);
-    }
-
-    /// Applies a changed inventory file, or reports why it was rejected.
-    pub(crate) fn reload_inventory(&mut self) {
-        let Some(file) = self.file.as_mut() else {
-            // The Kubernetes backend builds the inventory from its resources.
-            if let Some(inventory) = self.backend.inventory() {
-                self.inventory = inventory;
-                self.count_insecure_bmcs();
-                self.publish_bmc_targets();
-                self.admit_inventory();
-                tracing::info!(
-                    hosts = self.inventory.hosts.len(),
-                    "inventory rebuilt from the cluster's resources"
-                );
-            }
-            return;
-        };
-        match file.check(&self.inventory) {
-            Reload::Unchanged => {}
-            Reload::Accepted {
-                inventory,
-                restart_needed,
-            } => {
-                let generation = file.generation;
-                self.inventory = *inventory;
-                self.count_insecure_bmcs();
-                self.publish_bmc_targets();
-                self.admit_inventory();
-                self.metrics
-                    .inventory_generation
-                    .set(i64::try_from(generation).unwrap_or(i64::MAX));
-                self.metrics.inventory_rejected.set(0);
-                tracing::info!(
-                    generation,
-                    hosts = self.inventory.hosts.len(),
-                    "inventory reloaded"
-                );
-                if !restart_needed.is_empty() {
-                    tracing::warn!(
-                        sections = %restart_needed.join(", "),
-                        "inventory sections changed that take effect only at the next start"
-                    );
-                }
-            }
-            Reload::Rejected(error) => {
-                self.metrics.inventory_rejected.set(1);
-                tracing::error!(%error, generation = file.generation, "inventory change rejected; the previous inventory stays in use");
-            }
-        }
     }
 
     /// Runs until `cancel`, then resigns leadership.
@@ -543,185 +395,5 @@ impl<B: Backend> Controller<B> {
             tracing::info!(operation = %ack.operation_id, %host, outcome = outcome.name(), promoted_by, "command result persisted");
         }
         Ok(ack)
-    }
-
-    /// Plans and executes until a round changes nothing (bounded by [`MAX_ROUNDS`]), so chained
-    /// steps — start a remediation, then power off — do not wait for the timer; then offers
-    /// every in-flight operation to its agent.
-    pub(crate) async fn plan_and_execute(&mut self) {
-        for _ in 0..MAX_ROUNDS {
-            let mut state = match self.backend.load().await {
-                Ok(state) => state,
-                Err(error) => {
-                    tracing::warn!(error = %crate::error::chain(&error), "state could not be loaded");
-                    return;
-                }
-            };
-            overlay_latest(&mut state, &self.latest);
-            self.note_state(&state);
-            state.refresh_holds();
-            self.hub.set_released_holds(state.released_hold_ids());
-            self.metrics
-                .held_hosts
-                .set(i64::try_from(state.holds.len()).unwrap_or(i64::MAX));
-            if self.record_reported_holds(&state).await {
-                continue;
-            }
-            let round_started = tokio::time::Instant::now();
-            let changed = self.execute_round(&state).await;
-            self.metrics
-                .round_seconds
-                .observe(round_started.elapsed().as_secs_f64());
-            if !changed {
-                if self.hub.is_leader() {
-                    self.hub
-                        .publish(&executor::pending_commands(&self.inventory, &state));
-                    self.reseal(&state).await;
-                }
-                return;
-            }
-        }
-    }
-
-    /// Logs (and counts) every learner seen at the last round that votes now without a
-    /// promotion operation that says who promoted it: kubeadm's learner mode or a person did,
-    /// and metalguard's promotion gates did not decide it.
-    fn follow_learners(
-        &mut self,
-        snapshot: &metalguard_api::snapshot::Snapshot,
-        state: &crate::backend::State,
-    ) {
-        let now = crate::control::membership::members(snapshot);
-        let seen = crate::control::membership::follow_learners(&self.learners_seen, &now, state);
-        for (member_id, host) in &seen.promoted_outside {
-            tracing::warn!(
-                member_id = %format!("{member_id:x}"),
-                %host,
-                promoted_by = PromotedBy::Outside.name(),
-                "etcd learner promoted outside metalguard: its promotion gates did not decide it"
-            );
-            self.metrics.promotions_outside.inc();
-        }
-        self.learners_seen = seen.still_watched;
-    }
-
-    /// One plan over `state`; true when it persisted anything.
-    async fn execute_round(&mut self, state: &crate::backend::State) -> bool {
-        let at = now();
-        let known_since = self.leader_since.unwrap_or(at);
-        let snapshot = crate::control::snapshot::build(&self.inventory, state, known_since, at);
-        let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
-        gauges::record(
-            &self.metrics,
-            &self.inventory,
-            (state, &snapshot, &plan),
-            known_since,
-            at,
-        );
-        self.follow_learners(&snapshot, state);
-        self.backend
-            .publish(crate::backend::Judged {
-                state,
-                snapshot: &snapshot,
-                plan: &plan,
-                policy: &self.inventory.policy,
-            })
-            .await;
-        tracing::debug!(plan = %plan, "planned");
-        let mut changed = false;
-        let mut waiting = Vec::new();
-        // The executor judges again before it persists anything: the plan must still be
-        // safe as a whole over the state it is carried out on.
-        let mut judge = metalguard_core::judge::Judge::new(&snapshot, &self.inventory.policy, at);
-        for action in executor::actions(&plan) {
-            if let Err(violation) = judge.admit(action) {
-                tracing::error!(operation = %action.id, rule = %violation.rule, reason = %violation.reason, "action rejected by the safety judgement at execution");
-                continue;
-            }
-            let heartbeat = self.inventory.policy.remediation.executor_heartbeat_timeout;
-            let writes = match executor::writes_for(action, state, at) {
-                Some(writes) => Some(writes),
-                None => match crate::control::membership::next_for(action, state, at, heartbeat) {
-                    Next::Start(writes) => Some(writes),
-                    Next::Nothing => None,
-                    Next::Waiting(why) => {
-                        waiting.push(why);
-                        None
-                    }
-                },
-            };
-            let Some(writes) = writes else {
-                continue;
-            };
-            let creates = writes
-                .iter()
-                .any(|w| matches!(w, Write::CreateOperation(_)));
-            let finished: Vec<&'static str> = writes
-                .iter()
-                .filter_map(|w| match w {
-                    Write::PutRemediation(r)
-                        if r.phase.is_terminal()
-                            || matches!(r.phase, RemediationPhase::Failed { .. }) =>
-                    {
-                        Some(r.phase.name())
-                    }
-                    _ => None,
-                })
-                .collect();
-            match self.backend.apply(writes).await {
-                Ok(()) => {
-                    changed = true;
-                    for outcome in &finished {
-                        self.metrics
-                            .remediations_finished
-                            .get_or_create(&label("outcome", outcome))
-                            .inc();
-                    }
-                    if creates {
-                        tracing::info!(operation = %action.id, reason = %action.reason, "intent persisted");
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(operation = %action.id, error = %crate::error::chain(&error), "action not persisted");
-                    return changed;
-                }
-            }
-        }
-        // Notes do not change the plan: no extra round for them.
-        self.publish_notes(&plan, waiting, state).await;
-        changed
-    }
-
-    /// Persists (and logs) what people must know when it changed; true when it wrote.
-    async fn publish_notes(
-        &mut self,
-        plan: &metalguard_api::plan::Plan,
-        waiting: Vec<String>,
-        state: &crate::backend::State,
-    ) -> bool {
-        let notes = ControllerNotes {
-            identity: self.identity.clone(),
-            inventory_generation: self.file.as_ref().map_or(1, |f| f.generation),
-            inventory_error: self.file.as_ref().and_then(|f| f.error.clone()),
-            needs: crate::control::notes::needs(plan),
-            waiting,
-        };
-        let before = state.notes.clone().unwrap_or_default();
-        if before == notes {
-            return false;
-        }
-        for need in notes.needs.iter().filter(|n| !before.needs.contains(n)) {
-            tracing::warn!(need = %need, "the controller needs a person");
-        }
-        for wait in notes.waiting.iter().filter(|w| !before.waiting.contains(w)) {
-            tracing::info!(reason = %wait, "an action waits");
-        }
-        match self.backend.apply(vec![Write::PutNotes(notes)]).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::warn!(error = %crate::error::chain(&error), "notes not persisted");
-                false
-            }
-        }
     }
 }

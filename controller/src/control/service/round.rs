@@ -1,0 +1,201 @@
+//! One round of the leader: load the state, build the snapshot, plan, and carry the plan out
+//! through the executor (intent first), following learners and telling people what the
+//! backend cannot do (the leader's notes).
+
+use metalguard_api::protocol::PromotedBy;
+use metalguard_api::remediation::RemediationPhase;
+
+use super::Controller;
+use super::gauges;
+use super::report_store::overlay_latest;
+use crate::backend::{Backend, ControllerNotes, Write};
+use crate::clock::now;
+use crate::control::executor;
+use crate::control::membership::Next;
+use crate::control::metrics::label;
+
+/// Most plan rounds run back to back after one trigger (each round that persisted something
+/// is followed by another).
+const MAX_ROUNDS: usize = 8;
+
+impl<B: Backend> Controller<B> {
+    /// Plans and executes until a round changes nothing (bounded by [`MAX_ROUNDS`]), so chained
+    /// steps — start a remediation, then power off — do not wait for the timer; then offers
+    /// every in-flight operation to its agent.
+    pub(crate) async fn plan_and_execute(&mut self) {
+        for _ in 0..MAX_ROUNDS {
+            let mut state = match self.backend.load().await {
+                Ok(state) => state,
+                Err(error) => {
+                    tracing::warn!(error = %crate::error::chain(&error), "state could not be loaded");
+                    return;
+                }
+            };
+            overlay_latest(&mut state, &self.latest);
+            self.note_state(&state);
+            state.refresh_holds();
+            self.hub.set_released_holds(state.released_hold_ids());
+            self.metrics
+                .held_hosts
+                .set(i64::try_from(state.holds.len()).unwrap_or(i64::MAX));
+            if self.record_reported_holds(&state).await {
+                continue;
+            }
+            let round_started = tokio::time::Instant::now();
+            let changed = self.execute_round(&state).await;
+            self.metrics
+                .round_seconds
+                .observe(round_started.elapsed().as_secs_f64());
+            if !changed {
+                if self.hub.is_leader() {
+                    self.hub
+                        .publish(&executor::pending_commands(&self.inventory, &state));
+                    self.reseal(&state).await;
+                }
+                return;
+            }
+        }
+    }
+
+    /// Logs (and counts) every learner seen at the last round that votes now without a
+    /// promotion operation that says who promoted it: kubeadm's learner mode or a person did,
+    /// and metalguard's promotion gates did not decide it.
+    pub(super) fn follow_learners(
+        &mut self,
+        snapshot: &metalguard_api::snapshot::Snapshot,
+        state: &crate::backend::State,
+    ) {
+        let now = crate::control::membership::members(snapshot);
+        let seen = crate::control::membership::follow_learners(&self.learners_seen, &now, state);
+        for (member_id, host) in &seen.promoted_outside {
+            tracing::warn!(
+                member_id = %format!("{member_id:x}"),
+                %host,
+                promoted_by = PromotedBy::Outside.name(),
+                "etcd learner promoted outside metalguard: its promotion gates did not decide it"
+            );
+            self.metrics.promotions_outside.inc();
+        }
+        self.learners_seen = seen.still_watched;
+    }
+
+    /// One plan over `state`; true when it persisted anything.
+    pub(super) async fn execute_round(&mut self, state: &crate::backend::State) -> bool {
+        let at = now();
+        let known_since = self.leader_since.unwrap_or(at);
+        let snapshot = crate::control::snapshot::build(&self.inventory, state, known_since, at);
+        let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
+        gauges::record(
+            &self.metrics,
+            &self.inventory,
+            (state, &snapshot, &plan),
+            known_since,
+            at,
+        );
+        self.follow_learners(&snapshot, state);
+        self.backend
+            .publish(crate::backend::Judged {
+                state,
+                snapshot: &snapshot,
+                plan: &plan,
+                policy: &self.inventory.policy,
+            })
+            .await;
+        tracing::debug!(plan = %plan, "planned");
+        let mut changed = false;
+        let mut waiting = Vec::new();
+        // The executor judges again before it persists anything: the plan must still be
+        // safe as a whole over the state it is carried out on.
+        let mut judge = metalguard_core::judge::Judge::new(&snapshot, &self.inventory.policy, at);
+        for action in executor::actions(&plan) {
+            if let Err(violation) = judge.admit(action) {
+                tracing::error!(operation = %action.id, rule = %violation.rule, reason = %violation.reason, "action rejected by the safety judgement at execution");
+                continue;
+            }
+            let heartbeat = self.inventory.policy.remediation.executor_heartbeat_timeout;
+            let writes = match executor::writes_for(action, state, at) {
+                Some(writes) => Some(writes),
+                None => match crate::control::membership::next_for(action, state, at, heartbeat) {
+                    Next::Start(writes) => Some(writes),
+                    Next::Nothing => None,
+                    Next::Waiting(why) => {
+                        waiting.push(why);
+                        None
+                    }
+                },
+            };
+            let Some(writes) = writes else {
+                continue;
+            };
+            let creates = writes
+                .iter()
+                .any(|w| matches!(w, Write::CreateOperation(_)));
+            let finished: Vec<&'static str> = writes
+                .iter()
+                .filter_map(|w| match w {
+                    Write::PutRemediation(r)
+                        if r.phase.is_terminal()
+                            || matches!(r.phase, RemediationPhase::Failed { .. }) =>
+                    {
+                        Some(r.phase.name())
+                    }
+                    _ => None,
+                })
+                .collect();
+            match self.backend.apply(writes).await {
+                Ok(()) => {
+                    changed = true;
+                    for outcome in &finished {
+                        self.metrics
+                            .remediations_finished
+                            .get_or_create(&label("outcome", outcome))
+                            .inc();
+                    }
+                    if creates {
+                        tracing::info!(operation = %action.id, reason = %action.reason, "intent persisted");
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(operation = %action.id, error = %crate::error::chain(&error), "action not persisted");
+                    return changed;
+                }
+            }
+        }
+        // Notes do not change the plan: no extra round for them.
+        self.publish_notes(&plan, waiting, state).await;
+        changed
+    }
+
+    /// Persists (and logs) what people must know when it changed; true when it wrote.
+    pub(super) async fn publish_notes(
+        &mut self,
+        plan: &metalguard_api::plan::Plan,
+        waiting: Vec<String>,
+        state: &crate::backend::State,
+    ) -> bool {
+        let notes = ControllerNotes {
+            identity: self.identity.clone(),
+            inventory_generation: self.file.as_ref().map_or(1, |f| f.generation),
+            inventory_error: self.file.as_ref().and_then(|f| f.error.clone()),
+            needs: crate::control::notes::needs(plan),
+            waiting,
+        };
+        let before = state.notes.clone().unwrap_or_default();
+        if before == notes {
+            return false;
+        }
+        for need in notes.needs.iter().filter(|n| !before.needs.contains(n)) {
+            tracing::warn!(need = %need, "the controller needs a person");
+        }
+        for wait in notes.waiting.iter().filter(|w| !before.waiting.contains(w)) {
+            tracing::info!(reason = %wait, "an action waits");
+        }
+        match self.backend.apply(vec![Write::PutNotes(notes)]).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(error = %crate::error::chain(&error), "notes not persisted");
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! What the loop keeps current between rounds: the inventory file (taken only when it parses
+//! and passes its checks), the deny list of agent certificates, the records' seals after a key
+//! rotation, and the BMCs the agents probe.
+
+use super::Controller;
+use crate::backend::{Backend, Write};
+use crate::control::reload::Reload;
+use crate::pki::revocation::DenyListReload;
+
+/// Most records sealed again in one round after a key rotation.
+const RESEAL_BATCH: usize = 64;
+
+impl<B: Backend> Controller<B> {
+    /// Tells the hub the hosts of the inventory in force: only their certificates may speak.
+    pub(super) fn admit_inventory(&self) {
+        self.hub
+            .set_hosts(self.inventory.hosts.iter().map(|h| h.name.clone()));
+    }
+
+    /// Applies a changed deny list, or says why it was not taken.
+    pub(super) fn reload_deny_list(&mut self) {
+        let Some(file) = self.deny_list.as_mut() else {
+            return;
+        };
+        match file.check(&self.hub.revoked()) {
+            DenyListReload::Unchanged => {}
+            DenyListReload::Loaded(count) => {
+                self.metrics
+                    .revoked_certificates
+                    .set(i64::try_from(count).unwrap_or(i64::MAX));
+                tracing::info!(revoked = count, "revoked certificates reloaded");
+            }
+            DenyListReload::Rejected(error) => {
+                tracing::error!(error = %crate::error::chain(&error), "revoked certificates file changed but cannot be read; the list in force stays");
+            }
+        }
+    }
+
+    /// Seals records again with the signing key after a key rotation (a batch per round),
+    /// each only if unchanged since it was read.
+    pub(super) async fn reseal(&mut self, state: &crate::backend::State) {
+        if state.stale_seals.is_empty() {
+            return;
+        }
+        let batch: Vec<Write> = state
+            .stale_seals
+            .iter()
+            .take(RESEAL_BATCH)
+            .cloned()
+            .map(Write::Reseal)
+            .collect();
+        let count = batch.len();
+        match self.backend.apply(batch).await {
+            Ok(()) => {
+                self.metrics.records_resealed.inc_by(count as u64);
+                tracing::info!(
+                    count,
+                    left = state.stale_seals.len() - count,
+                    "records sealed again with the signing key"
+                );
+            }
+            Err(error) => {
+                tracing::info!(error = %crate::error::chain(&error), "records not sealed again yet (one changed meanwhile?); next round");
+            }
+        }
+    }
+
+    pub(super) fn count_insecure_bmcs(&self) {
+        let insecure = self
+            .inventory
+            .hosts
+            .iter()
+            .filter_map(|h| h.bmc.as_ref())
+            .filter(|b| b.tls.insecure)
+            .count();
+        self.metrics
+            .insecure_bmcs
+            .set(i64::try_from(insecure).unwrap_or(i64::MAX));
+    }
+
+    /// Tells the hub every BMC of the inventory (address and trust, no credentials), for the
+    /// agents to probe. A BMC whose trust cannot be read (a missing CA file) is left out and
+    /// logged; fencing it fails for the same reason.
+    pub(super) fn publish_bmc_targets(&self) {
+        let targets = self
+            .inventory
+            .hosts
+            .iter()
+            .filter_map(|h| Some((h, h.bmc.as_ref()?)))
+            .filter_map(|(h, bmc)| match bmc.trust(&h.name) {
+                Ok(tls) => Some(metalguard_api::protocol::BmcTarget {
+                    host: h.name.clone(),
+                    bmc_address: bmc.address.clone(),
+                    tls,
+                }),
+                Err(error) => {
+                    tracing::warn!(host = %h.name, error = %crate::error::chain(&error), "bmc left out of the agents' reachability probes");
+                    None
+                }
+            })
+            .collect();
+        self.hub.set_bmc_targets(targets);
+    }
+
+    /// Applies a changed inventory file, or reports why it was rejected.
+    pub(crate) fn reload_inventory(&mut self) {
+        let Some(file) = self.file.as_mut() else {
+            // The Kubernetes backend builds the inventory from its resources.
+            if let Some(inventory) = self.backend.inventory() {
+                self.inventory = inventory;
+                self.count_insecure_bmcs();
+                self.publish_bmc_targets();
+                self.admit_inventory();
+                tracing::info!(
+                    hosts = self.inventory.hosts.len(),
+                    "inventory rebuilt from the cluster's resources"
+                );
+            }
+            return;
+        };
+        match file.check(&self.inventory) {
+            Reload::Unchanged => {}
+            Reload::Accepted {
+                inventory,
+                restart_needed,
+            } => {
+                let generation = file.generation;
+                self.inventory = *inventory;
+                self.count_insecure_bmcs();
+                self.publish_bmc_targets();
+                self.admit_inventory();
+                self.metrics
+                    .inventory_generation
+                    .set(i64::try_from(generation).unwrap_or(i64::MAX));
+                self.metrics.inventory_rejected.set(0);
+                tracing::info!(
+                    generation,
+                    hosts = self.inventory.hosts.len(),
+                    "inventory reloaded"
+                );
+                if !restart_needed.is_empty() {
+                    tracing::warn!(
+                        sections = %restart_needed.join(", "),
+                        "inventory sections changed that take effect only at the next start"
+                    );
+                }
+            }
+            Reload::Rejected(error) => {
+                self.metrics.inventory_rejected.set(1);
+                tracing::error!(%error, generation = file.generation, "inventory change rejected; the previous inventory stays in use");
+            }
+        }
+    }
+}
