@@ -18,6 +18,8 @@ mod error;
 mod inventory;
 #[cfg(feature = "kubernetes")]
 mod kube;
+#[cfg(test)]
+mod layout_tests;
 mod pki;
 mod standalone;
 #[cfg(test)]
