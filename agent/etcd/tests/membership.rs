@@ -164,7 +164,8 @@ async fn a_second_learner_is_refused_clearly_by_the_gate_and_by_etcd() {
     let err = ops::add_learner(&s, &slot.peer_url).await.unwrap_err();
     assert!(
         matches!(refusal(&err), Refusal::LearnerPresent { .. }),
-        "{err}"
+        "{err}: {:?}",
+        refusal(&err)
     );
     assert!(
         refusal(&err)
