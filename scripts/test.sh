@@ -30,14 +30,17 @@ etcd34="$(command -v etcd)"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci
 
-# Runs nextest with `etcd` (etcdctl beside it) and a label naming the version it reports.
+# Runs nextest with `etcd` (etcdctl beside it) and a label naming the version it reports; a
+# failed run is remembered and the next release still runs, so one log shows every release.
+failed=()
 nextest_on() {
   local etcd="$1"; shift
   local version
   version="$("$etcd" --version | sed -n 's/^etcd Version: //p')"
-  echo "== cargo nextest run $* on etcd $version ($etcd)"
+  echo "== cargo nextest run${*:+ $*} on etcd $version ($etcd)"
   METALGUARD_ETCD_BIN="$etcd" METALGUARD_ETCDCTL_BIN="$(dirname "$etcd")/etcdctl" \
-    cargo nextest run --workspace --locked --profile "$profile" "$@"
+    cargo nextest run --workspace --locked --profile "$profile" "$@" \
+    || failed+=("etcd $version: cargo nextest run${*:+ $*}")
 }
 
 nextest_on "$etcd36"
@@ -52,3 +55,9 @@ if leftovers=$(pgrep -af 'mg-harness-' | grep -v pgrep); then
   exit 1
 fi
 echo "none"
+
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "== failed runs"
+  printf '%s\n' "${failed[@]}"
+  exit 1
+fi
