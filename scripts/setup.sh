@@ -4,9 +4,10 @@
 # and cargo tools. Safe to run again: it only installs what is missing.
 # `setup.sh --lab` installs only what the local lab needs (scripts/lab.sh): no packaging,
 # benchmark or test-only tools, so a first lab run stays within minutes.
-# Without --lab it also builds, when missing, the real Kubernetes control plane and etcd 3.6
-# the Kubernetes tests run (scripts/kube-build.sh; Go 1.26 needed; the first build takes
-# ~18 min and ~2.5 GB of memory on 2 cores, docs/benchmarks.md; later runs reuse it).
+# Without --lab it also builds, when missing, the real Kubernetes control plane and the etcd 3.6
+# the Kubernetes tests and the default suite run (scripts/kube-build.sh; Go 1.26 needed; the
+# first build takes ~18 min and ~2.5 GB of memory on 2 cores, docs/benchmarks.md; later runs
+# reuse it), and fetches the etcd 3.5 of the etcd matrix (scripts/etcd35.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAB_ONLY=false
@@ -91,6 +92,11 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 say "kube: building or reusing the Kubernetes and etcd 3.6 test binaries"
 scripts/kube-build.sh
+
+# etcd 3.5 for the etcd matrix of scripts/test.sh (3.4 is Debian's, 3.6 the build above):
+# Debian trixie's package unpacked into .tools/etcd35/; kept when present.
+say "etcd: fetching or reusing etcd 3.5 (scripts/etcd35.sh)"
+scripts/etcd35.sh >/dev/null
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   say "cargo: installing cargo-nextest"

@@ -546,7 +546,9 @@ impl EtcdCluster {
     }
 
     /// Adds a learner with `etcdctl member add --learner`, starts it and waits until it serves
-    /// its client port. Returns its index.
+    /// `/health` and the voters' member list shows it started (under its name: a learner
+    /// that already serves `/health` can still be nameless there, seen on etcd 3.4, and a
+    /// nameless member reads as never started). Returns its index.
     pub fn add_learner(&mut self) -> Result<usize> {
         let slot = self.reserve_host()?;
         let peer_urls = format!("--peer-urls={}", slot.peer_url);
@@ -585,6 +587,23 @@ impl EtcdCluster {
             self.check_alive(index)?;
             Ok(http::get(addr, "/health", PROBE_TIMEOUT).is_some())
         })?;
+        let voters: Vec<String> = self.members[..index]
+            .iter()
+            .filter(|m| m.state == MemberState::Running)
+            .map(|m| m.client_url().to_owned())
+            .collect();
+        let name = self.members[index].name().to_owned();
+        wait_until(
+            "the learner to show started in the member list",
+            START_TIMEOUT,
+            || {
+                self.check_alive(index)?;
+                Ok(self.member_list_at(&voters).is_ok_and(|list| {
+                    list.iter()
+                        .any(|m| m.name == name && !m.client_urls.is_empty())
+                }))
+            },
+        )?;
         Ok(index)
     }
 
@@ -673,7 +692,16 @@ impl EtcdCluster {
 
     /// The member list as etcd reports it.
     pub fn member_list(&self) -> Result<Vec<MemberInfo>> {
-        let out = self.etcdctl(&["member", "list", "-w", "json"])?;
+        self.member_list_at(&self.running_endpoints())
+    }
+
+    /// The member list as `endpoints` report it.
+    fn member_list_at(&self, endpoints: &[String]) -> Result<Vec<MemberInfo>> {
+        let out = self.etcdctl_at(
+            endpoints,
+            ETCDCTL_TIMEOUT,
+            &["member", "list", "-w", "json"],
+        )?;
         let list: MemberList = serde_json::from_str(&out).map_err(|e| HarnessError::Command {
             command: "etcdctl member list -w json".into(),
             detail: format!("unparsable output ({e}): {out}"),

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::process::Proc;
+use crate::tools::EtcdVersion;
 use crate::{HarnessError, Result, tools};
 
 /// Grace between SIGTERM and SIGKILL when a manifest disappears (the kubelet's default
@@ -72,7 +73,12 @@ pub enum KubeletEvent {
     Stopped {
         /// The manifest's file name.
         file: String,
-        /// Whether its `--data-dir` still existed when the etcd was stopped.
+        /// Whether its etcd was still running, so that the kubelet stopped it. `false`: it had
+        /// exited on its own before the kubelet saw the manifest gone (a removed member shuts
+        /// itself down; etcd 3.6 does so before the agent has moved its manifest aside).
+        was_running: bool,
+        /// Whether its `--data-dir` still existed when the kubelet saw the manifest gone (for
+        /// a running etcd: when the kubelet stopped it).
         data_dir_existed: bool,
     },
     /// A manifest a real kubelet would not run as an etcd (or that it cannot read): not run.
@@ -146,10 +152,12 @@ impl Kubelet {
             .collect();
         for file in gone {
             if let Some(mut pod) = self.pods.remove(&file) {
+                let was_running = pod.proc.is_running();
                 let data_dir_existed = pod.data_dir.as_ref().is_some_and(|d| d.exists());
                 pod.proc.terminate(STOP_GRACE);
                 events.push(KubeletEvent::Stopped {
                     file,
+                    was_running,
                     data_dir_existed,
                 });
             }
@@ -466,6 +474,9 @@ impl Drop for KubeletThread {
 /// One member as kubeadm describes it in its etcd manifest.
 #[derive(Debug, Clone)]
 pub struct KubeadmMember<'a> {
+    /// The etcd release the manifest is for: kubeadm names the same settings differently for
+    /// etcd 3.6 (feature gates) and earlier (`--experimental-*` flags).
+    pub etcd: EtcdVersion,
     /// `--name` (kubeadm: the node name).
     pub name: &'a str,
     /// `--initial-advertise-peer-urls`, `--listen-peer-urls`.
@@ -484,13 +495,32 @@ pub struct KubeadmMember<'a> {
     pub state: &'a str,
 }
 
-/// The image the harness's manifests name (the test kubelet runs the harness's etcd binary
+/// The image kubeadm names for `etcd` (the test kubelet runs the harness's etcd binary
 /// whatever the image says).
-pub const KUBEADM_IMAGE: &str = "registry.k8s.io/etcd:3.4.23-0";
+pub fn kubeadm_image(etcd: EtcdVersion) -> String {
+    format!("registry.k8s.io/etcd:{etcd}-0")
+}
 
 /// The etcd manifest kubeadm writes for `m`, written out by hand (not by metalguard's
-/// renderer), with the flags kubeadm passes that the harness's etcd 3.4 knows.
+/// renderer), with the flags kubeadm passes for `m.etcd`: kubeadm 1.34 and later give etcd 3.6
+/// `--feature-gates=InitialCorruptCheck=true` and `--watch-progress-notify-interval`, where
+/// earlier etcd releases take `--experimental-initial-corrupt-check` and
+/// `--experimental-watch-progress-notify-interval` (3.6 still accepts those, deprecated; 3.4
+/// refuses `--feature-gates`).
 pub fn kubeadm_manifest(m: &KubeadmMember<'_>) -> String {
+    // kubeadm sorts its flags: the `--experimental-*` ones come right after `--data-dir`.
+    let (after_data_dir, last) = if m.etcd.at_least(3, 6) {
+        (
+            "    - --feature-gates=InitialCorruptCheck=true\n",
+            "    - --watch-progress-notify-interval=5s\n",
+        )
+    } else {
+        (
+            "    - --experimental-initial-corrupt-check=true\n    \
+             - --experimental-watch-progress-notify-interval=5s\n",
+            "",
+        )
+    };
     let pki = |f: &str| m.pki_dir.join(f).display().to_string();
     let listen_client = if m.client_url.contains("://127.0.0.1:") {
         m.client_url.to_owned()
@@ -522,8 +552,7 @@ spec:
     - --cert-file={server_crt}
     - --client-cert-auth=true
     - --data-dir={data_dir}
-    - --experimental-initial-corrupt-check=true
-    - --initial-advertise-peer-urls={peer}
+{after_data_dir}    - --initial-advertise-peer-urls={peer}
     - --initial-cluster={initial_cluster}
     - --initial-cluster-state={state}
     - --key-file={server_key}
@@ -538,7 +567,7 @@ spec:
     - --peer-trusted-ca-file={ca}
     - --snapshot-count=10000
     - --trusted-ca-file={ca}
-    image: {image}
+{last}    image: {image}
     imagePullPolicy: IfNotPresent
     livenessProbe:
       failureThreshold: 8
@@ -598,7 +627,7 @@ status: {{}}
         state = m.state,
         metrics = m.metrics_url,
         name = m.name,
-        image = KUBEADM_IMAGE,
+        image = kubeadm_image(m.etcd),
     )
 }
 
@@ -606,8 +635,15 @@ status: {{}}
 mod tests {
     use super::*;
 
+    const ETCD_34: EtcdVersion = EtcdVersion {
+        major: 3,
+        minor: 4,
+        patch: 23,
+    };
+
     fn member(dir: &Path) -> KubeadmMember<'_> {
         KubeadmMember {
+            etcd: ETCD_34,
             name: "cp-1",
             peer_url: "https://127.0.0.1:2380",
             client_url: "https://127.0.0.1:2379",
@@ -629,7 +665,36 @@ mod tests {
             pod.flag("cert-file"),
             Some("/etc/kubernetes/pki/etcd/server.crt")
         );
-        assert_eq!(pod.args.len(), 20);
+        assert_eq!(pod.args.len(), 21);
+        assert_eq!(pod.flag("experimental-initial-corrupt-check"), Some("true"));
+        assert_eq!(pod.flag("feature-gates"), None);
+    }
+
+    #[test]
+    fn a_kubeadm_manifest_for_etcd_3_6_uses_its_feature_gates() {
+        let dir = Path::new("/var/lib/etcd");
+        let v36 = EtcdVersion {
+            minor: 6,
+            patch: 16,
+            ..ETCD_34
+        };
+        let text = kubeadm_manifest(&KubeadmMember {
+            etcd: v36,
+            ..member(dir)
+        });
+        let pod = PodSpec::parse(&text).unwrap();
+        assert_eq!(pod.args.len(), 21);
+        assert_eq!(pod.flag("feature-gates"), Some("InitialCorruptCheck=true"));
+        assert_eq!(pod.flag("watch-progress-notify-interval"), Some("5s"));
+        assert!(
+            !pod.args.iter().any(|a| a.contains("experimental")),
+            "{:?}",
+            pod.args
+        );
+        assert!(
+            text.contains("    image: registry.k8s.io/etcd:3.6.16-0\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Locating the programs the harness runs.
 //!
 //! Each program can be overridden with an environment variable, so the same tests run against
-//! Debian's etcd 3.4 and a 3.5 build (`METALGUARD_ETCD_BIN`), or a venv elsewhere.
+//! Debian's etcd 3.4, a 3.5 build and the 3.6 build (`METALGUARD_ETCD_BIN`; `scripts/test.sh`
+//! runs the etcd matrix that way), or a venv elsewhere.
 
 use std::path::{Path, PathBuf};
 
@@ -51,6 +52,64 @@ fn from_env_or_path(var: &str, name: &str) -> Result<PathBuf> {
 /// The `etcd` server binary: `METALGUARD_ETCD_BIN`, else `PATH`.
 pub fn etcd_bin() -> Result<PathBuf> {
     from_env_or_path("METALGUARD_ETCD_BIN", "etcd")
+}
+
+/// An etcd release, as `etcd --version` names it (`etcd Version: 3.6.16`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EtcdVersion {
+    /// Major version (3).
+    pub major: u32,
+    /// Minor version (4, 5, 6).
+    pub minor: u32,
+    /// Patch version.
+    pub patch: u32,
+}
+
+impl EtcdVersion {
+    /// The version on the `etcd Version: ` line of `etcd --version`'s output.
+    pub fn parse(version_output: &str) -> Option<Self> {
+        let version = version_output
+            .lines()
+            .find_map(|line| line.strip_prefix("etcd Version: "))?;
+        let mut parts = version.trim().splitn(3, '.').map(str::parse::<u32>);
+        Some(Self {
+            major: parts.next()?.ok()?,
+            minor: parts.next()?.ok()?,
+            patch: parts.next()?.ok()?,
+        })
+    }
+
+    /// Whether this release is `major.minor` or later.
+    pub fn at_least(self, major: u32, minor: u32) -> bool {
+        (self.major, self.minor) >= (major, minor)
+    }
+}
+
+impl std::fmt::Display for EtcdVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// The release of the etcd binary the harness runs ([`etcd_bin`]), from its `--version`: tests
+/// that depend on the release ask this instead of assuming one (the suite runs on 3.4, 3.5
+/// and 3.6).
+pub fn etcd_version() -> Result<EtcdVersion> {
+    let etcd = etcd_bin()?;
+    let output = std::process::Command::new(&etcd)
+        .arg("--version")
+        .output()
+        .map_err(HarnessError::io(format!(
+            "running {} --version",
+            etcd.display()
+        )))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    EtcdVersion::parse(&text).ok_or_else(|| {
+        HarnessError::Other(format!(
+            "{} --version names no etcd version: {text}",
+            etcd.display()
+        ))
+    })
 }
 
 /// Prometheus's `promtool` (Debian `prometheus`): `METALGUARD_PROMTOOL_BIN`, else `PATH`.
@@ -219,4 +278,22 @@ pub fn random_uuid() -> String {
         &hex[16..20],
         &hex[20..32]
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EtcdVersion;
+
+    #[test]
+    fn etcd_versions_are_read_from_each_release_s_version_output() {
+        let debian = "etcd Version: 3.4.23\nGit SHA: Not provided\nGo Version: go1.19.8\n";
+        let built = "etcd Version: 3.6.16\nAPI Version: 3.6\nGo Version: go1.26.8\n";
+        let v34 = EtcdVersion::parse(debian).unwrap();
+        let v36 = EtcdVersion::parse(built).unwrap();
+        assert_eq!((v34.major, v34.minor, v34.patch), (3, 4, 23));
+        assert_eq!(v36.to_string(), "3.6.16");
+        assert!(v36.at_least(3, 6) && v36.at_least(3, 5) && !v34.at_least(3, 5));
+        assert_eq!(EtcdVersion::parse("etcdctl version: 3.6.16\n"), None);
+        assert_eq!(EtcdVersion::parse("etcd Version: 3.x.1\n"), None);
+    }
 }

@@ -32,15 +32,16 @@ pub fn settings(endpoints: Vec<String>) -> ClientSettings {
     s
 }
 
-/// The member ID etcd gave member `i` of the harness cluster.
+/// The member ID etcd gave member `i` of the harness cluster, found by its peer URL: a
+/// learner that serves `/health` may not have published its name yet (etcd 3.4 showed it
+/// nameless in the member list right after it started).
 pub fn member_id(cluster: &EtcdCluster, i: usize) -> u64 {
-    let name = cluster.member(i).name().to_owned();
-    cluster
-        .member_list()
-        .unwrap()
-        .into_iter()
-        .find(|m| m.name == name)
-        .unwrap()
+    let peer_url = cluster.member(i).peer_url().to_owned();
+    let members = cluster.member_list().unwrap();
+    members
+        .iter()
+        .find(|m| m.peer_urls.contains(&peer_url))
+        .unwrap_or_else(|| panic!("no member with peer url {peer_url} in {members:?}"))
         .id
 }
 

@@ -31,6 +31,7 @@ pub fn write_template(path: &Path, member: &EtcdMember) -> Result<()> {
         HarnessError::Other("the static-pod layout needs the lab's TLS etcd (kubeadm's)".into())
     })?;
     let text = kubeadm_manifest(&KubeadmMember {
+        etcd: crate::tools::etcd_version()?,
         name: member.name(),
         peer_url: member.peer_url(),
         client_url: member.client_url(),
