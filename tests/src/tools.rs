@@ -156,8 +156,9 @@ pub fn etcd36_version() -> Result<String> {
     pinned_version("etcd", "go.etcd.io/etcd/server/v3 ")
 }
 
-fn built_program(var: &str, default: PathBuf, name: &str) -> Result<PathBuf> {
-    let path = std::env::var_os(var).map_or(default, PathBuf::from);
+/// `path` if it is an executable file; else an error naming `var`, the variable that would
+/// point elsewhere.
+fn built_program(var: &str, path: PathBuf, name: &str) -> Result<PathBuf> {
     if is_executable(&path) {
         Ok(path)
     } else {
@@ -174,8 +175,16 @@ fn built_program(var: &str, default: PathBuf, name: &str) -> Result<PathBuf> {
 /// A Kubernetes binary (`kube-apiserver`, `kube-controller-manager`, `kubectl`) of the pinned
 /// release: in `METALGUARD_KUBE_BIN_DIR`, else `<repo>/.tools/kube/<version>/`.
 pub fn kube_bin(name: &str) -> Result<PathBuf> {
-    let dir = match std::env::var_os("METALGUARD_KUBE_BIN_DIR") {
-        Some(dir) => PathBuf::from(dir),
+    kube_bin_in(
+        std::env::var_os("METALGUARD_KUBE_BIN_DIR").map(PathBuf::from),
+        name,
+    )
+}
+
+/// `name` in `dir` (the variable's directory), else in `<repo>/.tools/kube/<version>/`.
+fn kube_bin_in(dir: Option<PathBuf>, name: &str) -> Result<PathBuf> {
+    let dir = match dir {
+        Some(dir) => dir,
         None => repo_root().join(".tools/kube").join(kube_version()?),
     };
     built_program("METALGUARD_KUBE_BIN_DIR", dir.join(name), name)
@@ -184,11 +193,14 @@ pub fn kube_bin(name: &str) -> Result<PathBuf> {
 /// The etcd 3.6 server the Kubernetes tests run: `METALGUARD_ETCD36_BIN`, else
 /// `<repo>/.tools/etcd/<version>/etcd` (never Debian's 3.4 on `PATH`).
 pub fn etcd36_bin() -> Result<PathBuf> {
-    let default = repo_root()
-        .join(".tools/etcd")
-        .join(etcd36_version()?)
-        .join("etcd");
-    built_program("METALGUARD_ETCD36_BIN", default, "etcd 3.6")
+    let path = match std::env::var_os("METALGUARD_ETCD36_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => repo_root()
+            .join(".tools/etcd")
+            .join(etcd36_version()?)
+            .join("etcd"),
+    };
+    built_program("METALGUARD_ETCD36_BIN", path, "etcd 3.6")
 }
 
 /// `etcdctl` next to [`etcd36_bin`].
@@ -295,5 +307,18 @@ mod tests {
         assert!(v36.at_least(3, 6) && v36.at_least(3, 5) && !v34.at_least(3, 5));
         assert_eq!(EtcdVersion::parse("etcdctl version: 3.6.16\n"), None);
         assert_eq!(EtcdVersion::parse("etcd Version: 3.x.1\n"), None);
+    }
+
+    #[test]
+    fn a_kube_bin_dir_names_the_directory_of_the_binaries() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let apiserver = dir.path().join("kube-apiserver");
+        std::fs::write(&apiserver, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&apiserver, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let found = super::kube_bin_in(Some(dir.path().to_owned()), "kube-apiserver").unwrap();
+        assert_eq!(found, apiserver);
+        let missing = super::kube_bin_in(Some(dir.path().to_owned()), "kubectl").unwrap_err();
+        assert!(missing.to_string().contains("kubectl"), "{missing}");
     }
 }
