@@ -237,30 +237,21 @@ async fn results(
             ),
         );
     }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let sent = hub
-        .send(Inbound::Result {
+    ask(
+        &hub,
+        "result",
+        |reply| Inbound::Result {
             host,
             certificate: peer.0,
             result,
-            reply: tx,
-        })
-        .await;
-    if !sent {
-        return refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "controller is stopping".to_owned(),
-        );
-    }
-    match rx.await {
-        Ok(Ok(ack)) => Json(ack).into_response(),
-        Ok(Err(ResultError::Rejected(error))) => refuse(StatusCode::CONFLICT, error),
-        Ok(Err(ResultError::Unavailable(error))) => refuse(StatusCode::SERVICE_UNAVAILABLE, error),
-        Err(_) => refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "controller stopped before persisting the result".to_owned(),
-        ),
-    }
+            reply,
+        },
+        |error| match error {
+            ResultError::Rejected(error) => refuse(StatusCode::CONFLICT, error),
+            ResultError::Unavailable(error) => refuse(StatusCode::SERVICE_UNAVAILABLE, error),
+        },
+    )
+    .await
 }
 
 /// A break-glass hold recorded on the certificate's host: its id must be `<host>/<ms>`; its
@@ -289,15 +280,31 @@ async fn holds(
             ),
         );
     }
+    ask(
+        &hub,
+        "hold",
+        |reply| Inbound::Hold { host, hold, reply },
+        |error| match error {
+            HoldError::Invalid(error) => refuse(StatusCode::UNPROCESSABLE_ENTITY, error),
+            HoldError::Released(error) => refuse(StatusCode::CONFLICT, error),
+            HoldError::Unsupported(error) => refuse(StatusCode::NOT_IMPLEMENTED, error),
+            HoldError::Unavailable(error) => refuse(StatusCode::SERVICE_UNAVAILABLE, error),
+        },
+    )
+    .await
+}
+
+/// Hands `message` (made with its reply channel) to the controller loop and answers with
+/// its acknowledgement, its refusal (`refused`), or 503 when the loop is stopping or stopped
+/// before it persisted the `what`.
+async fn ask<A: serde::Serialize, E>(
+    hub: &Hub,
+    what: &str,
+    message: impl FnOnce(tokio::sync::oneshot::Sender<Result<A, E>>) -> Inbound,
+    refused: impl FnOnce(E) -> Response,
+) -> Response {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let sent = hub
-        .send(Inbound::Hold {
-            host,
-            hold,
-            reply: tx,
-        })
-        .await;
-    if !sent {
+    if !hub.send(message(tx)).await {
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "controller is stopping".to_owned(),
@@ -305,13 +312,10 @@ async fn holds(
     }
     match rx.await {
         Ok(Ok(ack)) => Json(ack).into_response(),
-        Ok(Err(HoldError::Invalid(error))) => refuse(StatusCode::UNPROCESSABLE_ENTITY, error),
-        Ok(Err(HoldError::Released(error))) => refuse(StatusCode::CONFLICT, error),
-        Ok(Err(HoldError::Unsupported(error))) => refuse(StatusCode::NOT_IMPLEMENTED, error),
-        Ok(Err(HoldError::Unavailable(error))) => refuse(StatusCode::SERVICE_UNAVAILABLE, error),
+        Ok(Err(error)) => refused(error),
         Err(_) => refuse(
             StatusCode::SERVICE_UNAVAILABLE,
-            "controller stopped before persisting the hold".to_owned(),
+            format!("controller stopped before persisting the {what}"),
         ),
     }
 }
