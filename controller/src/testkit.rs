@@ -39,3 +39,27 @@ pub fn member(id: u64, name: &str, learner: bool, healthy: bool) -> EtcdMemberVi
         error: None,
     }
 }
+
+/// The decommission power-off of `target` (retired at `retired_at`), written at `created_at`
+/// for `agent`, not carried out yet.
+pub fn decommission_op(
+    target: &str,
+    agent: &str,
+    retired_at: Timestamp,
+    created_at: Timestamp,
+) -> crate::backend::StoredOperation {
+    crate::backend::StoredOperation {
+        id: metalguard_core::retire::decommission_id(target, retired_at),
+        agent: agent.into(),
+        kind: crate::backend::OperationKind::Fence {
+            target: target.into(),
+            action: metalguard_api::protocol::PowerAction::Off,
+        },
+        remediation_id: None,
+        step: Some("decommission".into()),
+        created_at,
+        requested_by: None,
+        executed_by: None,
+        result: None,
+    }
+}

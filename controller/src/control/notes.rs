@@ -103,10 +103,9 @@ pub fn retirement_progress(
 #[cfg(test)]
 mod tests {
     use metalguard_api::plan::{Action, OperationId};
-    use metalguard_api::protocol::{CommandResult, PowerAction};
+    use metalguard_api::protocol::CommandResult;
 
     use super::*;
-    use crate::backend::{OperationKind, StoredOperation};
 
     fn action(kind: ActionKind) -> Action {
         Action {
@@ -172,21 +171,8 @@ role = "control-plane"
         );
         state.hooks.clear();
         assert_eq!(line(&state), "member removed; waiting for power-off");
-        let id = metalguard_core::retire::decommission_id("cp-1", Timestamp(5));
-        let mut op = StoredOperation {
-            id: id.clone(),
-            agent: "cp-2".into(),
-            kind: OperationKind::Fence {
-                target: "cp-1".into(),
-                action: PowerAction::Off,
-            },
-            remediation_id: None,
-            step: Some("decommission".into()),
-            created_at: Timestamp(6),
-            requested_by: None,
-            executed_by: None,
-            result: None,
-        };
+        let mut op = crate::testkit::decommission_op("cp-1", "cp-2", Timestamp(5), Timestamp(6));
+        let id = op.id.clone();
         state.operations.insert(id.clone(), op.clone());
         assert_eq!(
             line(&state),

@@ -204,11 +204,11 @@ pub(crate) fn verified_off_at(state: &State, host: &str) -> Option<Timestamp> {
 #[cfg(test)]
 mod tests {
     use metalguard_api::plan::OperationId;
-    use metalguard_api::protocol::{AgentReport as Report, CommandResult, PowerAction};
+    use metalguard_api::protocol::{AgentReport as Report, CommandResult};
     use metalguard_api::snapshot::Retirement;
 
     use super::*;
-    use crate::backend::{OperationKind, StoredOperation, StoredReport};
+    use crate::backend::StoredReport;
 
     const INVENTORY: &str = r#"
 [etcd]
@@ -369,21 +369,8 @@ role = "control-plane"
                 .is_deleting()
         );
 
-        let id = metalguard_core::retire::decommission_id("cp-1", Timestamp(5));
-        let mut op = StoredOperation {
-            id: id.clone(),
-            agent: "cp-2".into(),
-            kind: OperationKind::Fence {
-                target: "cp-1".into(),
-                action: PowerAction::Off,
-            },
-            remediation_id: None,
-            step: Some("decommission".into()),
-            created_at: Timestamp(6),
-            requested_by: None,
-            executed_by: None,
-            result: None,
-        };
+        let mut op = crate::testkit::decommission_op("cp-1", "cp-2", Timestamp(5), Timestamp(6));
+        let id = op.id.clone();
         state.operations.insert(id.clone(), op.clone());
         let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
         assert!(s.hosts.iter().any(|h| h.name == "cp-1"), "not verified yet");
