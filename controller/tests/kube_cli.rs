@@ -334,6 +334,32 @@ fn retire_declares_on_the_resource_and_the_controller_acts_only_as_the_guard_all
         .unwrap_or_else(|| panic!("{ops}"));
     assert_eq!(op["result"]["outcome"], "succeeded", "{op}");
     assert!(lab.host("cp-2")["status"].get("remediation").is_none());
+
+    // Withdrawn with the standalone rules: cp-2's power-off was issued, too late; cp-1
+    // keeps its voting member and no replacement votes, so its retirement goes.
+    let out = cli(&admin, &["retire", "cp-2", "--cancel"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot be withdrawn") && err.contains("power-off"),
+        "{err}"
+    );
+    assert_eq!(lab.host("cp-2")["spec"]["retirement"], retirement);
+    let member = lab.host("cp-1")["status"]["etcdMember"].clone();
+    assert_eq!(member["learner"], false, "{member}");
+    let out = cli(&admin, &["retire", "cp-1", "--cancel"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        text(&out).contains("retirement of cp-1 withdrawn"),
+        "{out:?}"
+    );
+    assert!(lab.host("cp-1")["spec"].get("retirement").is_none());
+    let out = cli(&admin, &["retire", "cp-1", "--cancel"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cp-1 is not retired"),
+        "{out:?}"
+    );
     lab.assert_nothing_forbidden();
 }
 

@@ -104,9 +104,9 @@ pub(super) enum Command {
         /// person's own identity, `$SUDO_USER`/`$USER` and this host's name).
         #[arg(long)]
         requested_by: Option<String>,
-        /// Withdraw the retirement (refused once a replacement votes or the member is gone;
-        /// standalone mode only).
-        #[arg(long, conflicts_with = "kubeconfig")]
+        /// Withdraw the retirement (refused once its power-off was issued, a replacement
+        /// votes, or the member is gone or being removed).
+        #[arg(long)]
         cancel: bool,
         /// The inventory file.
         #[arg(

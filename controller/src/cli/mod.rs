@@ -262,6 +262,9 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         } => {
             #[cfg(feature = "kubernetes")]
             if let Some(target) = cluster.target() {
+                if cancel {
+                    return crate::cli::kube::retire::cancel(&target, &host).await;
+                }
                 let declare = crate::cli::kube::retire::Declare {
                     host,
                     reason: reason.unwrap_or_default(),
