@@ -451,3 +451,134 @@ fn a_power_off_fence_leaves_the_host_off_across_rounds_and_says_why() {
     );
     lab.assert_nothing_forbidden();
 }
+
+/// `host`'s agent posts `hold` until the controller answers something but 429/503.
+fn post_hold(lab: &KubeLab, host: &str, hold: &metalguard_api::snapshot::Hold) -> (u16, String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, body) = lab.agents.post_hold(host, hold);
+        if !matches!(code, 0 | 429 | 503) || std::time::Instant::now() > deadline {
+            return (code, body);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// `status.holds` entry `id` of GuardedHost `host`.
+fn hold_entry(lab: &KubeLab, host: &str, id: &str) -> Option<Value> {
+    lab.host(host)["status"]["holds"]
+        .as_array()?
+        .iter()
+        .find(|h| h["id"] == id)
+        .cloned()
+}
+
+#[test]
+fn a_break_glass_hold_is_recorded_on_the_host_honoured_and_released_by_a_person() {
+    use metalguard_api::duration::Timestamp;
+    use metalguard_api::snapshot::Hold;
+
+    let mut lab = KubeLab::start(&LabOptions::default());
+    let admin = lab.cluster.admin_kubeconfig().to_owned();
+    lab.start_controller("controller-0");
+    lab.wait_leading("w-1", Duration::from_secs(60));
+    let since = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let hold = |id: String, target: &str, by: &str| Hold {
+        id,
+        target: target.to_owned(),
+        since: Timestamp(since),
+        by: by.to_owned(),
+        reason: "smoke from the PSU".to_owned(),
+        action: "off".to_owned(),
+    };
+
+    // Posted by the agent of the host the break-glass fence ran on: recorded in the held
+    // host's status, once.
+    let posted = hold(format!("w-1/{since}"), "w-2", "alice on w-1");
+    let (code, body) = post_hold(&lab, "w-1", &posted);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"first\":true"), "{body}");
+    let entry = hold_entry(&lab, "w-2", &posted.id).expect("the hold is in w-2's status");
+    assert_eq!(entry["reportedBy"], "w-1", "{entry}");
+    assert_eq!(entry["by"], "alice on w-1", "{entry}");
+    assert_eq!(entry["action"], "off", "{entry}");
+    assert!(entry.get("released").is_none(), "{entry}");
+    let (code, body) = post_hold(&lab, "w-1", &posted);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"first\":false"), "{body}");
+    // A hold only carried by an agent's reports is recorded too.
+    let reported = hold(format!("w-3/{}", since + 1), "w-1", "bob on w-3");
+    lab.agents.carry_holds("w-3", vec![reported.clone()]);
+    lab.wait(
+        "w-3's reported hold in w-1's status",
+        Duration::from_secs(20),
+        |lab| hold_entry(lab, "w-1", &reported.id).is_some_and(|h| h["reportedBy"] == "w-3"),
+    );
+
+    // Honoured: w-2 goes down (NotReady, its agent silent) and is left alone.
+    lab.agents.set_live("w-2", false);
+    lab.kubelets["w-2"].set_ready(false).unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    let offered: Vec<String> = lab.agents.offered().keys().cloned().collect();
+    assert!(
+        offered.iter().all(|id| !id.contains("/w-2/")),
+        "the held host was acted on: {offered:?}"
+    );
+    let out = cli(&admin, &["status"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let shown = text(&out);
+    assert!(
+        shown.contains("w-2: HELD") && shown.contains(&posted.id),
+        "{shown}"
+    );
+
+    // A person releases it: named in the spec, recorded in status, and w-2 is remediated
+    // like any other host.
+    let out = cli(&admin, &["release", "w-2", "--reason", "PSU replaced"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        text(&out).contains(&format!("released hold {}", posted.id)),
+        "{out:?}"
+    );
+    let request = lab.host("w-2")["spec"]["holdRelease"].clone();
+    assert_eq!(request["holds"], json!([posted.id]), "{request}");
+    assert_eq!(request["reason"], "PSU replaced", "{request}");
+    let by = request["requestedBy"].as_str().unwrap().to_owned();
+    assert!(by.ends_with(" (cli)"), "{by}");
+    lab.wait(
+        "the release in w-2's status",
+        Duration::from_secs(20),
+        |lab| {
+            hold_entry(lab, "w-2", &posted.id).is_some_and(|h| h["released"]["by"] == by.as_str())
+        },
+    );
+    let off = lab
+        .agents
+        .wait_offered("remediation/w-2/1/power-off", Duration::from_secs(30));
+    assert_ne!(off.agent, "w-2");
+    // A released id is never taken again; nothing is left to release.
+    let (code, body) = post_hold(&lab, "w-1", &posted);
+    assert_eq!(code, 409, "{body}");
+    let out = cli(&admin, &["release", "w-2", "--reason", "again"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("w-2 has no hold"),
+        "{out:?}"
+    );
+
+    // The agent that still carries a released hold is told to delete it.
+    let out = cli(&admin, &["release", "w-1", "--reason", "false alarm"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    lab.wait(
+        "w-3 told that its hold was released",
+        Duration::from_secs(20),
+        |lab| lab.agents.released_holds("w-3") == [reported.id.clone()],
+    );
+    lab.assert_nothing_forbidden();
+}

@@ -56,8 +56,6 @@ pub enum HoldError {
     Invalid(String),
     /// The hold's id was released by a person: it is not honoured again: 409.
     Released(String),
-    /// This backend does not store holds (the agent's reports carry it): 501.
-    Unsupported(String),
     /// The store is unavailable; retry: 503.
     Unavailable(String),
 }

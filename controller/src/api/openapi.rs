@@ -274,9 +274,6 @@ pub fn document() -> Value {
         "the hold's id is not <host>/<milliseconds>, its target is not an inventory host, a field is missing or unknown, or a string is beyond the protocol's limits",
     );
     hold_responses["409"] = error_response("a person released this hold; it is not honoured again");
-    hold_responses["501"] = error_response(
-        "this controller's backend does not store holds (the agent's reports carry it)",
-    );
     json!({
         "openapi": "3.1.0",
         "info": {

@@ -287,7 +287,6 @@ async fn holds(
         |error| match error {
             HoldError::Invalid(error) => refuse(StatusCode::UNPROCESSABLE_ENTITY, error),
             HoldError::Released(error) => refuse(StatusCode::CONFLICT, error),
-            HoldError::Unsupported(error) => refuse(StatusCode::NOT_IMPLEMENTED, error),
             HoldError::Unavailable(error) => refuse(StatusCode::SERVICE_UNAVAILABLE, error),
         },
     )

@@ -154,12 +154,6 @@ pub trait Backend: Send {
         writes: Vec<Write>,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
-    /// Whether the backend stores break-glass holds ([`Write::CreateHold`]). One that does not
-    /// still honours holds while agents' reports carry them.
-    fn keeps_holds(&self) -> bool {
-        true
-    }
-
     /// The inventory when the backend's own sources of it changed (the Kubernetes backend
     /// builds it from its resources); `None` when unchanged or kept in a file.
     fn inventory(&mut self) -> Option<crate::inventory::Inventory> {

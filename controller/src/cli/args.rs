@@ -129,8 +129,15 @@ pub(super) enum Command {
         #[arg(long)]
         reason: String,
         /// The inventory file.
-        #[arg(long, env = "METALGUARD_INVENTORY")]
-        inventory: PathBuf,
+        #[arg(
+            long,
+            env = "METALGUARD_INVENTORY",
+            required_unless_present = "kubeconfig"
+        )]
+        inventory: Option<PathBuf>,
+        /// Kubernetes mode: name the holds in the `GuardedHost`'s `spec.holdRelease`.
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Check the inventory, the files it names (BMC credentials, the etcd CA, client
     /// certificate, key and password) and the TLS files; print every problem.
@@ -163,7 +170,7 @@ pub(super) enum BackendKind {
     Kubernetes,
 }
 
-/// Where `status`, `fence` and `retire` reach the cluster in Kubernetes mode.
+/// Where `status`, `fence`, `retire` and `release` reach the cluster in Kubernetes mode.
 #[derive(Debug, clap::Args)]
 pub(super) struct ClusterArgs {
     /// A kubeconfig (its current context): reach the state through the cluster's metalguard

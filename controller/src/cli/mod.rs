@@ -287,7 +287,16 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             host,
             reason,
             inventory,
-        } => release(&inventory, &host, &reason).await,
+            cluster,
+        } => {
+            #[cfg(feature = "kubernetes")]
+            if let Some(target) = cluster.target() {
+                return crate::cli::kube::release::release(&target, &host, &reason).await;
+            }
+            #[cfg(not(feature = "kubernetes"))]
+            cluster.refuse_kubeconfig()?;
+            release(&inventory_path(inventory)?, &host, &reason).await
+        }
         Command::CheckConfig { inventory } => {
             let inv = Inventory::load(&inventory)?;
             let mut problems: Vec<String> = inv.check_files().iter().map(|e| chain(e)).collect();

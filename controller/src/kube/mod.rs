@@ -22,6 +22,7 @@ pub mod crd;
 mod events;
 pub mod evidence;
 mod fence_requests;
+mod holds;
 pub mod hooks;
 mod host_writes;
 #[cfg(test)]
@@ -215,22 +216,18 @@ impl KubeBackend {
         for problem in problems {
             tracing::warn!(%problem, "status entry ignored");
         }
+        let mut written_holds = false;
         for name in self.written_hosts.keys() {
             let Some(h) = self.host(name) else { continue };
             state.remediations.retain(|_, r| r.target != *name);
             state.operations.retain(|_, op| record::home_of(op) != name);
-            if let Some(status) = &h.status {
-                if let Some(r) = &status.remediation {
-                    state
-                        .remediations
-                        .insert(r.id.clone(), record::remediation(name, r));
-                }
-                for entry in &status.operations {
-                    if let Ok(op) = record::operation(entry) {
-                        state.operations.insert(op.id.clone(), op);
-                    }
-                }
-            }
+            state.hold_records.retain(|_, r| r.hold.target != *name);
+            // Problems were logged from the watched copy already.
+            let _ = world::host_records(name, &h, &mut state);
+            written_holds = true;
+        }
+        if written_holds {
+            state.refresh_holds();
         }
         // A request this controller already answered is not pending, whatever the watch says.
         for name in self.written_fences.keys() {
@@ -420,11 +417,7 @@ impl Backend for KubeBackend {
                 Write::PutHooks(host, hooks) => self.put_hooks(host, hooks).await?,
                 Write::PutNotes(notes) => self.notes = Some(notes.clone()),
                 Write::Node(node) => self.node_write(node.clone()).await?,
-                // Never planned here (`keeps_holds` is false): holds are honoured from the
-                // agents' reports only (docs/design-kubernetes.md, "Not built").
-                Write::CreateHold(record) => {
-                    tracing::warn!(hold = %record.hold.id, "hold not stored: the kubernetes backend does not store holds");
-                }
+                Write::CreateHold(record) => self.create_hold(record).await?,
                 // Never planned here: GuardedHost status is not sealed (RBAC is the boundary,
                 // docs/threat-model.md), so no record is ever stale.
                 Write::Reseal(stale) => {
@@ -469,10 +462,6 @@ impl Backend for KubeBackend {
                 }
             }
         }
-    }
-
-    fn keeps_holds(&self) -> bool {
-        false
     }
 
     fn inventory(&mut self) -> Option<Inventory> {

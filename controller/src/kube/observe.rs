@@ -37,8 +37,10 @@ impl KubeBackend {
                 continue;
             };
             let previous = object.status.clone().unwrap_or_default();
-            let observed =
+            let mut observed =
                 status::observe_host(judged, &previous, object.metadata.generation, host, now);
+            // A release a person named in the spec is recorded in status, where it stays.
+            super::holds::apply_release(&mut observed.holds, object.spec.hold_release.as_ref());
             if observed == previous {
                 continue;
             }

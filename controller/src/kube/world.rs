@@ -449,25 +449,7 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
                 },
             );
         }
-        let Some(status) = &h.status else {
-            continue;
-        };
-        if let Some(r) = &status.remediation {
-            state
-                .remediations
-                .insert(r.id.clone(), record::remediation(&name, r));
-        }
-        for entry in &status.operations {
-            match record::operation(entry) {
-                Ok(op) => {
-                    state.operations.insert(op.id.clone(), op);
-                }
-                Err(problem) => problems.push(format!(
-                    "GuardedHost {name}: operation {}: {problem}",
-                    entry.id
-                )),
-            }
-        }
+        problems.extend(host_records(&name, &h, &mut state));
     }
     let mut requests = world.fences.state();
     requests.sort_by_key(|r| (r.creation_timestamp().map(|t| t.0), r.name_any()));
@@ -485,9 +467,42 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
             }
         });
     }
-    // Not stored in this backend: holds are honoured while the agents' reports carry them.
     state.refresh_holds();
     (state, problems)
+}
+
+/// Adds what `h`'s status records to `state`: its remediation, the operations kept there and
+/// its break-glass holds (those its `spec.holdRelease` names released, whether or not the
+/// leader has recorded that yet). Returns the entries it could not read.
+pub fn host_records(name: &str, h: &GuardedHost, state: &mut State) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Some(status) = &h.status else {
+        return problems;
+    };
+    if let Some(r) = &status.remediation {
+        state
+            .remediations
+            .insert(r.id.clone(), record::remediation(name, r));
+    }
+    for entry in &status.operations {
+        match record::operation(entry) {
+            Ok(op) => {
+                state.operations.insert(op.id.clone(), op);
+            }
+            Err(problem) => problems.push(format!(
+                "GuardedHost {name}: operation {}: {problem}",
+                entry.id
+            )),
+        }
+    }
+    let mut holds = status.holds.clone();
+    super::holds::apply_release(&mut holds, h.spec.hold_release.as_ref());
+    for entry in &holds {
+        state
+            .hold_records
+            .insert(entry.id.clone(), super::holds::stored_hold(name, entry));
+    }
+    problems
 }
 
 /// Feeds one object into a writer, as a watch event would (tests).

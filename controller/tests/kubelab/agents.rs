@@ -15,9 +15,9 @@ use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::OperationId;
 use metalguard_api::protocol::{
     AgentReport, BmcReachability, Command, CommandBatch, CommandResult, Condition, EtcdMemberView,
-    EtcdView, Outcome, commands_path, report_path, results_path,
+    EtcdView, Outcome, ReportAck, commands_path, holds_path, report_path, results_path,
 };
-use metalguard_api::snapshot::ConditionStatus;
+use metalguard_api::snapshot::{ConditionStatus, Hold};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -81,6 +81,8 @@ struct Shared {
     etcd_voter: Option<String>,
     offered: BTreeMap<String, Offered>,
     last_status: BTreeMap<String, u16>,
+    holds: BTreeMap<String, Vec<Hold>>,
+    released: BTreeMap<String, Vec<String>>,
 }
 
 /// The agents of a lab's hosts.
@@ -116,18 +118,23 @@ impl Agents {
                 let mut sequence = 0;
                 while !quit.load(Ordering::SeqCst) {
                     sequence += 1;
-                    let (live, voter) = {
+                    let (live, voter, holds) = {
                         let s = shared.lock().unwrap();
-                        (s.live.clone(), s.etcd_voter.clone())
+                        (s.live.clone(), s.etcd_voter.clone(), s.holds.clone())
                     };
                     for host in &live {
                         let client = &clients[host];
-                        let report = report(host, sequence, &all, voter.as_deref());
-                        let status = client
+                        let mut report = report(host, sequence, &all, voter.as_deref());
+                        report.holds = holds.get(host).cloned().unwrap_or_default();
+                        let answer = client
                             .post(format!("{url}{}", report_path(host)))
                             .json(&report)
-                            .send()
-                            .map_or(0, |r| r.status().as_u16());
+                            .send();
+                        let status = answer.as_ref().map_or(0, |r| r.status().as_u16());
+                        let ack = answer
+                            .ok()
+                            .filter(|r| r.status().is_success())
+                            .and_then(|r| r.json::<ReportAck>().ok());
                         let batch = client
                             .get(format!("{url}{}", commands_path(host, Duration::ZERO)))
                             .send()
@@ -136,6 +143,9 @@ impl Agents {
                             .and_then(|r| r.json::<CommandBatch>().ok());
                         let mut s = shared.lock().unwrap();
                         s.last_status.insert(host.clone(), status);
+                        if let Some(ack) = ack {
+                            s.released.insert(host.clone(), ack.released_holds);
+                        }
                         for command in batch.map(|b| b.commands).unwrap_or_default() {
                             s.offered
                                 .entry(command.operation_id.0.clone())
@@ -172,6 +182,39 @@ impl Agents {
     /// `host`'s agent also reports a healthy single-member etcd whose only voter it runs.
     pub fn report_etcd_voter(&self, host: &str) {
         self.shared.lock().unwrap().etcd_voter = Some(host.to_owned());
+    }
+
+    /// `host`'s agent carries `holds` in its reports from now on (break-glass fences run on
+    /// that host).
+    pub fn carry_holds(&self, host: &str, holds: Vec<Hold>) {
+        self.shared
+            .lock()
+            .unwrap()
+            .holds
+            .insert(host.to_owned(), holds);
+    }
+
+    /// The hold ids the controller's last answer to `host`'s report said were released.
+    pub fn released_holds(&self, host: &str) -> Vec<String> {
+        self.shared
+            .lock()
+            .unwrap()
+            .released
+            .get(host)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// `host`'s agent posts `hold` (`POST /v1/hosts/{host}/holds`): the HTTP status and body.
+    pub fn post_hold(&self, host: &str, hold: &Hold) -> (u16, String) {
+        match self.clients[host]
+            .post(format!("{}{}", self.url, holds_path(host)))
+            .json(hold)
+            .send()
+        {
+            Ok(r) => (r.status().as_u16(), r.text().unwrap_or_default()),
+            Err(e) => (0, e.to_string()),
+        }
     }
 
     /// The status the controller last answered `host`'s report with (0: no answer).

@@ -76,6 +76,28 @@ pub struct GuardedHostSpec {
     /// mode; this field only declares.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retirement: Option<HostRetirement>,
+    /// A person hands the host back after a break-glass fence (`metalguard-controller release
+    /// HOST --kubeconfig`): the leader marks each named hold of this host released in
+    /// `status.holds`, and a released id is never honoured again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_release: Option<HoldReleaseRequest>,
+}
+
+/// A person's release of break-glass holds: which, when, who, why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HoldReleaseRequest {
+    /// The ids of the holds released (as `status.holds` lists them).
+    #[schemars(length(min = 1, max = 64))]
+    pub holds: Vec<String>,
+    /// When it was requested.
+    pub requested_at: Time,
+    /// Who asked (the user the API server authenticated, as the command line recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
+    /// Why.
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// A retirement request: when, who, why. It cannot be changed once made.
@@ -210,6 +232,51 @@ pub struct GuardedHostStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// Break-glass holds of this host (a person fenced it with `metalguard-agent fence
+    /// --direct`): while one is not released, metalguard leaves the host alone. Released
+    /// holds stay listed so that their ids are never honoured again (the oldest released go
+    /// first once the list is full).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
+    pub holds: Vec<HoldStatus>,
+}
+
+/// A break-glass hold as the leader recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HoldStatus {
+    /// `<host the fence ran on>/<milliseconds>`.
+    pub id: String,
+    /// When the break-glass fence ran.
+    pub since: Time,
+    /// Who ran it (the user and the host the command ran on).
+    pub by: String,
+    /// Why, as the person gave it.
+    #[serde(default)]
+    pub reason: String,
+    /// What the fence did: `off`, `reboot` or `on`.
+    pub action: String,
+    /// The agent whose report or post brought it.
+    pub reported_by: String,
+    /// When the leader recorded it.
+    pub record_time: Time,
+    /// The release, once a person gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<HoldReleased>,
+}
+
+/// Who released a hold, when and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HoldReleased {
+    /// When the release was requested.
+    pub time: Time,
+    /// Who.
+    pub by: String,
+    /// Why.
+    #[serde(default)]
+    pub reason: String,
 }
 
 /// Power state reported by a BMC.

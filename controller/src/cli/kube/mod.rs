@@ -1,10 +1,11 @@
-//! `fence`, `status` and `retire` with `--kubeconfig`: the same commands as in standalone
+//! `fence`, `status`, `retire` and `release` with `--kubeconfig`: the same commands as in standalone
 //! mode, reaching the state through the cluster's metalguard resources instead of the
 //! guarded etcd. They only declare (a `FenceRequest`, a retirement on a `GuardedHost`) and
 //! read; the leader decides, with the same planner and guards, and answers in status. The
 //! API server's own authentication and RBAC decide who may declare.
 
 pub mod fence;
+pub mod release;
 pub mod retire;
 pub mod status;
 

@@ -255,7 +255,7 @@ mod tests {
         );
     }
 
-    fn host(name: &str, status: serde_json::Value) -> GuardedHost {
+    fn host(name: &str, status: &serde_json::Value) -> GuardedHost {
         serde_json::from_value(json!({
             "apiVersion": "metalguard.io/v1alpha1",
             "kind": "GuardedHost",
@@ -300,8 +300,8 @@ mod tests {
 
     #[test]
     fn a_retirement_is_withdrawn_only_while_its_member_stays_and_no_replacement_votes() {
-        let retiring = host("cp-1", json!({"etcdMember": member("a1", false)}));
-        let others = vec![retiring.clone(), host("cp-2", json!({}))];
+        let retiring = host("cp-1", &json!({"etcdMember": member("a1", false)}));
+        let others = vec![retiring.clone(), host("cp-2", &json!({}))];
         assert_eq!(
             check_cancellable(&retiring, &others, Some(&plane(3, 3))),
             Ok(())
@@ -318,7 +318,7 @@ mod tests {
             retiring.clone(),
             host(
                 "cp-2",
-                json!({"operations": [op("quorum/remove-member/a1", "etcd-remove", Some("a1"))]}),
+                &json!({"operations": [op("quorum/remove-member/a1", "etcd-remove", Some("a1"))]}),
             ),
         ];
         let err = check_cancellable(&retiring, &removing, Some(&plane(3, 3))).unwrap_err();
@@ -331,7 +331,7 @@ mod tests {
             retiring.clone(),
             host(
                 "cp-2",
-                json!({"operations": [op("quorum/remove-member/b2", "etcd-remove", Some("b2"))]}),
+                &json!({"operations": [op("quorum/remove-member/b2", "etcd-remove", Some("b2"))]}),
             ),
         ];
         assert_eq!(
@@ -339,7 +339,7 @@ mod tests {
             Ok(())
         );
         // No member shown: gone (or never reported), refused.
-        let memberless = host("cp-1", json!({}));
+        let memberless = host("cp-1", &json!({}));
         let err = check_cancellable(&memberless, &others, None).unwrap_err();
         assert!(err.to_string().contains("no etcd member"), "{err}");
         // Its power-off was issued.
@@ -347,12 +347,12 @@ mod tests {
         let off = metalguard_core::retire::decommission_id("cp-1", at).0;
         let issued = host(
             "cp-1",
-            json!({"etcdMember": member("a1", false), "operations": [op(&off, "fence", None)]}),
+            &json!({"etcdMember": member("a1", false), "operations": [op(&off, "fence", None)]}),
         );
         let err = check_cancellable(&issued, std::slice::from_ref(&issued), None).unwrap_err();
         assert!(err.to_string().contains("power-off"), "{err}");
         // Nothing to withdraw; workers are never retired.
-        let mut plain = host("cp-1", json!({}));
+        let mut plain = host("cp-1", &json!({}));
         plain.spec.retirement = None;
         assert_eq!(
             check_cancellable(&plain, &[], None),

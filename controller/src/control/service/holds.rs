@@ -26,12 +26,6 @@ impl<B: Backend> Controller<B> {
         host: &str,
         hold: metalguard_api::snapshot::Hold,
     ) -> Result<metalguard_api::protocol::HoldAck, HoldError> {
-        if !self.backend.keeps_holds() {
-            return Err(HoldError::Unsupported(
-                "this controller's backend does not store holds; the agent's reports carry it"
-                    .to_owned(),
-            ));
-        }
         if self.inventory.host(&hold.target).is_none() {
             return Err(HoldError::Invalid(format!(
                 "hold target {} is not an inventory host",
@@ -70,9 +64,6 @@ impl<B: Backend> Controller<B> {
     /// Records the holds that stored reports carry and the store has no record of; true when
     /// it wrote one (the next round plans with it; it is honoured meanwhile anyway).
     pub(super) async fn record_reported_holds(&mut self, state: &crate::backend::State) -> bool {
-        if !self.backend.keeps_holds() {
-            return false;
-        }
         let mut wrote = false;
         for record in state.unrecorded_holds() {
             if self.inventory.host(&record.hold.target).is_none() {
