@@ -174,6 +174,22 @@ fn fence_prints_the_leaders_verdict_and_status_reads_the_resources() {
     assert!(printed.contains("leader: controller-0"), "{printed}");
     assert!(printed.contains("remediation/w-1/1"), "{printed}");
     assert!(printed.contains("fence requests:"), "{printed}");
+    // The agents as the leader wrote them: version, mirrored conditions, its judgement.
+    assert!(printed.contains("w-3: agent kube-test heard "), "{printed}");
+    assert!(
+        printed.contains("    KubeletHealthy = True (Healthy)"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("    MetalguardAgentReady = True"),
+        "{printed}"
+    );
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.starts_with("  w-1: ") && l.contains("Remediating=True")),
+        "{printed}"
+    );
     let rejected_lines = printed
         .lines()
         .filter(|l| l.contains(": w-2 Rejected by alice (kernel hung) — refused by controller-0"))
@@ -196,6 +212,22 @@ fn fence_prints_the_leaders_verdict_and_status_reads_the_resources() {
         3
     );
     assert!(document.get("plan").is_none());
+    let observed = &document["observed"]["hosts"];
+    let w3 = observed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "w-3")
+        .unwrap();
+    assert_eq!(w3["status"]["agent"]["version"], "kube-test", "{w3}");
+    assert!(
+        w3["agent_conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "MetalguardAgentReady" && c["status"] == "True"),
+        "{w3}"
+    );
     lab.assert_nothing_forbidden();
 }
 

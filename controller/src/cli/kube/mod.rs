@@ -5,6 +5,7 @@
 //! API server's own authentication and RBAC decide who may declare.
 
 pub mod fence;
+pub mod observed;
 pub mod release;
 pub mod retire;
 pub mod status;

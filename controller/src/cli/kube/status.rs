@@ -22,8 +22,8 @@ use crate::backend::State;
 use crate::inventory::{ControllerSettings, EtcdSettings, Inventory};
 use crate::kube::world::{self, World};
 
-/// Why there is no agent section and no dry run.
-const NO_REPORTS: &str = "agents' reports are kept in the leader's memory (and mirrored onto their Nodes' MetalguardAgentReady condition), not in the resources: no dry-run plan here";
+/// Why the agents are shown as the leader wrote them, and there is no dry run.
+const NO_REPORTS: &str = "agents' reports are kept in the leader's memory, not in the resources: below is what the leader wrote of them (GuardedHost status, the Nodes' conditions); no dry-run plan here";
 
 /// Everything status shows, read once.
 pub struct Seen {
@@ -33,6 +33,12 @@ pub struct Seen {
     pub state: State,
     /// The fence requests, oldest first.
     pub fences: Vec<FenceRequest>,
+    /// The hosts, by name.
+    pub hosts: Vec<GuardedHost>,
+    /// The Nodes, by name.
+    pub nodes: BTreeMap<String, Node>,
+    /// The control plane (the first, as the leader uses it).
+    pub control_plane: Option<GuardedControlPlane>,
 }
 
 async fn fill<K>(api: Api<K>, writer: &mut Writer<K>, what: &str) -> anyhow::Result<()>
@@ -103,10 +109,21 @@ pub async fn read(client: &Client, namespace: &str, lease_name: &str) -> anyhow:
         })
         .collect();
     fences.sort_by_key(|f| (f.creation_timestamp().map(|t| t.0), f.name_any()));
+    let hosts = world.sorted_hosts().iter().map(|h| (**h).clone()).collect();
+    let nodes = world
+        .nodes
+        .state()
+        .iter()
+        .map(|n| (n.name_any(), (**n).clone()))
+        .collect();
+    let control_plane = world.control_planes.state().first().map(|c| (**c).clone());
     Ok(Seen {
         inventory,
         state,
         fences,
+        hosts,
+        nodes,
+        control_plane,
     })
 }
 
@@ -199,6 +216,10 @@ pub fn render_json(seen: &Seen, now: metalguard_api::duration::Timestamp) -> ser
         map.remove("plan");
         map.insert("agents_note".to_owned(), serde_json::json!(NO_REPORTS));
         map.insert(
+            "observed".to_owned(),
+            super::observed::to_json(&seen.hosts, &seen.nodes, seen.control_plane.as_ref()),
+        );
+        map.insert(
             "fence_request_objects".to_owned(),
             serde_json::json!(seen.fences),
         );
@@ -215,11 +236,14 @@ pub async fn status(target: &Target, lease_name: &str, json: bool) -> anyhow::Re
         println!("{}", render_json(&seen, now));
         return Ok(());
     }
+    // The standalone agents section is empty here (no reports): the one below replaces it.
+    let text = crate::cli::status::render(&seen.inventory, &seen.state, now);
+    print!("{}", text.replacen("agents:\nremediations:", "remediations:", 1));
+    println!("note: {NO_REPORTS}");
     print!(
         "{}",
-        crate::cli::status::render(&seen.inventory, &seen.state, now)
+        super::observed::render(&seen.hosts, &seen.nodes, seen.control_plane.as_ref(), now)
     );
-    println!("note: {NO_REPORTS}");
     print!(
         "{}",
         crate::cli::status::render_progress(&seen.inventory, &seen.state, now)
