@@ -14,9 +14,10 @@ use std::path::Path;
 
 use anyhow::Context as _;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use metalguard_api::k8s::GuardedHost;
 
 pub use crate::kube::REQUESTED_BY;
 
@@ -54,4 +55,57 @@ pub async fn who_am_i(client: &Client) -> anyhow::Result<String> {
         .and_then(|u| u.username)
         .filter(|u| !u.is_empty())
         .context("the API server's SelfSubjectReview named no user")
+}
+
+/// How many times a spec write that conflicted with another writer is read and tried again.
+const CONFLICT_TRIES: u32 = 5;
+
+/// What a command decided from the `GuardedHost` it read.
+pub enum Decided<T> {
+    /// Merge this into the spec, with the object's resource version as precondition.
+    Write(serde_json::Value, T),
+    /// Nothing to write.
+    Stop(T),
+}
+
+/// Reads the `GuardedHost` `host` (with whatever else `decide` needs), lets `decide` check
+/// it, and merge-patches its spec with the resource version it read as precondition: a
+/// compare-and-swap. The leader's status writes move that version too, so a conflict (409)
+/// is read and decided again, as kubectl does, a few times; anything written meanwhile is
+/// never overwritten unseen.
+pub async fn write_host_spec<T>(
+    api: &Api<GuardedHost>,
+    host: &str,
+    what: &str,
+    mut decide: impl AsyncFnMut() -> anyhow::Result<(GuardedHost, Decided<T>)>,
+) -> anyhow::Result<T> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let (current, decided) = decide().await?;
+        let (spec, outcome) = match decided {
+            Decided::Stop(outcome) => return Ok(outcome),
+            Decided::Write(spec, outcome) => (spec, outcome),
+        };
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": current.metadata.resource_version},
+            "spec": spec,
+        });
+        match api
+            .patch(host, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(outcome),
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < CONFLICT_TRIES => {
+                tracing::debug!(
+                    attempt,
+                    "GuardedHost {host} changed meanwhile; reading it again"
+                );
+            }
+            Err(error) => {
+                return Err(error)
+                    .with_context(|| format!("{what} of GuardedHost {host} could not be written"));
+            }
+        }
+    }
 }

@@ -4,19 +4,16 @@
 //! the release in `status.holds` and tells each agent that still carries one to delete it.
 
 use anyhow::Context as _;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use metalguard_api::duration::Timestamp;
 use metalguard_api::k8s::GuardedHost;
 use metalguard_api::k8s::host::HoldReleaseRequest;
 use serde_json::json;
 
-use super::Target;
+use super::{Decided, Target};
 use crate::backend::{State, StoredHold};
 use crate::cli::holds::{ReleaseError, released_line};
 use crate::kube::{record, world};
-
-/// How many times a write that conflicted with another writer is read and tried again.
-const CONFLICT_TRIES: u32 = 5;
 
 /// The holds of `host` in force, and the release request that names them: the ids a
 /// release already in the spec names that the leader has not recorded as released yet stay
@@ -73,38 +70,20 @@ pub async fn release(target: &Target, host: &str, reason: &str) -> anyhow::Resul
     let ns = &target.namespace;
     let api: Api<GuardedHost> = Api::namespaced(client.clone(), ns);
     let user = super::who_am_i(&client).await?;
-    let mut attempt = 0;
-    let released = loop {
-        attempt += 1;
+    // A hold recorded or a release written meanwhile is read again (compare-and-swap).
+    let released = super::write_host_spec(&api, host, "the release", async || {
         let current = api
             .get_opt(host)
             .await
             .with_context(|| format!("GuardedHost {ns}/{host} could not be read"))?
             .ok_or_else(|| ReleaseError::UnknownHost(host.to_owned()))?;
         let (active, request) = release_request(&current, &user, reason, crate::clock::now())?;
-        // A compare-and-swap: a hold recorded or a release written meanwhile is read again.
-        let patch = json!({
-            "metadata": {"resourceVersion": current.metadata.resource_version},
-            "spec": {"holdRelease": request},
-        });
-        match api
-            .patch(host, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => break active,
-            Err(kube::Error::Api(status)) if status.code == 409 && attempt < CONFLICT_TRIES => {
-                tracing::debug!(
-                    attempt,
-                    "GuardedHost {ns}/{host} changed meanwhile; reading it again"
-                );
-            }
-            Err(error) => {
-                return Err(error).with_context(|| {
-                    format!("the release of GuardedHost {ns}/{host} could not be written")
-                });
-            }
-        }
-    };
+        Ok((
+            current,
+            Decided::Write(json!({"holdRelease": request}), active),
+        ))
+    })
+    .await?;
     for record in &released {
         println!("{}", released_line(record));
     }

@@ -9,18 +9,15 @@
 //! `status.operations` and `status.etcdMember`, and the `GuardedControlPlane`'s voters.
 
 use anyhow::Context as _;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use metalguard_api::duration::Timestamp;
 use metalguard_api::k8s::host::{HostRetirement, HostRole};
 use metalguard_api::k8s::{GuardedControlPlane, GuardedHost};
 use serde_json::json;
 
-use super::Target;
+use super::{Decided, Target};
 use crate::cli::retire::RetireError;
 use crate::kube::record;
-
-/// How many times a write that conflicted with another writer is read and tried again.
-const CONFLICT_TRIES: u32 = 5;
 
 /// What a person declares.
 #[derive(Debug, Clone)]
@@ -55,11 +52,7 @@ pub async fn retire(target: &Target, declare: &Declare) -> anyhow::Result<()> {
     let host = &declare.host;
     let api: Api<GuardedHost> = Api::namespaced(client.clone(), ns);
     let user = super::who_am_i(&client).await?;
-    // The leader writes the host's status, which moves its resource version: a conflict is
-    // read again and checked again, as kubectl does, a few times.
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    let declared = super::write_host_spec(&api, host, "the retirement", async || {
         let current = api
             .get_opt(host)
             .await
@@ -69,40 +62,25 @@ pub async fn retire(target: &Target, declare: &Declare) -> anyhow::Result<()> {
             return Err(RetireError::Worker(host.clone()).into());
         }
         if let Some(r) = &current.spec.retirement {
-            println!(
+            let kept = format!(
                 "{host} was already retired at {} ({}); that request stays in force",
                 r.requested_at.0, r.reason
             );
-            return Ok(());
+            return Ok((current, Decided::Stop(Some(kept))));
         }
         let request = retirement(declare, &user, crate::clock::now());
-        // The resource version makes it a compare-and-swap: a retirement written meanwhile
-        // is not overwritten (the API server answers 409 and nothing changes).
-        let patch = json!({
-            "metadata": {"resourceVersion": current.metadata.resource_version},
-            "spec": {"retirement": request},
-        });
-        match api
-            .patch(host, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => break,
-            Err(kube::Error::Api(status)) if status.code == 409 && attempt < CONFLICT_TRIES => {
-                tracing::debug!(
-                    attempt,
-                    "GuardedHost {ns}/{host} changed meanwhile; reading it again"
-                );
-            }
-            Err(error) => {
-                return Err(error).with_context(|| {
-                    format!("the retirement of GuardedHost {ns}/{host} could not be written")
-                });
-            }
-        }
+        Ok((
+            current,
+            Decided::Write(json!({"retirement": request}), None),
+        ))
+    })
+    .await?;
+    match declared {
+        Some(kept) => println!("{kept}"),
+        None => println!(
+            "retirement of {host} declared by {user}; the leader replaces its etcd member once a new control-plane GuardedHost joins, then powers it off (see status)"
+        ),
     }
-    println!(
-        "retirement of {host} declared by {user}; the leader replaces its etcd member once a new control-plane GuardedHost joins, then powers it off (see status)"
-    );
     Ok(())
 }
 
@@ -178,11 +156,9 @@ pub async fn cancel(target: &Target, host: &str) -> anyhow::Result<()> {
     let ns = &target.namespace;
     let api: Api<GuardedHost> = Api::namespaced(client.clone(), ns);
     let planes: Api<GuardedControlPlane> = Api::namespaced(client.clone(), ns);
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    super::write_host_spec(&api, host, "the withdrawal of the retirement", async || {
         let hosts = api
-            .list(&kube::api::ListParams::default())
+            .list(&ListParams::default())
             .await
             .with_context(|| format!("the GuardedHosts of {ns} could not be listed"))?
             .items;
@@ -191,33 +167,17 @@ pub async fn cancel(target: &Target, host: &str) -> anyhow::Result<()> {
             .find(|h| h.metadata.name.as_deref() == Some(host))
             .ok_or_else(|| RetireError::UnknownHost(host.to_owned()))?;
         let control_planes = planes
-            .list(&kube::api::ListParams::default())
+            .list(&ListParams::default())
             .await
             .with_context(|| format!("the GuardedControlPlane of {ns} could not be read"))?
             .items;
         check_cancellable(current, &hosts, control_planes.first())?;
-        let patch = json!({
-            "metadata": {"resourceVersion": current.metadata.resource_version},
-            "spec": {"retirement": null},
-        });
-        match api
-            .patch(host, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => break,
-            Err(kube::Error::Api(status)) if status.code == 409 && attempt < CONFLICT_TRIES => {
-                tracing::debug!(
-                    attempt,
-                    "GuardedHost {ns}/{host} changed meanwhile; reading it again"
-                );
-            }
-            Err(error) => {
-                return Err(error).with_context(|| {
-                    format!("the retirement of GuardedHost {ns}/{host} could not be withdrawn")
-                });
-            }
-        }
-    }
+        Ok((
+            current.clone(),
+            Decided::Write(json!({"retirement": null}), ()),
+        ))
+    })
+    .await?;
     println!("retirement of {host} withdrawn");
     Ok(())
 }

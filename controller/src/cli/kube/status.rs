@@ -238,7 +238,10 @@ pub async fn status(target: &Target, lease_name: &str, json: bool) -> anyhow::Re
     }
     // The standalone agents section is empty here (no reports): the one below replaces it.
     let text = crate::cli::status::render(&seen.inventory, &seen.state, now);
-    print!("{}", text.replacen("agents:\nremediations:", "remediations:", 1));
+    print!(
+        "{}",
+        text.replacen("agents:\nremediations:", "remediations:", 1)
+    );
     println!("note: {NO_REPORTS}");
     print!(
         "{}",
