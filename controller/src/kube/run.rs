@@ -81,7 +81,7 @@ pub async fn start_watches(
     namespace: &str,
     credentials_namespace: &str,
 ) -> anyhow::Result<(World, Vec<tokio::task::JoinHandle<()>>)> {
-    let (world, writers) = World::new();
+    let (world, writers) = World::new(namespace);
     let tasks = vec![
         watch(Api::<Node>::all(client.clone()), writers.nodes, "nodes"),
         watch(
