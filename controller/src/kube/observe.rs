@@ -34,7 +34,7 @@ impl KubeBackend {
         let now = judged.snapshot.observed_at;
         let index = status::RoundIndex::of(judged, now);
         for host in &judged.snapshot.hosts {
-            let Some(object) = self.host(&host.name) else {
+            let Some(object) = self.host_shared(&host.name) else {
                 continue;
             };
             let previous = object.status.clone().unwrap_or_default();

@@ -103,7 +103,8 @@ impl World {
     /// The `GuardedHost`s sorted by name.
     pub fn sorted_hosts(&self) -> Vec<std::sync::Arc<GuardedHost>> {
         let mut hosts = self.hosts.state();
-        hosts.sort_by_key(|h| h.name_any());
+        // By reference: a key function would copy each name ~13 times at 5,000 hosts.
+        hosts.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         hosts
     }
 
