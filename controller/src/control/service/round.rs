@@ -94,9 +94,12 @@ impl<B: Backend> Controller<B> {
     /// One plan over `state`; true when it persisted anything.
     pub(super) async fn execute_round(&mut self, state: &crate::backend::State) -> bool {
         let at = now();
+        let started = tokio::time::Instant::now();
         let known_since = self.leader_since.unwrap_or(at);
         let snapshot = crate::control::snapshot::build(&self.inventory, state, known_since, at);
+        let built = started.elapsed();
         let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
+        let planned = started.elapsed();
         gauges::record(
             &self.metrics,
             &self.inventory,
@@ -105,6 +108,7 @@ impl<B: Backend> Controller<B> {
             at,
         );
         self.follow_learners(&snapshot, state);
+        let recorded = started.elapsed();
         self.backend
             .publish(crate::backend::Judged {
                 state,
@@ -113,6 +117,16 @@ impl<B: Backend> Controller<B> {
                 policy: &self.inventory.policy,
             })
             .await;
+        let published = started.elapsed();
+        let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        tracing::debug!(
+            target: ROUNDS_TARGET,
+            snapshot_us = micros(built),
+            plan_us = micros(planned - built),
+            gauges_us = micros(recorded - planned),
+            publish_us = micros(published - recorded),
+            "round parts"
+        );
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
         let mut waiting = Vec::new();
