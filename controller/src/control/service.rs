@@ -201,7 +201,7 @@ impl<B: Backend> Controller<B> {
                     tracing::debug!(
                         target: round::ROUNDS_TARGET,
                         inventory_us = u64::try_from(reloaded.as_micros()).unwrap_or(u64::MAX),
-                        campaign_us = u64::try_from((started.elapsed() - reloaded).as_micros()).unwrap_or(u64::MAX),
+                        campaign_us = u64::try_from(started.elapsed().saturating_sub(reloaded).as_micros()).unwrap_or(u64::MAX),
                         "tick"
                     );
                     ticked = true;

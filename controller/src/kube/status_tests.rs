@@ -392,11 +392,15 @@ fn the_control_plane_status_is_the_judged_snapshot_with_the_cores_tolerance() {
 
 #[test]
 fn the_round_index_names_the_fresh_agents_that_reach_a_bmc_and_the_checks_that_find_a_host_unhealthy()
-{
+ {
     let mut reacher = host("cp-1", Role::ControlPlane, None);
     let mut silent = host("cp-2", Role::ControlPlane, None);
     let mut blind = host("cp-3", Role::ControlPlane, None);
-    for (agent, reaches) in [(&mut reacher, true), (&mut silent, true), (&mut blind, false)] {
+    for (agent, reaches) in [
+        (&mut reacher, true),
+        (&mut silent, true),
+        (&mut blind, false),
+    ] {
         let report = agent.agent.as_mut().unwrap();
         report.bmc_reachable.insert("w-1".into(), reaches);
         report.bmc_reachable.insert("w-2".into(), reaches);
@@ -417,7 +421,10 @@ fn the_round_index_names_the_fresh_agents_that_reach_a_bmc_and_the_checks_that_f
         short_circuit: None,
     };
     let plan = Plan {
-        health: vec![summary("workers", &["w-1"]), summary("all", &["w-1", "w-2"])],
+        health: vec![
+            summary("workers", &["w-1"]),
+            summary("all", &["w-1", "w-2"]),
+        ],
         ..Plan::default()
     };
     let (state, pol) = (State::default(), policy(Some(Duration::from_secs(10))));
@@ -445,7 +452,10 @@ fn the_round_index_names_the_fresh_agents_that_reach_a_bmc_and_the_checks_that_f
         (fenceable.type_.as_str(), fenceable.status.as_str()),
         ("Fenceable", "True")
     );
-    assert_eq!(fenceable.message, "its BMC is reachable by the agent of cp-1");
+    assert_eq!(
+        fenceable.message,
+        "its BMC is reachable by the agent of cp-1"
+    );
     assert_eq!(
         observed.conditions[0].message,
         "unhealthy in HostHealthCheck workers, all"

@@ -533,8 +533,14 @@ mod tests {
         apply(&mut writers.hosts, host("h-2", "node-b"));
         apply(&mut writers.nodes, node("node-a"));
         // The same Secret name outside the credentials namespace is never a host's.
-        apply(&mut writers.secrets, secret("bmc-h-1", "mg-bmc", "YWRtaW4="));
-        apply(&mut writers.secrets, secret("bmc-h-2", "elsewhere", "YWRtaW4="));
+        apply(
+            &mut writers.secrets,
+            secret("bmc-h-1", "mg-bmc", "YWRtaW4="),
+        );
+        apply(
+            &mut writers.secrets,
+            secret("bmc-h-2", "elsewhere", "YWRtaW4="),
+        );
 
         assert_eq!(world.host("h-1").unwrap().name_any(), "h-1");
         assert!(world.host("node-a").is_none());

@@ -122,9 +122,9 @@ impl<B: Backend> Controller<B> {
         tracing::debug!(
             target: ROUNDS_TARGET,
             snapshot_us = micros(built),
-            plan_us = micros(planned - built),
-            gauges_us = micros(recorded - planned),
-            publish_us = micros(published - recorded),
+            plan_us = micros(planned.saturating_sub(built)),
+            gauges_us = micros(recorded.saturating_sub(planned)),
+            publish_us = micros(published.saturating_sub(recorded)),
             "round parts"
         );
         tracing::debug!(plan = %plan, "planned");
