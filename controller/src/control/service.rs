@@ -193,9 +193,17 @@ impl<B: Backend> Controller<B> {
                 biased;
                 () = cancel.cancelled() => break,
                 _ = tick.tick() => {
+                    let started = tokio::time::Instant::now();
                     self.reload_inventory();
                     self.reload_deny_list();
+                    let reloaded = started.elapsed();
                     self.campaign().await;
+                    tracing::debug!(
+                        target: round::ROUNDS_TARGET,
+                        inventory_us = u64::try_from(reloaded.as_micros()).unwrap_or(u64::MAX),
+                        campaign_us = u64::try_from(started.elapsed().saturating_sub(reloaded).as_micros()).unwrap_or(u64::MAX),
+                        "tick"
+                    );
                     ticked = true;
                 }
                 Some(()) = wake.recv() => {}

@@ -188,11 +188,16 @@ impl KubeBackend {
 
     /// The host object, as last written by us if the watch has not caught up.
     fn host(&self, name: &str) -> Option<GuardedHost> {
+        self.host_shared(name).map(|h| (*h).clone())
+    }
+
+    /// [`KubeBackend::host`] without copying the watched object (a round reads every host's).
+    fn host_shared(&self, name: &str) -> Option<std::sync::Arc<GuardedHost>> {
         let seen = self.world.host(name);
         match (self.written_hosts.get(name), seen) {
-            (Some(written), Some(seen)) if !newer(written, &*seen) => Some((*seen).clone()),
-            (Some(written), _) => Some(written.clone()),
-            (None, seen) => seen.map(|h| (*h).clone()),
+            (Some(written), Some(seen)) if !newer(written, &*seen) => Some(seen),
+            (Some(written), _) => Some(std::sync::Arc::new(written.clone())),
+            (None, seen) => seen,
         }
     }
 

@@ -32,13 +32,20 @@ impl KubeBackend {
     /// Writes each host's observed status that changed since the object's.
     pub(super) async fn write_host_observations(&mut self, judged: &Judged<'_>) {
         let now = judged.snapshot.observed_at;
+        let index = status::RoundIndex::of(judged, now);
         for host in &judged.snapshot.hosts {
-            let Some(object) = self.host(&host.name) else {
+            let Some(object) = self.host_shared(&host.name) else {
                 continue;
             };
             let previous = object.status.clone().unwrap_or_default();
-            let mut observed =
-                status::observe_host(judged, &previous, object.metadata.generation, host, now);
+            let mut observed = status::observe_host(
+                &index,
+                judged,
+                &previous,
+                object.metadata.generation,
+                host,
+                now,
+            );
             // A release a person named in the spec is recorded in status, where it stays.
             super::holds::apply_release(&mut observed.holds, object.spec.hold_release.as_ref());
             if observed == previous {

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::Api;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Client, Config};
+use kube::{Client, Config, ResourceExt as _};
 use kube_lease_manager::LeaseManagerBuilder;
 use metalguard_api::k8s::{FenceRequest, GuardedControlPlane, GuardedHost, HostHealthCheck};
 use serde::de::DeserializeOwned;
@@ -63,7 +63,11 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        // managedFields are never read from the caches and are the bulk of a cached object
+        // (every field of every manager, twice with server-side apply): dropped on arrival.
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|object| object.managed_fields_mut().clear());
         reflector::reflector(writer, stream)
             .for_each(|event| async move {
                 if let Err(error) = event {
@@ -81,7 +85,7 @@ pub async fn start_watches(
     namespace: &str,
     credentials_namespace: &str,
 ) -> anyhow::Result<(World, Vec<tokio::task::JoinHandle<()>>)> {
-    let (world, writers) = World::new();
+    let (world, writers) = World::new(namespace);
     let tasks = vec![
         watch(Api::<Node>::all(client.clone()), writers.nodes, "nodes"),
         watch(

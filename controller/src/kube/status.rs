@@ -8,6 +8,7 @@
 //! forward unless it is older than half the agent's heartbeat timeout ([`heartbeat_refresh`]),
 //! so a host costs one write per half timeout while nothing else changes, never one per round.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -123,19 +124,65 @@ fn condition(
     }
 }
 
+/// What a round's observations need about other hosts, gathered in one pass over the judged
+/// snapshot and plan: per host, the checks that find it unhealthy and the agents of other
+/// hosts whose fresh report reaches its BMC. Asked per host, both were a pass over every
+/// host (at 5,000 hosts, 25 million name comparisons and ~0.2 s a round).
+#[derive(Debug, Default)]
+pub struct RoundIndex<'a> {
+    unhealthy_in: BTreeMap<&'a str, Vec<&'a str>>,
+    reached_by: BTreeMap<&'a str, Vec<&'a str>>,
+}
+
+impl<'a> RoundIndex<'a> {
+    /// The index of `judged` at `now`.
+    pub fn of(judged: &Judged<'a>, now: Timestamp) -> Self {
+        let mut index = Self::default();
+        for check in &judged.plan.health {
+            for host in &check.unhealthy {
+                let checks = index.unhealthy_in.entry(host.as_str()).or_default();
+                if !checks.contains(&check.name.as_str()) {
+                    checks.push(check.name.as_str());
+                }
+            }
+        }
+        for other in &judged.snapshot.hosts {
+            let Some(agent) = other.agent.as_ref() else {
+                continue;
+            };
+            if agent_silent(other, heartbeat_timeout(judged.policy, other), now) {
+                continue;
+            }
+            for (target, reachable) in &agent.bmc_reachable {
+                if *reachable && *target != other.name {
+                    index
+                        .reached_by
+                        .entry(target.as_str())
+                        .or_default()
+                        .push(other.name.as_str());
+                }
+            }
+        }
+        index
+    }
+
+    fn unhealthy_in(&self, host: &str) -> &[&'a str] {
+        self.unhealthy_in.get(host).map_or(&[], Vec::as_slice)
+    }
+
+    fn reached_by(&self, host: &str) -> &[&'a str] {
+        self.reached_by.get(host).map_or(&[], Vec::as_slice)
+    }
+}
+
 fn host_conditions(
+    index: &RoundIndex<'_>,
     judged: &Judged<'_>,
     previous: &[Condition],
     host: &Host,
     now: Timestamp,
 ) -> Vec<Condition> {
-    let unhealthy_in: Vec<&str> = judged
-        .plan
-        .health
-        .iter()
-        .filter(|c| c.unhealthy.contains(&host.name))
-        .map(|c| c.name.as_str())
-        .collect();
+    let unhealthy_in = index.unhealthy_in(&host.name);
     let healthy = if unhealthy_in.is_empty() {
         condition(
             previous,
@@ -155,19 +202,7 @@ fn host_conditions(
             now,
         )
     };
-    let reached_by: Vec<&str> = judged
-        .snapshot
-        .hosts
-        .iter()
-        .filter(|other| other.name != host.name)
-        .filter(|other| {
-            other.agent.as_ref().is_some_and(|a| {
-                a.bmc_reachable.get(&host.name) == Some(&true)
-                    && !agent_silent(other, heartbeat_timeout(judged.policy, other), now)
-            })
-        })
-        .map(|other| other.name.as_str())
-        .collect();
+    let reached_by = index.reached_by(&host.name);
     let fenceable = match (host.bmc_configured, reached_by.is_empty()) {
         (false, _) => condition(
             previous,
@@ -244,6 +279,7 @@ fn host_conditions(
 /// `observedGeneration`) of `host` replaced from `judged`; the records (remediation,
 /// operations) are kept as they are. Equal to `previous` when nothing changed.
 pub fn observe_host(
+    index: &RoundIndex<'_>,
     judged: &Judged<'_>,
     previous: &GuardedHostStatus,
     generation: Option<i64>,
@@ -291,7 +327,7 @@ pub fn observe_host(
         healthy: m.healthy,
         leader: m.leader,
     });
-    status.conditions = host_conditions(judged, &previous.conditions, host, now);
+    status.conditions = host_conditions(index, judged, &previous.conditions, host, now);
     status
 }
 

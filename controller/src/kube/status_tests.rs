@@ -164,6 +164,7 @@ fn an_unchanged_observation_equals_the_status_it_was_read_from() {
         policy: &pol,
     };
     let first = observe_host(
+        &RoundIndex::of(&judged, Timestamp(NOW)),
         &judged,
         &GuardedHostStatus::default(),
         Some(2),
@@ -201,6 +202,7 @@ fn an_unchanged_observation_equals_the_status_it_was_read_from() {
         policy: &pol,
     };
     let again = observe_host(
+        &RoundIndex::of(&judged, Timestamp(NOW + 4_000)),
         &judged,
         &written,
         Some(2),
@@ -219,6 +221,7 @@ fn an_unchanged_observation_equals_the_status_it_was_read_from() {
         policy: &pol,
     };
     let refreshed = observe_host(
+        &RoundIndex::of(&judged, Timestamp(NOW + 6_000)),
         &judged,
         &written,
         Some(2),
@@ -250,6 +253,7 @@ fn an_unchanged_observation_equals_the_status_it_was_read_from() {
         policy: &pol,
     };
     let sick = observe_host(
+        &RoundIndex::of(&judged, Timestamp(NOW + 6_000)),
         &judged,
         &written,
         Some(2),
@@ -383,5 +387,77 @@ fn the_control_plane_status_is_the_judged_snapshot_with_the_cores_tolerance() {
     assert_eq!(
         lost.conditions[0].last_transition_time, written.conditions[0].last_transition_time,
         "still False"
+    );
+}
+
+#[test]
+fn the_round_index_names_the_fresh_agents_that_reach_a_bmc_and_the_checks_that_find_a_host_unhealthy()
+ {
+    let mut reacher = host("cp-1", Role::ControlPlane, None);
+    let mut silent = host("cp-2", Role::ControlPlane, None);
+    let mut blind = host("cp-3", Role::ControlPlane, None);
+    for (agent, reaches) in [
+        (&mut reacher, true),
+        (&mut silent, true),
+        (&mut blind, false),
+    ] {
+        let report = agent.agent.as_mut().unwrap();
+        report.bmc_reachable.insert("w-1".into(), reaches);
+        report.bmc_reachable.insert("w-2".into(), reaches);
+    }
+    silent.agent.as_mut().unwrap().last_heartbeat = Timestamp(NOW - 600_000);
+    let snap = snapshot(vec![
+        reacher,
+        silent,
+        blind,
+        host("w-1", Role::Worker, None),
+        host("w-2", Role::Worker, None),
+    ]);
+    let summary = |name: &str, unhealthy: &[&str]| CheckSummary {
+        name: name.into(),
+        targets: 2,
+        unhealthy: unhealthy.iter().map(|h| (*h).to_owned()).collect(),
+        max_unhealthy: None,
+        short_circuit: None,
+    };
+    let plan = Plan {
+        health: vec![
+            summary("workers", &["w-1"]),
+            summary("all", &["w-1", "w-2"]),
+        ],
+        ..Plan::default()
+    };
+    let (state, pol) = (State::default(), policy(Some(Duration::from_secs(10))));
+    let judged = Judged {
+        state: &state,
+        snapshot: &snap,
+        plan: &plan,
+        policy: &pol,
+    };
+    let index = RoundIndex::of(&judged, Timestamp(NOW));
+    assert_eq!(index.reached_by("w-1"), ["cp-1"]);
+    assert_eq!(index.reached_by("cp-1"), [] as [&str; 0]);
+    assert_eq!(index.unhealthy_in("w-1"), ["workers", "all"]);
+    assert_eq!(index.unhealthy_in("w-2"), ["all"]);
+    let observed = observe_host(
+        &index,
+        &judged,
+        &GuardedHostStatus::default(),
+        None,
+        &snap.hosts[3],
+        Timestamp(NOW),
+    );
+    let fenceable = &observed.conditions[1];
+    assert_eq!(
+        (fenceable.type_.as_str(), fenceable.status.as_str()),
+        ("Fenceable", "True")
+    );
+    assert_eq!(
+        fenceable.message,
+        "its BMC is reachable by the agent of cp-1"
+    );
+    assert_eq!(
+        observed.conditions[0].message,
+        "unhealthy in HostHealthCheck workers, all"
     );
 }

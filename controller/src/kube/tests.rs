@@ -258,7 +258,7 @@ fn check(max_unhealthy: &Value, action: &str) -> Value {
 
 fn secret(name: &str) -> Secret {
     serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": format!("bmc-{name}"), "namespace": NS, "resourceVersion": "1"},
+        "metadata": {"name": format!("bmc-{name}"), "namespace": "metalguard-bmc", "resourceVersion": "1"},
         "data": {"username": "YWRtaW4=", "password": "aHVudGVyMg=="}}))
     .unwrap()
 }
@@ -275,7 +275,7 @@ impl Lab {
             ..Server::default()
         }));
         tokio::spawn(serve(handle, server.clone()));
-        let (world, mut writers) = World::new();
+        let (world, mut writers) = World::new(NS);
         let now = k8s_openapi::jiff::Timestamp::now();
         let long_ago = now - k8s_openapi::jiff::SignedDuration::from_secs(600);
         {

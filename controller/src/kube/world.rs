@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt as _;
-use kube::runtime::reflector::{Store, store::Writer};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use metalguard_api::duration::{Timestamp, parse_duration};
 use metalguard_api::k8s::fence::{FenceAction, FencePhase};
 use metalguard_api::k8s::health_check::ConditionStatus as KubeStatus;
@@ -55,6 +55,10 @@ pub struct World {
     pub fences: Store<FenceRequest>,
     /// Secrets of the credentials namespace (BMC credentials).
     pub secrets: Store<Secret>,
+    /// The namespace of the custom resources: with it, a host is looked up by its key in
+    /// the store instead of by a scan (a round looks up every host's Node: at 5,000 hosts a
+    /// scan per host was 25 million comparisons, a second per round).
+    namespace: String,
 }
 
 /// The write side of [`World`]: the reflectors' (or a test's).
@@ -74,8 +78,8 @@ pub struct WorldWriters {
 }
 
 impl World {
-    /// Empty stores and their writers.
-    pub fn new() -> (World, WorldWriters) {
+    /// Empty stores and their writers, for the custom resources of `namespace`.
+    pub fn new(namespace: &str) -> (World, WorldWriters) {
         let writers = WorldWriters {
             nodes: Writer::default(),
             hosts: Writer::default(),
@@ -91,6 +95,7 @@ impl World {
             checks: writers.checks.as_reader(),
             fences: writers.fences.as_reader(),
             secrets: writers.secrets.as_reader(),
+            namespace: namespace.to_owned(),
         };
         (world, writers)
     }
@@ -98,25 +103,21 @@ impl World {
     /// The `GuardedHost`s sorted by name.
     pub fn sorted_hosts(&self) -> Vec<std::sync::Arc<GuardedHost>> {
         let mut hosts = self.hosts.state();
-        hosts.sort_by_key(|h| h.name_any());
+        // By reference: a key function would copy each name ~13 times at 5,000 hosts.
+        hosts.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         hosts
     }
 
-    /// The `GuardedHost` named `host`.
+    /// The `GuardedHost` named `host` (a key lookup).
     pub fn host(&self, host: &str) -> Option<std::sync::Arc<GuardedHost>> {
         self.hosts
-            .state()
-            .into_iter()
-            .find(|h| h.name_any() == host)
+            .get(&ObjectRef::new(host).within(&self.namespace))
     }
 
-    /// The Node of `host` (by `spec.nodeName`).
+    /// The Node of `host` (by `spec.nodeName`; key lookups).
     pub fn node_of(&self, host: &str) -> Option<std::sync::Arc<Node>> {
-        let node_name = self.host(host)?.spec.node_name.clone();
-        self.nodes
-            .state()
-            .into_iter()
-            .find(|n| n.name_any() == node_name)
+        let host = self.host(host)?;
+        self.nodes.get(&ObjectRef::new(&host.spec.node_name))
     }
 
     /// A fingerprint of everything the inventory is built from (resource versions): the
@@ -232,9 +233,7 @@ fn inventory_host(world: &World, credentials_namespace: &str, h: &GuardedHost) -
 fn credentials(world: &World, namespace: &str, name: &str) -> Result<BmcCredentials, String> {
     let secret = world
         .secrets
-        .state()
-        .into_iter()
-        .find(|s| s.name_any() == name)
+        .get(&ObjectRef::new(name).within(namespace))
         .ok_or_else(|| format!("Secret {namespace}/{name} was not found"))?;
     let key = |key: &str| -> Result<String, String> {
         let bytes = secret
@@ -513,4 +512,63 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(object));
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn host(name: &str, node: &str) -> GuardedHost {
+        serde_json::from_value(json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "GuardedHost",
+            "metadata": {"name": name, "namespace": "mg", "resourceVersion": "1"},
+            "spec": {"nodeName": node, "role": "Worker",
+                "bmc": {"address": "ipmi://10.0.0.5", "credentialsSecret": {"name": format!("bmc-{name}")}}}}))
+        .unwrap()
+    }
+
+    fn node(name: &str) -> Node {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "resourceVersion": "1"}}))
+        .unwrap()
+    }
+
+    fn secret(name: &str, namespace: &str, user: &str) -> Secret {
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
+            "stringData": {}, "data": {"username": user, "password": "aHVudGVyMg=="}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn hosts_nodes_and_secrets_are_found_by_key_in_their_namespace() {
+        let (world, mut writers) = World::new("mg");
+        apply(&mut writers.hosts, host("h-1", "node-a"));
+        apply(&mut writers.hosts, host("h-2", "node-b"));
+        apply(&mut writers.nodes, node("node-a"));
+        // The same Secret name outside the credentials namespace is never a host's.
+        apply(
+            &mut writers.secrets,
+            secret("bmc-h-1", "mg-bmc", "YWRtaW4="),
+        );
+        apply(
+            &mut writers.secrets,
+            secret("bmc-h-2", "elsewhere", "YWRtaW4="),
+        );
+
+        assert_eq!(world.host("h-1").unwrap().name_any(), "h-1");
+        assert!(world.host("node-a").is_none());
+        assert_eq!(world.node_of("h-1").unwrap().name_any(), "node-a");
+        assert!(world.node_of("h-2").is_none(), "node-b is not watched");
+        assert!(world.node_of("h-3").is_none());
+        assert_eq!(
+            credentials(&world, "mg-bmc", "bmc-h-1").unwrap().username,
+            "admin"
+        );
+        assert_eq!(
+            credentials(&world, "mg-bmc", "bmc-h-2").unwrap_err(),
+            "Secret mg-bmc/bmc-h-2 was not found"
+        );
+    }
 }

@@ -59,7 +59,7 @@ where
 /// Lists the resources once and builds the inventory and state from them, as the leader's
 /// watches do.
 pub async fn read(client: &Client, namespace: &str, lease_name: &str) -> anyhow::Result<Seen> {
-    let (world, mut writers) = World::new();
+    let (world, mut writers) = World::new(namespace);
     fill::<GuardedHost>(
         Api::namespaced(client.clone(), namespace),
         &mut writers.hosts,

@@ -17,6 +17,11 @@ use crate::control::metrics::label;
 /// Most plan rounds run back to back after one trigger (each round that persisted something
 /// is followed by another).
 const MAX_ROUNDS: usize = 8;
+/// The tracing target of the per-round timing line (`RUST_LOG=info,metalguard_rounds=debug`
+/// turns it on; off, it costs one disabled-callsite check per round). The histogram
+/// `round_duration_seconds` has buckets only; this line gives every round's own figures, so a
+/// benchmark can take a real median (`benches/kube_scale.rs`).
+pub(crate) const ROUNDS_TARGET: &str = "metalguard_rounds";
 
 impl<B: Backend> Controller<B> {
     /// Plans and executes until a round changes nothing (bounded by [`MAX_ROUNDS`]), so chained
@@ -24,6 +29,7 @@ impl<B: Backend> Controller<B> {
     /// every in-flight operation to its agent.
     pub(crate) async fn plan_and_execute(&mut self) {
         for _ in 0..MAX_ROUNDS {
+            let load_started = tokio::time::Instant::now();
             let mut state = match self.backend.load().await {
                 Ok(state) => state,
                 Err(error) => {
@@ -43,9 +49,15 @@ impl<B: Backend> Controller<B> {
             }
             let round_started = tokio::time::Instant::now();
             let changed = self.execute_round(&state).await;
-            self.metrics
-                .round_seconds
-                .observe(round_started.elapsed().as_secs_f64());
+            let executed = round_started.elapsed();
+            self.metrics.round_seconds.observe(executed.as_secs_f64());
+            tracing::debug!(
+                target: ROUNDS_TARGET,
+                load_us = u64::try_from((round_started - load_started).as_micros()).unwrap_or(u64::MAX),
+                execute_us = u64::try_from(executed.as_micros()).unwrap_or(u64::MAX),
+                changed,
+                "plan round"
+            );
             if !changed {
                 if self.hub.is_leader() {
                     self.hub
@@ -82,9 +94,12 @@ impl<B: Backend> Controller<B> {
     /// One plan over `state`; true when it persisted anything.
     pub(super) async fn execute_round(&mut self, state: &crate::backend::State) -> bool {
         let at = now();
+        let started = tokio::time::Instant::now();
         let known_since = self.leader_since.unwrap_or(at);
         let snapshot = crate::control::snapshot::build(&self.inventory, state, known_since, at);
+        let built = started.elapsed();
         let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
+        let planned = started.elapsed();
         gauges::record(
             &self.metrics,
             &self.inventory,
@@ -93,6 +108,7 @@ impl<B: Backend> Controller<B> {
             at,
         );
         self.follow_learners(&snapshot, state);
+        let recorded = started.elapsed();
         self.backend
             .publish(crate::backend::Judged {
                 state,
@@ -101,6 +117,16 @@ impl<B: Backend> Controller<B> {
                 policy: &self.inventory.policy,
             })
             .await;
+        let published = started.elapsed();
+        let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        tracing::debug!(
+            target: ROUNDS_TARGET,
+            snapshot_us = micros(built),
+            plan_us = micros(planned.saturating_sub(built)),
+            gauges_us = micros(recorded.saturating_sub(planned)),
+            publish_us = micros(published.saturating_sub(recorded)),
+            "round parts"
+        );
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
         let mut waiting = Vec::new();
