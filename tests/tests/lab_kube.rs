@@ -1,0 +1,165 @@
+//! The lab's scenarios in Kubernetes mode (`LabOptions::kubernetes`): the lab's three etcd
+//! members are also the store of a real kube-apiserver (and kube-controller-manager marks
+//! Nodes NotReady), each host has a Node whose fake kubelet follows the host's power and
+//! freeze state, and the real `metalguard-controller run --backend=kubernetes` runs as its
+//! ServiceAccount under the shipped RBAC on `GuardedHost`s, with the real agents. Each test
+//! checks the same outcome as its standalone twin in `lab.rs`, plus what Kubernetes shows.
+//!
+//! A frozen etcd member stalls the API server's requests routed to it until its etcd
+//! client's keepalive gives the connection up (`lab::kube::APISERVER_ETCD_STALL`): the bounds
+//! here allow that on top of the standalone ones.
+//!
+//! Needs the Kubernetes binaries (`scripts/kube-build.sh`; `METALGUARD_KUBE_BIN_DIR`) and the
+//! controller built with its default feature: without them the lab does not start and the
+//! test fails saying so. One at a time with the other lab tests (nextest group `lab`).
+
+// Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use metalguard_e2e::lab::kube::{APISERVER_ETCD_STALL, ZONE_LABEL};
+use metalguard_e2e::lab::scenarios::{self, OVERHEAD, Report};
+use metalguard_e2e::lab::{KubeSide, Lab, LabOptions};
+
+fn start() -> Lab {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.kubernetes = true;
+    start_with(options)
+}
+
+fn start_with(options: LabOptions) -> Lab {
+    match Lab::start(options) {
+        Ok(lab) => lab,
+        Err(e) => panic!("the Kubernetes lab did not start: {e}"),
+    }
+}
+
+/// Runs `name` and returns its report; any error or a report that is not ok fails the test
+/// with the timeline and the processes' logs.
+fn run(lab: &mut Lab, name: &str) -> Report {
+    let report = match scenarios::run(lab, name) {
+        Ok(report) => report,
+        Err(e) => panic!(
+            "scenario {name} failed: {e}\n--- timeline\n{}\n--- logs\n{}",
+            lab.timeline.render(),
+            lab.logs()
+        ),
+    };
+    assert!(
+        report.ok,
+        "scenario {name} did not match its outcome\nexpected: {}\nseen:     {}\n--- timeline\n{}\n--- logs\n{}",
+        report.expected,
+        report.seen,
+        lab.timeline.render(),
+        lab.logs()
+    );
+    report
+}
+
+fn timing(report: &Report, name: &str) -> Duration {
+    report.timings.iter().find(|(n, _)| n == name).map_or_else(
+        || panic!("{} has no timing {name}: {:?}", report.name, report.timings),
+        |(_, d)| *d,
+    )
+}
+
+/// Every Node's labels, the lab's zone label among them.
+fn assert_nodes_labelled(lab: &Lab) {
+    let kube = lab.kube().expect("a Kubernetes lab");
+    for h in lab.hosts() {
+        let labels = kube.node_labels_now(&h.name).unwrap().unwrap_or_default();
+        assert_eq!(
+            labels.get(ZONE_LABEL),
+            Some(&KubeSide::zone_label(&h.name)),
+            "Node {} labels: {labels:?}\n{}",
+            h.name,
+            lab.timeline.render()
+        );
+    }
+}
+
+#[test]
+fn hang_is_fenced_once_by_a_peer_its_node_deleted_and_back_with_its_labels() {
+    let mut lab = start();
+    // The API server's store is the lab's own etcd: its members, over TLS, with the client
+    // certificate signed by the etcd CA.
+    let pid = lab.kube().unwrap().cluster().apiserver().pid().unwrap();
+    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap();
+    let flags: Vec<&str> = cmdline.split('\0').collect();
+    let servers = format!("--etcd-servers={}", lab.etcd().endpoints().join(","));
+    assert!(
+        lab.etcd()
+            .endpoints()
+            .iter()
+            .all(|e| e.starts_with("https://"))
+            && flags.contains(&servers.as_str())
+            && flags.iter().any(|f| f.starts_with("--etcd-certfile=")),
+        "{flags:?}"
+    );
+    assert_nodes_labelled(&lab);
+    let t = lab.options().timings.clone();
+    let report = run(&mut lab, "hang");
+    // ok already means: one power-off of the frozen host, executed by another host's agent,
+    // no other host's power touched, no key lost, and its Node NotReady, deleted, and back
+    // with the label only the backup had.
+    assert!(
+        report
+            .seen
+            .contains("Node NotReady: true, deleted: true, back with its labels: true"),
+        "{}",
+        report.seen
+    );
+    let detect = t.heartbeat_timeout.max(t.unhealthy_timeout);
+    let off = timing(&report, "failure → verified off");
+    let earliest = t
+        .heartbeat_timeout
+        .min(t.unhealthy_timeout)
+        .saturating_sub(t.report_interval);
+    let latest = detect + OVERHEAD + APISERVER_ETCD_STALL;
+    assert!(
+        off >= earliest && off <= latest,
+        "fenced after {off:?}: expected between {earliest:?} and {latest:?}\n{}",
+        lab.timeline.render()
+    );
+    assert_nodes_labelled(&lab);
+}
+
+#[test]
+fn two_hung_hosts_of_three_take_the_api_server_down_and_nothing_is_fenced() {
+    let mut lab = start();
+    let report = run(&mut lab, "double-failure");
+    assert!(report.seen.starts_with("0 power events"), "{}", report.seen);
+    // Why: without etcd's quorum the API server is not ready (its etcd check fails), so no
+    // Lease, no status and no decision.
+    assert!(
+        report.seen.contains("failing checks: etcd"),
+        "{}",
+        report.seen
+    );
+    assert_nodes_labelled(&lab);
+}
+
+#[test]
+fn an_admin_fence_request_of_a_healthy_host_is_refused_unless_forced_and_then_recorded() {
+    let mut lab = start();
+    let report = run(&mut lab, "admin-fence");
+    assert!(
+        report.seen.contains("recorded as forced: true"),
+        "{}",
+        report.seen
+    );
+    // The fenced host's Node came back with its labels too.
+    assert_nodes_labelled(&lab);
+}
+
+#[test]
+fn a_wrong_bmc_password_in_its_secret_ends_in_needs_a_person_and_touches_nothing() {
+    let mut lab = start();
+    let report = run(&mut lab, "bad-bmc");
+    assert!(
+        report.seen.contains("rejected the credentials") && report.seen.ends_with("0 power events"),
+        "{}",
+        report.seen
+    );
+}
