@@ -163,3 +163,103 @@ fn a_wrong_bmc_password_in_its_secret_ends_in_needs_a_person_and_touches_nothing
         report.seen
     );
 }
+
+/// `replace` in Kubernetes mode: `retire cp-1 --kubeconfig` declares `spec.retirement` on its
+/// `GuardedHost`, the spare's `GuardedHost` (and Secret, and Node) is added, its own agent
+/// joins it as a learner, a voter's agent promotes it, `cp-1`'s member is removed and `cp-1`
+/// powered off once through another host's agent; healthy voters never below quorum.
+#[test]
+fn a_spare_guarded_host_replaces_a_retired_one_without_losing_quorum_and_it_is_powered_off_once() {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.kubernetes = true;
+    options.spares = 1;
+    let mut lab = start_with(options);
+    let o = match scenarios::observe_replace(&mut lab) {
+        Ok(o) => o,
+        Err(e) => panic!(
+            "scenario replace failed: {e}\n--- timeline\n{}\n--- logs\n{}",
+            lab.timeline.render(),
+            lab.logs()
+        ),
+    };
+    let told = format!(
+        "--- timeline\n{}\n--- logs\n{}",
+        lab.timeline.render(),
+        lab.logs()
+    );
+    let r = &o.report;
+    assert!(
+        r.ok,
+        "replace did not match its outcome\nexpected: {}\nseen:     {}\n{told}",
+        r.expected, r.seen
+    );
+    assert_eq!((o.retired.as_str(), o.spare.as_str()), ("cp-1", "cp-4"));
+    let (Some(learner), Some(voter), Some(removed), Some(off)) =
+        (o.learner_at, o.voter_at, o.removed_at, o.powered_off_at)
+    else {
+        panic!("a step was never seen: {:?}\n{told}", r.timings);
+    };
+    assert!(learner < voter && voter <= removed, "{told}");
+    assert!(
+        off >= removed.saturating_sub(Duration::from_secs(1)),
+        "cp-1 powered off ({off:?}) before its member was removed ({removed:?})\n{told}"
+    );
+    assert!(
+        o.min_voters == 3 && o.max_voters <= 4 && o.below_quorum.is_empty(),
+        "voters {}..{}, below quorum {:?}\n{told}",
+        o.min_voters,
+        o.max_voters,
+        o.below_quorum
+    );
+    assert_eq!(o.power_events.len(), 1, "{:?}\n{told}", o.power_events);
+    assert_eq!(o.power_events[0].0, "cp-1", "{told}");
+    assert!(
+        o.executor.as_deref().is_some_and(|e| e != "cp-1"),
+        "the power-off ran on {:?}\n{told}",
+        o.executor
+    );
+    assert_eq!(o.final_voters, ["cp-2", "cp-3", "cp-4"], "{told}");
+    assert_eq!(o.final_learners, 0, "{told}");
+    assert!(o.missing.is_empty(), "{:?}\n{told}", o.missing);
+
+    // Kubernetes shows the new control plane: cp-4's GuardedHost and Node, cp-1's gone.
+    let kube = lab.kube().unwrap();
+    let admin = kube.cluster().admin();
+    let gh = |name: &str| {
+        admin
+            .get_opt(&format!(
+                "/apis/metalguard.io/v1alpha1/namespaces/metalguard-system/guardedhosts/{name}"
+            ))
+            .unwrap()
+    };
+    assert!(gh("cp-1").is_none() && gh("cp-4").is_some(), "{told}");
+    assert!(kube.node_labels_now("cp-4").unwrap().is_some(), "{told}");
+    let apiserver = kube.cluster().apiserver().pid();
+    assert!(lab.host_healthy(3), "{told}");
+
+    // Dropping the lab stops every process it started: agents, etcd members (the spare's
+    // supervised one too) and the API server.
+    let mut pids: Vec<(String, u32)> = Vec::new();
+    for h in lab.hosts() {
+        pids.extend(h.agent_pid().map(|p| (format!("agent {}", h.name), p)));
+        pids.extend(
+            h.spare_etcd()
+                .and_then(metalguard_e2e::lab::SpareEtcd::pid)
+                .map(|p| (format!("etcd {}", h.name), p)),
+        );
+    }
+    for i in 0..lab.etcd().len() {
+        let m = lab.etcd().member(i);
+        pids.extend(m.pid().map(|p| (format!("etcd {}", m.name()), p)));
+    }
+    pids.extend(apiserver.map(|p| ("kube-apiserver".to_owned(), p)));
+    drop(lab);
+    let left: Vec<&(String, u32)> = pids
+        .iter()
+        .filter(|(_, pid)| std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "left running after the lab stopped: {left:?}"
+    );
+}

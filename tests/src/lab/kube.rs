@@ -152,6 +152,7 @@ impl KubeSide {
             side.add_host(host)?;
         }
         side.create_check(timings)?;
+        side.create_control_plane(hosts.iter().filter(|h| h.in_inventory()).count(), etcd)?;
         timeline.add(
             "lab",
             "applied namespace.yaml, crds.yaml and rbac.yaml; one BMC Secret, GuardedHost and Node per host; HostHealthCheck control-plane",
@@ -218,6 +219,23 @@ impl KubeSide {
         Ok(())
     }
 
+    /// Removes `name` (retired and powered off): its `GuardedHost`, its Secret, its Node (as
+    /// an administrator does after `kubeadm reset`), and its kubelet.
+    pub fn remove_host(&mut self, name: &str) -> Result<()> {
+        if let Some(kubelet) = self.kubelets.remove(name) {
+            kubelet.stop();
+        }
+        self.registrations_due.remove(name);
+        let admin = self.cluster.admin();
+        admin.delete(&format!("{MG}/guardedhosts/{name}"))?;
+        admin.delete(&format!(
+            "/api/v1/namespaces/{CREDENTIALS_NS}/secrets/{}",
+            secret_name(name)
+        ))?;
+        admin.delete(&format!("/api/v1/nodes/{name}"))?;
+        Ok(())
+    }
+
     /// The `HostHealthCheck` over the control plane, with the standalone lab's timings:
     /// `Ready` not `True` for the unhealthy timeout, or the agent silent for the heartbeat
     /// timeout.
@@ -240,6 +258,20 @@ impl KubeSide {
                     "minHealthyPeriod": "20s",
                 },
             }}),
+        )?;
+        Ok(())
+    }
+
+    /// The `GuardedControlPlane` over the hosts labelled `pool: control-plane`: `replicas`
+    /// voters, as the standalone lab's `[control_plane] desired_replicas`.
+    fn create_control_plane(&self, replicas: usize, etcd: &EtcdCluster) -> Result<()> {
+        self.cluster.admin().create(
+            &format!("{MG}/guardedcontrolplanes"),
+            &json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "GuardedControlPlane",
+                "metadata": {"name": "control-plane", "namespace": NS},
+                "spec": {"replicas": replicas,
+                    "hostSelector": {"matchLabels": {"pool": "control-plane"}},
+                    "etcd": {"endpoints": etcd.endpoints()}}}),
         )?;
         Ok(())
     }
@@ -483,11 +515,36 @@ impl KubeSide {
         }
     }
 
-    /// Log tails of the API server and kube-controller-manager, for failure reports.
+    /// Log tails of the API server and kube-controller-manager and the controller's last
+    /// Events, for failure reports.
     pub fn logs(&self) -> String {
         let dir = self.cluster.dir();
+        let events = self
+            .reader
+            .list(&format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"))
+            .map_or_else(
+                |e| format!("(not readable: {e})"),
+                |mut list| {
+                    list.sort_by_key(|e| e["eventTime"].as_str().unwrap_or("").to_owned());
+                    let start = list.len().saturating_sub(20);
+                    list[start..]
+                        .iter()
+                        .map(|e| {
+                            format!(
+                                "{} {}/{} {}: {}",
+                                e["eventTime"].as_str().unwrap_or(""),
+                                e["regarding"]["kind"].as_str().unwrap_or(""),
+                                e["regarding"]["name"].as_str().unwrap_or(""),
+                                e["reason"].as_str().unwrap_or(""),
+                                e["note"].as_str().unwrap_or("")
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                },
+            );
         format!(
-            "--- kube-apiserver\n{}\n--- kube-controller-manager\n{}\n",
+            "--- kube-apiserver\n{}\n--- kube-controller-manager\n{}\n--- Events in {NS}\n{events}\n",
             crate::process::tail_of(&dir.join("kube-apiserver.log"), 15),
             crate::process::tail_of(&dir.join("kube-controller-manager.log"), 15)
         )
