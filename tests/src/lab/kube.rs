@@ -500,9 +500,14 @@ impl KubeSide {
     }
 
     /// Which checks of the API server's `/readyz?verbose` fail (e.g. `etcd`), or why it did
-    /// not answer.
+    /// not answer. Not bounded by [`READ_TIMEOUT`]: without etcd's quorum the answer takes
+    /// seconds (its etcd check waits out its own timeout).
     pub fn failing_readyz_checks(&self) -> Vec<String> {
-        match self.reader.call("GET", "/readyz?verbose", None, "") {
+        match self
+            .cluster
+            .admin()
+            .call("GET", "/readyz?verbose", None, "")
+        {
             Ok(answer) => answer
                 .body
                 .as_str()
