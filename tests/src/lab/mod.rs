@@ -9,6 +9,10 @@
 //! `healthcheck-client` certificate; the controller a dedicated client certificate (CN
 //! [`CONTROLLER_ETCD_CN`]).
 //!
+//! In Kubernetes mode ([`LabOptions::kubernetes`], [`kube`]) the etcd members are also a real
+//! kube-apiserver's store, each host has a Node whose fake kubelet follows its power, and the
+//! controller runs with `--backend=kubernetes` on `GuardedHost`s instead of the inventory file.
+//!
 //! The lab is single-threaded: every wait goes through [`Lab::tick`], which applies power
 //! changes to the hosts and narrates what the controller, the agents and the BMCs did.
 //! Used by the `metalguard-lab` binary (`demo`, `up`) and by the end-to-end tests.
