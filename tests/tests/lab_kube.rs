@@ -1,4 +1,4 @@
-//! The lab's scenarios in Kubernetes mode (`LabOptions::kubernetes`): the lab's three etcd
+//! The lab's scenarios in Kubernetes mode (`LabBackend::Kubernetes`): the lab's three etcd
 //! members are also the store of a real kube-apiserver (and kube-controller-manager marks
 //! Nodes NotReady), each host has a Node whose fake kubelet follows the host's power and
 //! freeze state, and the real `metalguard-controller run --backend=kubernetes` runs as its
@@ -20,11 +20,11 @@ use std::time::Duration;
 
 use metalguard_e2e::lab::kube::{APISERVER_ETCD_STALL, ZONE_LABEL};
 use metalguard_e2e::lab::scenarios::{self, OVERHEAD, Report};
-use metalguard_e2e::lab::{KubeSide, Lab, LabOptions};
+use metalguard_e2e::lab::{KubeSide, Lab, LabBackend, LabOptions};
 
 fn start() -> Lab {
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
-    options.kubernetes = true;
+    options.backend = LabBackend::Kubernetes;
     start_with(options)
 }
 
@@ -171,7 +171,7 @@ fn a_wrong_bmc_password_in_its_secret_ends_in_needs_a_person_and_touches_nothing
 #[test]
 fn a_spare_guarded_host_replaces_a_retired_one_without_losing_quorum_and_it_is_powered_off_once() {
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
-    options.kubernetes = true;
+    options.backend = LabBackend::Kubernetes;
     options.spares = 1;
     let mut lab = start_with(options);
     let o = match scenarios::observe_replace(&mut lab) {

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use metalguard_e2e::lab::scenarios::{self, Report};
-use metalguard_e2e::lab::{EtcdLayout, Lab, LabOptions};
+use metalguard_e2e::lab::{EtcdLayout, Lab, LabBackend, LabOptions};
 
 struct Args {
     command: String,
@@ -163,7 +163,9 @@ fn start(args: &Args) -> Result<Lab, String> {
     options.netns = args.netns || args.scenarios.iter().any(|s| s == "partition");
     options.live = true;
     options.etcd_layout = args.etcd_layout;
-    options.kubernetes = args.kubernetes;
+    if args.kubernetes {
+        options.backend = LabBackend::Kubernetes;
+    }
     // replace needs a spare host to replace the retired one with.
     let replace = args.command == "demo" || args.scenarios.iter().any(|s| s == "replace");
     options.spares = if replace {
@@ -287,14 +289,14 @@ fn up(args: &Args) -> ExitCode {
     println!("  {ctl} status {inv}");
     println!("  {ctl} fence cp-2 --reason 'testing' {inv}");
     println!("  {ctl} fence cp-2 --force --reason 'testing' {inv}");
-    if let Some(kube) = lab.kube() {
-        if let Ok(kubectl) = metalguard_e2e::tools::kube_bin("kubectl") {
-            println!(
-                "  {} --kubeconfig {} get nodes,metalguard -A",
-                kubectl.display(),
-                kube.admin_kubeconfig().display()
-            );
-        }
+    if let Some(kube) = lab.kube()
+        && let Ok(kubectl) = metalguard_e2e::tools::kube_bin("kubectl")
+    {
+        println!(
+            "  {} --kubeconfig {} get nodes,metalguard -A",
+            kubectl.display(),
+            kube.admin_kubeconfig().display()
+        );
     }
     if let Some(h) = lab.hosts().first() {
         println!(

@@ -149,13 +149,12 @@ impl KubeCluster {
         let token_file = root.join("tokens.csv");
         write_file(&token_file, token_lines.as_bytes(), 0o600)?;
 
-        let (store, etcd_servers) = match &options.external_etcd {
-            Some(external) => (None, external.servers.join(",")),
-            None => {
-                let store = Store::start(&root, &pki, options.etcd_tls)?;
-                let url = store.url();
-                (Some(store), url)
-            }
+        let (store, etcd_servers) = if let Some(external) = &options.external_etcd {
+            (None, external.servers.join(","))
+        } else {
+            let store = Store::start(&root, &pki, options.etcd_tls)?;
+            let url = store.url();
+            (Some(store), url)
         };
         let port = reserve_port()?;
         let url = format!("https://127.0.0.1:{}", port.port());

@@ -9,7 +9,7 @@
 //! `healthcheck-client` certificate; the controller a dedicated client certificate (CN
 //! [`CONTROLLER_ETCD_CN`]).
 //!
-//! In Kubernetes mode ([`LabOptions::kubernetes`], [`kube`]) the etcd members are also a real
+//! In Kubernetes mode ([`LabBackend::Kubernetes`], [`kube`]) the etcd members are also a real
 //! kube-apiserver's store, each host has a Node whose fake kubelet follows its power, and the
 //! controller runs with `--backend=kubernetes` on `GuardedHost`s instead of the inventory file.
 //!
@@ -134,10 +134,20 @@ pub struct LabOptions {
     pub etcd_security: EtcdSecurity,
     /// How a spare host runs its etcd once its agent joins it.
     pub etcd_layout: EtcdLayout,
+    /// Which backend the controller runs with.
+    pub backend: LabBackend,
+}
+
+/// The controller's backend in the lab.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LabBackend {
+    /// `run --inventory`: state and leader lease in the guarded etcd.
+    #[default]
+    Standalone,
     /// Kubernetes mode ([`kube`]): the lab's etcd is also a real kube-apiserver's store,
     /// each host has a Node (a fake kubelet coupled to its power), and the controller runs
     /// with `--backend=kubernetes` on `GuardedHost`s instead of the inventory file.
-    pub kubernetes: bool,
+    Kubernetes,
 }
 
 /// How a spare host runs etcd (the agent's `[etcd.join] launcher`).
@@ -176,7 +186,7 @@ impl LabOptions {
             quota_backend_bytes: None,
             etcd_security: EtcdSecurity::default(),
             etcd_layout: EtcdLayout::default(),
-            kubernetes: false,
+            backend: LabBackend::default(),
         }
     }
 }
@@ -378,7 +388,7 @@ impl Lab {
                 .collect::<Vec<_>>()
                 .join(", "),
         );
-        let kube = if options.kubernetes {
+        let kube = if options.backend == LabBackend::Kubernetes {
             if options.netns {
                 return Err(HarnessError::Other(
                     "the Kubernetes lab runs on 127.0.0.1 and has no netns mode".into(),
@@ -598,21 +608,20 @@ impl Lab {
         self.controller_starts += 1;
         let bin = self.options.bin_dir.join("metalguard-controller");
         let id = format!("lab-controller-{}", self.controller_starts);
-        let mut command = match &self.kube {
-            Some(kube) => kube.controller_command(
+        let mut command = if let Some(kube) = &self.kube {
+            kube.controller_command(
                 &bin,
                 &format!("{}:{}", self.service_address(), self.controller_port.port()),
                 &self.dir.path().join("tls"),
                 &id,
-            ),
-            None => {
-                let mut command = Command::new(bin);
-                command
-                    .args(["run", "--inventory"])
-                    .arg(&self.inventory)
-                    .args(["--id", &id]);
-                command
-            }
+            )
+        } else {
+            let mut command = Command::new(bin);
+            command
+                .args(["run", "--inventory"])
+                .arg(&self.inventory)
+                .args(["--id", &id]);
+            command
         };
         command.env(
             "RUST_LOG",

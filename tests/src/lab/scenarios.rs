@@ -257,32 +257,29 @@ pub fn double_failure(lab: &mut Lab) -> Result<Report> {
         "a fence now would be wrong: it cannot restore quorum",
     );
     lab.idle(window)?;
-    let why = match lab.kube() {
-        // Without etcd's quorum the API server cannot serve: no Lease, no status, no
-        // decision. Its own readiness checks say why.
-        Some(kube) => {
-            let failing = kube.failing_readyz_checks();
-            if failing.iter().any(|c| c.starts_with("etcd")) {
-                format!(
-                    "the API server is not ready, failing checks: {}",
-                    failing.join(", ")
-                )
-            } else {
-                String::new()
-            }
+    // Without etcd's quorum the API server cannot serve: no Lease, no status, no decision.
+    // Its own readiness checks say why.
+    let why = if let Some(kube) = lab.kube() {
+        let failing = kube.failing_readyz_checks();
+        if failing.iter().any(|c| c.starts_with("etcd")) {
+            format!(
+                "the API server is not ready, failing checks: {}",
+                failing.join(", ")
+            )
+        } else {
+            String::new()
         }
-        None => {
-            let status_text = match lab.controller_cli(&["status"]) {
-                Ok(text) => text,
-                Err(e) => e.to_string(),
-            };
-            status_text
-                .lines()
-                .find(|l| l.contains("fences nothing") || l.contains("short-circuit"))
-                .unwrap_or("")
-                .trim()
-                .to_owned()
-        }
+    } else {
+        let status_text = match lab.controller_cli(&["status"]) {
+            Ok(text) => text,
+            Err(e) => e.to_string(),
+        };
+        status_text
+            .lines()
+            .find(|l| l.contains("fences nothing") || l.contains("short-circuit"))
+            .unwrap_or("")
+            .trim()
+            .to_owned()
     };
     lab.timeline.add("status", "says", why.clone());
     let events = lab.power_events_since(since)?;

@@ -1,4 +1,4 @@
-//! The lab in Kubernetes mode ([`super::LabOptions::kubernetes`]): the lab's own etcd members
+//! The lab in Kubernetes mode ([`super::LabBackend::Kubernetes`]): the lab's own etcd members
 //! are also the store of a real kube-apiserver, as kubeadm's stacked etcd is (the API server
 //! presents an `apiserver-etcd-client` certificate signed by the etcd CA), with
 //! kube-controller-manager's node-lifecycle controller on a short grace period. Each host has
