@@ -54,6 +54,12 @@ fn run(lab: &mut Lab, name: &str) -> Report {
         lab.timeline.render(),
         lab.logs()
     );
+    eprintln!(
+        "{name}: {}\ntimings: {:?}\n{}",
+        report.seen,
+        report.timings,
+        lab.timeline.render()
+    );
     report
 }
 

@@ -201,6 +201,8 @@ struct Seen {
     unhealthy: BTreeSet<String>,
     retirements: BTreeMap<String, String>,
     status_error: Option<String>,
+    /// Kubernetes mode: the lab's last read of the API server failed (told once).
+    api_unanswered: bool,
     controller_log_offset: u64,
     last_status: Option<Instant>,
 }
@@ -1103,13 +1105,23 @@ impl Lab {
     fn narrate_status(&mut self) {
         if let Some(kube) = self.kube.as_mut() {
             match kube.refresh() {
-                Ok(()) => kube.narrate(&mut self.timeline),
-                Err(e) => {
-                    let text = first_line_of_error(&e.to_string());
-                    if self.seen.status_error.as_deref() != Some(text.as_str()) {
+                Ok(()) => {
+                    if std::mem::take(&mut self.seen.api_unanswered) {
                         self.timeline
-                            .add("status", "the API server does not answer", text.clone());
-                        self.seen.status_error = Some(text);
+                            .add("status", "the API server answers the lab again", "");
+                    }
+                    kube.narrate(&mut self.timeline);
+                }
+                Err(e) => {
+                    // Told once: while it stalls, each read fails with another request's
+                    // text.
+                    if !self.seen.api_unanswered {
+                        self.timeline.add(
+                            "status",
+                            "the API server does not answer the lab",
+                            first_line_of_error(&e.to_string()),
+                        );
+                        self.seen.api_unanswered = true;
                     }
                     self.last_status = None;
                     return;
@@ -1120,13 +1132,17 @@ impl Lab {
             Ok(s) => s,
             Err(e) => {
                 let text = first_line_of_error(&e.to_string());
-                if self.seen.status_error.as_deref() != Some(text.as_str()) {
-                    self.timeline.add(
-                        "status",
-                        "the controller's store cannot be read",
-                        text.clone(),
-                    );
-                    self.seen.status_error = Some(text);
+                // In Kubernetes mode a stalling API server fails it with a different request
+                // each time: told once until it is read again.
+                let key = if self.kube.is_some() {
+                    String::from("unreadable")
+                } else {
+                    text.clone()
+                };
+                if self.seen.status_error.as_deref() != Some(key.as_str()) {
+                    self.timeline
+                        .add("status", "the controller's store cannot be read", text);
+                    self.seen.status_error = Some(key);
                 }
                 return;
             }
