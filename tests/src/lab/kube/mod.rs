@@ -464,3 +464,45 @@ pub fn run_within(
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_past_its_deadline_is_killed_and_reported_as_a_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut command = Command::new("sh");
+        command
+            .args(["-c", "echo $$ > pid; exec sleep 30"])
+            .current_dir(dir.path());
+        let started = std::time::Instant::now();
+        let error =
+            run_within(command, dir.path(), Duration::from_millis(300), "sleep").unwrap_err();
+        assert!(matches!(error, HarnessError::Timeout { .. }), "{error}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let pid = std::fs::read_to_string(dir.path().join("pid")).unwrap();
+        assert!(
+            !Path::new(&format!("/proc/{}", pid.trim())).exists(),
+            "sleep {} still runs",
+            pid.trim()
+        );
+    }
+
+    #[test]
+    fn a_command_within_its_deadline_gives_its_output_or_its_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ok = Command::new("sh");
+        ok.args(["-c", "echo hello"]);
+        assert_eq!(
+            run_within(ok, dir.path(), Duration::from_secs(10), "echo").unwrap(),
+            "hello\n"
+        );
+        let mut failing = Command::new("sh");
+        failing.args(["-c", "echo nope >&2; exit 3"]);
+        let error = run_within(failing, dir.path(), Duration::from_secs(10), "failing")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("nope"), "{error}");
+    }
+}
