@@ -269,3 +269,25 @@ fn a_spare_guarded_host_replaces_a_retired_one_without_losing_quorum_and_it_is_p
         "left running after the lab stopped: {left:?}"
     );
 }
+
+/// `controller-crash` in Kubernetes mode: the controller is killed (SIGKILL) with the
+/// power-off in flight and again once the BMC turned the host off; each new controller waits
+/// out the dead one's Lease (15 s), takes over the same remediation from its `GuardedHost`
+/// status and finishes it: one power-off, one power-on, one remediation.
+#[test]
+fn a_controller_killed_twice_mid_remediation_waits_out_its_lease_and_the_fence_happens_once() {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.backend = LabBackend::Kubernetes;
+    options.redfish_power_delay = true;
+    let mut lab = start_with(options);
+    let report = run(&mut lab, "controller-crash");
+    assert!(
+        report.seen.contains("0 off at the BMC")
+            && report
+                .seen
+                .contains("1 power-off, 1 power-on, 0 other power events"),
+        "{}",
+        report.seen
+    );
+    assert_nodes_labelled(&lab);
+}

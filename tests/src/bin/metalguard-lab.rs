@@ -15,7 +15,7 @@
 //! kube-apiserver's store, each host has a Node, and the controller runs with
 //! `--backend=kubernetes` on `GuardedHost`s (it must be built with its default features).
 //! Not in that mode: partition (netns; the API server and its kubelets live on 127.0.0.1),
-//! controller-crash and break-glass (see [`KUBE_UNSUPPORTED`]).
+//! and break-glass (see [`KUBE_UNSUPPORTED`]).
 //! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
 //! of this executable (`target/<profile>/`) unless `--bin-dir` says otherwise.
 
@@ -40,7 +40,7 @@ struct Args {
 }
 
 /// Scenarios the Kubernetes-mode lab does not run, and why.
-const KUBE_UNSUPPORTED: [(&str, &str); 3] = [
+const KUBE_UNSUPPORTED: [(&str, &str); 2] = [
     (
         "partition",
         "it cuts a host's link inside network namespaces, and the Kubernetes lab's API server and kubelets run on 127.0.0.1 outside them",
@@ -48,10 +48,6 @@ const KUBE_UNSUPPORTED: [(&str, &str); 3] = [
     (
         "break-glass",
         "the Kubernetes backend does not store break-glass holds (docs/design-kubernetes.md, known gaps)",
-    ),
-    (
-        "controller-crash",
-        "not adapted yet: its timing assumes the standalone 3 s lease, the Kubernetes backend's Lease is 15 s",
     ),
 ];
 

@@ -711,6 +711,16 @@ impl Lab {
         }
     }
 
+    /// How long a crashed controller's leadership lasts: the lab's lease TTL in standalone
+    /// mode, the Kubernetes backend's Lease ([`kube::CONTROLLER_LEASE`]) in Kubernetes mode.
+    pub fn leader_lease(&self) -> Duration {
+        if self.kube.is_some() {
+            kube::CONTROLLER_LEASE
+        } else {
+            self.options.timings.lease_ttl
+        }
+    }
+
     /// The Kubernetes side, in Kubernetes mode.
     pub fn kube(&self) -> Option<&KubeSide> {
         self.kube.as_ref()

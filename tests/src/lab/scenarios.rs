@@ -479,7 +479,7 @@ pub fn controller_crash(lab: &mut Lab) -> Result<Report> {
     let sent = format!("sends power off of {name}");
     lab.wait_for(
         &format!("the controller to send the power-off of {name}"),
-        detect + OVERHEAD,
+        detect + OVERHEAD + lab.frozen_member_stall(),
         |lab| Ok(lab.timeline.find("controller", &sent).is_some()),
     )?;
     let offs_at_kill = lab.power_offs_since(target, since)?;
@@ -497,7 +497,7 @@ pub fn controller_crash(lab: &mut Lab) -> Result<Report> {
     // Second crash: after the verified power-off, before the host is back.
     lab.wait_for(
         &format!("{name} to be powered off"),
-        t.lease_ttl + detect + OVERHEAD,
+        lab.leader_lease() + detect + OVERHEAD + lab.frozen_member_stall(),
         |lab| Ok(lab.power_offs_since(target, since)? > 0),
     )?;
     let mut second_phase = String::new();
@@ -514,7 +514,7 @@ pub fn controller_crash(lab: &mut Lab) -> Result<Report> {
     lab.start_controller()?;
     let healthy = lab.wait_for(
         &format!("{name} to be healthy again"),
-        t.lease_ttl + Duration::from_secs(60),
+        lab.leader_lease() + Duration::from_secs(60),
         |lab| {
             Ok(lab.host_healthy(target)
                 && lab.active_remediations().is_empty()

@@ -65,6 +65,11 @@ const LAB_READER: &str = "metalguard-lab";
 /// one after the other.
 pub const APISERVER_ETCD_STALL: Duration = Duration::from_secs(2 * 40);
 
+/// The Lease the Kubernetes backend holds while it leads (`LEASE_SECONDS` in
+/// `controller/src/kube/run.rs`; not configurable): a controller that crashed is replaced only
+/// once it ran out.
+pub const CONTROLLER_LEASE: Duration = Duration::from_secs(15);
+
 /// The Kubernetes side of a lab. Dropping it stops the kubelets, then the API server and
 /// kube-controller-manager (the etcd members are the lab's).
 #[derive(Debug)]
