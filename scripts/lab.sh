@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 kubernetes=false
 for arg in "$@"; do
-  [ "$arg" = --kubernetes ] && kubernetes=true
+  if [ "$arg" = --kubernetes ]; then kubernetes=true; fi
 done
 scripts/setup.sh --lab
 echo "== cargo build (agent, controller, lab)"
