@@ -8,16 +8,41 @@
 #   scripts/lab.sh run replace --etcd-layout static-pod
 #                             the spare's etcd as kubeadm's static Pod (the agent writes the
 #                             manifest, the lab is the host's kubelet); default env-file
+#   scripts/lab.sh --kubernetes, scripts/lab.sh run hang --kubernetes, scripts/lab.sh up --kubernetes
+#                             Kubernetes mode: the lab's etcd is also a real kube-apiserver's
+#                             store (kube-controller-manager too, a Node per host whose kubelet
+#                             follows the host's power), and the controller runs with
+#                             --backend=kubernetes on GuardedHosts. Needs the Kubernetes binaries
+#                             (scripts/kube-build.sh, Go; built once) and the controller's
+#                             default feature.
 # Everything the lab starts binds 127.0.0.1 (or addresses inside network namespaces it
 # creates) and is stopped when it ends, also on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+kubernetes=false
+for arg in "$@"; do
+  if [ "$arg" = --kubernetes ]; then kubernetes=true; fi
+done
 scripts/setup.sh --lab
 echo "== cargo build (agent, controller, lab)"
-# The standalone controller is all the lab runs: without the Kubernetes types (the
-# controller's default feature; no other crate here has default features) it builds minutes
-# faster, no k8s-openapi. One invocation, so both cores stay busy across the three.
-cargo build --locked -p metalguard-e2e -p metalguard-agent -p metalguard-controller --bins --no-default-features
+if $kubernetes; then
+  # kube-apiserver, kube-controller-manager and kubectl of the pinned release: built once into
+  # .tools/ (skipped when present), found through the variables --print-env prints.
+  kube_dir="$(scripts/kube-build.sh --print-env | sed -n 's/^METALGUARD_KUBE_BIN_DIR=//p')"
+  if [ ! -x "$kube_dir/kube-apiserver" ] && ! command -v go >/dev/null 2>&1; then
+    echo "lab.sh --kubernetes: $kube_dir has no kube-apiserver and Go 1.26, which builds it, is not installed (scripts/setup.sh)" >&2
+    exit 1
+  fi
+  scripts/kube-build.sh
+  eval "$(scripts/kube-build.sh --print-env | sed 's/^/export /')"
+  # The Kubernetes backend is the controller's default feature.
+  cargo build --locked -p metalguard-e2e -p metalguard-agent -p metalguard-controller --bins
+else
+  # The standalone controller is all the lab runs: without the Kubernetes types (the
+  # controller's default feature; no other crate here has default features) it builds minutes
+  # faster, no k8s-openapi. One invocation, so both cores stay busy across the three.
+  cargo build --locked -p metalguard-e2e -p metalguard-agent -p metalguard-controller --bins --no-default-features
+fi
 # No command, or options only (scripts/lab.sh --etcd-layout static-pod): the demo.
 case "${1:-}" in ""|-*) set -- demo "$@" ;; esac
 exec target/debug/metalguard-lab "$@"

@@ -30,7 +30,7 @@ fn watches_that_get_410_gone_list_again_and_see_what_changed_meanwhile() {
         .unwrap();
     let outage = Instant::now();
     lab.cluster.stop_apiserver();
-    let compacted = lab.cluster.store().compact().unwrap();
+    let compacted = lab.cluster.store().unwrap().compact().unwrap();
     lab.cluster.start_apiserver_again().unwrap();
     eprintln!(
         "[kubelab] API server down and back in {:?}; etcd compacted at revision {compacted}",

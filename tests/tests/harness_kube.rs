@@ -175,7 +175,7 @@ fn users_groups_and_service_accounts_are_authenticated_and_rbac_decides() {
         .unwrap();
     let restarted = Instant::now();
     cluster.stop_apiserver();
-    let compacted = cluster.store().compact().unwrap();
+    let compacted = cluster.store().unwrap().compact().unwrap();
     cluster.start_apiserver_again().unwrap();
     eprintln!(
         "apiserver restarted in {:?}; etcd compacted at {compacted}",

@@ -11,6 +11,11 @@
 //! `--etcd-layout static-pod` runs a spare's etcd as kubeadm's static Pod (the agent's
 //! `static-pod` launcher writes the manifest, the lab is the host's kubelet) instead of from an
 //! environment file (`env-file`, the default).
+//! `--kubernetes` runs the lab in Kubernetes mode: the lab's etcd is also a real
+//! kube-apiserver's store, each host has a Node, and the controller runs with
+//! `--backend=kubernetes` on `GuardedHost`s (it must be built with its default features).
+//! Not in that mode: partition (netns; the API server and its kubelets live on 127.0.0.1),
+//! and break-glass (see [`KUBE_UNSUPPORTED`]).
 //! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
 //! of this executable (`target/<profile>/`) unless `--bin-dir` says otherwise.
 
@@ -21,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use metalguard_e2e::lab::scenarios::{self, Report};
-use metalguard_e2e::lab::{EtcdLayout, Lab, LabOptions};
+use metalguard_e2e::lab::{EtcdLayout, Lab, LabBackend, LabOptions};
 
 struct Args {
     command: String,
@@ -31,13 +36,32 @@ struct Args {
     bin_dir: PathBuf,
     netns: bool,
     etcd_layout: EtcdLayout,
+    kubernetes: bool,
 }
+
+/// Scenarios the Kubernetes-mode lab does not run, and why.
+const KUBE_UNSUPPORTED: [(&str, &str); 2] = [
+    (
+        "partition",
+        "it cuts a host's link inside network namespaces, and the Kubernetes lab's API server and kubelets run on 127.0.0.1 outside them",
+    ),
+    (
+        "break-glass",
+        "the Kubernetes backend does not store break-glass holds (docs/design-kubernetes.md, known gaps)",
+    ),
+];
 
 fn usage() -> String {
     format!(
-        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--spares N] [--bin-dir DIR] [--netns] [--etcd-layout env-file|static-pod]\n\
-         scenarios: {} (the demo's, in its order); also controller-crash",
-        scenarios::ALL.join(", ")
+        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--spares N] [--bin-dir DIR] [--netns] [--etcd-layout env-file|static-pod] [--kubernetes]\n\
+         scenarios: {} (the demo's, in its order); also controller-crash\n\
+         --kubernetes: a real kube-apiserver on the lab's etcd, Nodes, the controller on GuardedHosts; not run there:\n{}",
+        scenarios::ALL.join(", "),
+        KUBE_UNSUPPORTED
+            .iter()
+            .map(|(name, why)| format!("  {name}: {why}"))
+            .collect::<Vec<_>>()
+            .join("\n")
     )
 }
 
@@ -55,6 +79,7 @@ fn parse() -> Result<Args, String> {
             .unwrap_or_default(),
         netns: false,
         etcd_layout: EtcdLayout::default(),
+        kubernetes: false,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -79,6 +104,7 @@ fn parse() -> Result<Args, String> {
                     .ok_or("--bin-dir needs a path")?;
             }
             "--netns" => parsed.netns = true,
+            "--kubernetes" => parsed.kubernetes = true,
             "--etcd-layout" => {
                 parsed.etcd_layout = args
                     .next()
@@ -89,6 +115,13 @@ fn parse() -> Result<Args, String> {
             "-h" | "--help" => return Err(usage()),
             other if !other.starts_with('-') => parsed.scenarios.push(other.to_owned()),
             other => return Err(format!("unknown option {other}\n{}", usage())),
+        }
+    }
+    if parsed.kubernetes {
+        for (name, why) in KUBE_UNSUPPORTED {
+            if parsed.scenarios.iter().any(|s| s == name) {
+                return Err(format!("{name} does not run with --kubernetes: {why}"));
+            }
         }
     }
     for tool in ["metalguard-agent", "metalguard-controller"] {
@@ -113,14 +146,22 @@ fn stop_flag() -> Arc<AtomicBool> {
 
 fn start(args: &Args) -> Result<Lab, String> {
     println!(
-        "metalguard lab: {} control-plane hosts (real etcd, real agents, Redfish and IPMI BMC emulators), one controller",
-        args.hosts
+        "metalguard lab: {} control-plane hosts (real etcd, real agents, Redfish and IPMI BMC emulators), one controller{}",
+        args.hosts,
+        if args.kubernetes {
+            " (Kubernetes backend: a real kube-apiserver on the lab's etcd, a Node per host)"
+        } else {
+            ""
+        }
     );
     let mut options = LabOptions::new(args.hosts, args.bin_dir.clone());
     // partition cuts one host's link: every host needs its own network namespace (root).
     options.netns = args.netns || args.scenarios.iter().any(|s| s == "partition");
     options.live = true;
     options.etcd_layout = args.etcd_layout;
+    if args.kubernetes {
+        options.backend = LabBackend::Kubernetes;
+    }
     // replace needs a spare host to replace the retired one with.
     let replace = args.command == "demo" || args.scenarios.iter().any(|s| s == "replace");
     options.spares = if replace {
@@ -230,7 +271,10 @@ fn up(args: &Args) -> ExitCode {
         }
     };
     lab.keep_dir();
-    let inv = lab.inventory().display().to_string();
+    let inv = match lab.kube() {
+        Some(kube) => format!("--kubeconfig {}", kube.admin_kubeconfig().display()),
+        None => format!("--inventory {}", lab.inventory().display()),
+    };
     let ctl = args
         .bin_dir
         .join("metalguard-controller")
@@ -238,9 +282,18 @@ fn up(args: &Args) -> ExitCode {
         .to_string();
     let agent = args.bin_dir.join("metalguard-agent").display().to_string();
     println!("\nThe lab is up (Ctrl-C stops it and every process it started). Try:\n");
-    println!("  {ctl} status --inventory {inv}");
-    println!("  {ctl} fence cp-2 --reason 'testing' --inventory {inv}");
-    println!("  {ctl} fence cp-2 --force --reason 'testing' --inventory {inv}");
+    println!("  {ctl} status {inv}");
+    println!("  {ctl} fence cp-2 --reason 'testing' {inv}");
+    println!("  {ctl} fence cp-2 --force --reason 'testing' {inv}");
+    if let Some(kube) = lab.kube()
+        && let Ok(kubectl) = metalguard_e2e::tools::kube_bin("kubectl")
+    {
+        println!(
+            "  {} --kubeconfig {} get nodes,metalguard -A",
+            kubectl.display(),
+            kube.admin_kubeconfig().display()
+        );
+    }
     if let Some(h) = lab.hosts().first() {
         println!(
             "  {agent} status --config {}",

@@ -77,6 +77,17 @@ fn pem_err<E: std::fmt::Display>(path: &Path) -> impl FnOnce(E) -> HarnessError 
 impl ApiClient {
     /// A client of `server` (`https://127.0.0.1:PORT`) trusting `ca` (PEM file).
     pub fn new(server: &str, ca: &Path, credentials: &Credentials) -> Result<Self> {
+        Self::with_timeout(server, ca, credentials, REQUEST_TIMEOUT)
+    }
+
+    /// [`ApiClient::new`] whose requests give up after `timeout` (for a caller that must not
+    /// wait on a stalled API server, like the lab's narration).
+    pub fn with_timeout(
+        server: &str,
+        ca: &Path,
+        credentials: &Credentials,
+        timeout: Duration,
+    ) -> Result<Self> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_file_iter(ca).map_err(pem_err(ca))? {
@@ -106,8 +117,8 @@ impl ApiClient {
         };
         let http = reqwest::blocking::Client::builder()
             .tls_backend_preconfigured(config)
-            .timeout(REQUEST_TIMEOUT)
-            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(timeout)
+            .connect_timeout(CONNECT_TIMEOUT.min(timeout))
             .build()
             .map_err(|e| HarnessError::Other(format!("building the API client: {e}")))?;
         Ok(Self {

@@ -3,8 +3,9 @@
 //! `tests/kube/k8s/go.mod` (built by `scripts/kube-build.sh`), optionally
 //! kube-controller-manager with short grace periods, and fake kubelets ([`kubelet`]).
 //!
-//! Data flow: [`KubeCluster::start`] makes a CA and keys ([`pki`]), starts etcd (plain or TLS)
-//! and the API server (RBAC, client certificates, static tokens, service-account keys, an
+//! Data flow: [`KubeCluster::start`] makes a CA and keys ([`pki`]), starts etcd (plain or TLS;
+//! or uses an etcd the caller runs, [`KubeOptions::external_etcd`], as the lab does) and the
+//! API server (RBAC, client certificates, static tokens, service-account keys, an
 //! audit log of the users the test names), waits for `/readyz` and the system namespaces,
 //! then writes an admin kubeconfig. Tests talk to the server as any identity through
 //! [`client::ApiClient`] or `kubectl` with the kubeconfigs made here:
@@ -64,6 +65,38 @@ pub struct KubeOptions {
     pub audited_users: Vec<String>,
     /// More kube-apiserver flags.
     pub apiserver_args: Vec<String>,
+    /// The API server's store is this etcd instead of one started here (kubeadm's external
+    /// etcd, or its stacked members: the cluster's own etcd is the API server's too).
+    pub external_etcd: Option<ExternalEtcd>,
+    /// kube-controller-manager's `--node-monitor-grace-period` (default
+    /// [`NODE_MONITOR_GRACE_PERIOD`]): how long a Node's kubelet may be silent before the
+    /// node-lifecycle controller marks it `Ready=Unknown`.
+    pub node_monitor_grace_period: Option<Duration>,
+}
+
+/// The default `--node-monitor-grace-period` of the harness's kube-controller-manager (40 s
+/// in a real cluster).
+pub const NODE_MONITOR_GRACE_PERIOD: Duration = Duration::from_secs(10);
+
+/// An etcd the API server uses as its store without the harness starting it.
+#[derive(Debug, Clone)]
+pub struct ExternalEtcd {
+    /// Client URLs (`--etcd-servers`), one per member.
+    pub servers: Vec<String>,
+    /// `--etcd-cafile`, and the client certificate the API server presents (kubeadm's
+    /// `apiserver-etcd-client`, signed by the etcd CA); `None` for plain-HTTP members.
+    pub tls: Option<ExternalEtcdTls>,
+}
+
+/// TLS files of an [`ExternalEtcd`].
+#[derive(Debug, Clone)]
+pub struct ExternalEtcdTls {
+    /// The CA that signed the members' serving certificates.
+    pub ca: PathBuf,
+    /// The API server's client certificate.
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
 }
 
 /// The user name RBAC gives ServiceAccount `namespace/name`.
@@ -78,7 +111,8 @@ pub struct KubeCluster {
     // Field order is drop order: processes first, the directory last.
     controller_manager: Option<Proc>,
     apiserver: ApiServer,
-    store: Store,
+    // `None` with an external etcd.
+    store: Option<Store>,
     pki: Pki,
     admin: ApiClient,
     admin_kubeconfig: PathBuf,
@@ -115,7 +149,13 @@ impl KubeCluster {
         let token_file = root.join("tokens.csv");
         write_file(&token_file, token_lines.as_bytes(), 0o600)?;
 
-        let store = Store::start(&root, &pki, options.etcd_tls)?;
+        let (store, etcd_servers) = if let Some(external) = &options.external_etcd {
+            (None, external.servers.join(","))
+        } else {
+            let store = Store::start(&root, &pki, options.etcd_tls)?;
+            let url = store.url();
+            (Some(store), url)
+        };
         let port = reserve_port()?;
         let url = format!("https://127.0.0.1:{}", port.port());
         let admin = ApiClient::new(
@@ -132,7 +172,7 @@ impl KubeCluster {
             s
         };
         let mut args: Vec<OsString> = vec![
-            format!("--etcd-servers={}", store.url()).into(),
+            format!("--etcd-servers={etcd_servers}").into(),
             flag("cert-dir", &root.join("apiserver-certs")),
             flag("tls-cert-file", &serving.cert),
             flag("tls-private-key-file", &serving.key),
@@ -152,10 +192,15 @@ impl KubeCluster {
             "--default-unreachable-toleration-seconds=2".into(),
             "--profiling=false".into(),
         ];
-        if let Some(t) = store.tls() {
+        if let Some(t) = store.as_ref().and_then(Store::tls) {
             args.push(flag("etcd-cafile", &t.ca));
             args.push(flag("etcd-certfile", &t.pair.cert));
             args.push(flag("etcd-keyfile", &t.pair.key));
+        }
+        if let Some(t) = options.external_etcd.as_ref().and_then(|e| e.tls.as_ref()) {
+            args.push(flag("etcd-cafile", &t.ca));
+            args.push(flag("etcd-certfile", &t.cert));
+            args.push(flag("etcd-keyfile", &t.key));
         }
         let audit_log = if options.audited_users.is_empty() {
             None
@@ -197,7 +242,10 @@ impl KubeCluster {
         };
         cluster.wait_for_system_namespaces()?;
         if options.controller_manager {
-            cluster.start_controller_manager(&sa_key)?;
+            let grace = options
+                .node_monitor_grace_period
+                .unwrap_or(NODE_MONITOR_GRACE_PERIOD);
+            cluster.start_controller_manager(&sa_key, grace)?;
         }
         cluster.started_in = started.elapsed();
         Ok(cluster)
@@ -222,7 +270,7 @@ impl KubeCluster {
         )
     }
 
-    fn start_controller_manager(&mut self, sa_key: &Path) -> Result<()> {
+    fn start_controller_manager(&mut self, sa_key: &Path, grace: Duration) -> Result<()> {
         let root = self.dir.path();
         // The controllers act as one identity in system:masters (no per-controller
         // service-account credentials: envtest's shortcut; what is tested is their effect).
@@ -254,7 +302,10 @@ impl KubeCluster {
             ))
             .arg(format!("--root-ca-file={}", self.pki.ca_file().display()))
             .arg("--node-monitor-period=1s")
-            .arg("--node-monitor-grace-period=10s")
+            .arg(format!(
+                "--node-monitor-grace-period={}ms",
+                grace.as_millis()
+            ))
             .arg("--leader-elect=false")
             .arg("--secure-port=0");
         let mut proc = Proc::spawn(
@@ -310,9 +361,12 @@ impl KubeCluster {
         &self.apiserver
     }
 
-    /// The API server's etcd.
-    pub fn store(&self) -> &Store {
-        &self.store
+    /// The API server's etcd, when the harness started it (not with
+    /// [`KubeOptions::external_etcd`]).
+    pub fn store(&self) -> Result<&Store> {
+        self.store.as_ref().ok_or_else(|| {
+            HarnessError::Other("the API server uses an external etcd, not the harness's".into())
+        })
     }
 
     /// A client in `system:masters`.
@@ -340,6 +394,21 @@ impl KubeCluster {
             &self.url(),
             self.ca_file(),
             &self.user_certificate(user, groups)?,
+        )
+    }
+
+    /// [`KubeCluster::client_as`] whose requests give up after `timeout`.
+    pub fn client_as_within(
+        &self,
+        user: &str,
+        groups: &[&str],
+        timeout: Duration,
+    ) -> Result<ApiClient> {
+        ApiClient::with_timeout(
+            &self.url(),
+            self.ca_file(),
+            &self.user_certificate(user, groups)?,
+            timeout,
         )
     }
 

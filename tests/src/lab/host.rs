@@ -233,6 +233,19 @@ impl LabHost {
         &self.password
     }
 
+    /// The BMC user the controller logs in as.
+    pub fn bmc_username(&self) -> &str {
+        &self.username
+    }
+
+    /// The CA of a Redfish BMC's HTTPS certificate (`None` for IPMI).
+    pub fn bmc_ca_file(&self) -> Option<PathBuf> {
+        match &self.bmc {
+            Bmc::Redfish(b) => b.ca_pem_path().map(Path::to_path_buf),
+            Bmc::Ipmi(_) => None,
+        }
+    }
+
     /// The credentials directory the inventory names (the lab's copy, so a scenario can
     /// make it wrong).
     pub fn credentials_dir(&self) -> PathBuf {

@@ -9,11 +9,16 @@
 //! `healthcheck-client` certificate; the controller a dedicated client certificate (CN
 //! [`CONTROLLER_ETCD_CN`]).
 //!
+//! In Kubernetes mode ([`LabBackend::Kubernetes`], [`kube`]) the etcd members are also a real
+//! kube-apiserver's store, each host has a Node whose fake kubelet follows its power, and the
+//! controller runs with `--backend=kubernetes` on `GuardedHost`s instead of the inventory file.
+//!
 //! The lab is single-threaded: every wait goes through [`Lab::tick`], which applies power
 //! changes to the hosts and narrates what the controller, the agents and the BMCs did.
 //! Used by the `metalguard-lab` binary (`demo`, `up`) and by the end-to-end tests.
 
 mod host;
+pub mod kube;
 pub mod scenarios;
 mod spare;
 pub mod timeline;
@@ -29,6 +34,7 @@ use serde_json::Value;
 
 use host::HostPlacement;
 pub use host::{BmcKind, LabHost, Standing};
+pub use kube::KubeSide;
 pub use spare::{SpareEtcd, Supervised};
 use timeline::Timeline;
 
@@ -128,6 +134,20 @@ pub struct LabOptions {
     pub etcd_security: EtcdSecurity,
     /// How a spare host runs its etcd once its agent joins it.
     pub etcd_layout: EtcdLayout,
+    /// Which backend the controller runs with.
+    pub backend: LabBackend,
+}
+
+/// The controller's backend in the lab.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LabBackend {
+    /// `run --inventory`: state and leader lease in the guarded etcd.
+    #[default]
+    Standalone,
+    /// Kubernetes mode ([`kube`]): the lab's etcd is also a real kube-apiserver's store,
+    /// each host has a Node (a fake kubelet coupled to its power), and the controller runs
+    /// with `--backend=kubernetes` on `GuardedHost`s instead of the inventory file.
+    Kubernetes,
 }
 
 /// How a spare host runs etcd (the agent's `[etcd.join] launcher`).
@@ -166,6 +186,7 @@ impl LabOptions {
             quota_backend_bytes: None,
             etcd_security: EtcdSecurity::default(),
             etcd_layout: EtcdLayout::default(),
+            backend: LabBackend::default(),
         }
     }
 }
@@ -180,6 +201,8 @@ struct Seen {
     unhealthy: BTreeSet<String>,
     retirements: BTreeMap<String, String>,
     status_error: Option<String>,
+    /// Kubernetes mode: the lab's last read of the API server failed (told once).
+    api_unanswered: bool,
     controller_log_offset: u64,
     last_status: Option<Instant>,
 }
@@ -193,6 +216,7 @@ pub struct Lab {
     // Field order matters: processes drop before the directories they use.
     controller: Option<Proc>,
     controller_starts: usize,
+    kube: Option<KubeSide>,
     hosts: Vec<LabHost>,
     etcd: EtcdCluster,
     network: Option<LabNetwork>,
@@ -366,12 +390,29 @@ impl Lab {
                 .collect::<Vec<_>>()
                 .join(", "),
         );
+        let kube = if options.backend == LabBackend::Kubernetes {
+            if options.netns {
+                return Err(HarnessError::Other(
+                    "the Kubernetes lab runs on 127.0.0.1 and has no netns mode".into(),
+                ));
+            }
+            kube::require_kube_backend(&controller_bin)?;
+            Some(KubeSide::start(
+                &etcd,
+                &hosts,
+                &options.timings,
+                &mut timeline,
+            )?)
+        } else {
+            None
+        };
         let inventory = dir.path().join("inventory.toml");
         let mut lab = Self {
             timeline,
             options,
             controller: None,
             controller_starts: 0,
+            kube,
             hosts,
             etcd,
             network,
@@ -381,7 +422,10 @@ impl Lab {
             last_status: None,
             dir,
         };
-        lab.write_inventory()?;
+        // Kubernetes mode has no inventory file: the resources are the inventory.
+        if lab.kube.is_none() {
+            lab.write_inventory()?;
+        }
         let endpoints = lab.etcd.endpoints();
         for i in 0..lab.hosts.len() {
             let config = lab.agent_config(i, &endpoints);
@@ -564,18 +608,27 @@ impl Lab {
             old.terminate(Duration::from_secs(5));
         }
         self.controller_starts += 1;
-        let mut command = Command::new(self.options.bin_dir.join("metalguard-controller"));
-        command
-            .args(["run", "--inventory"])
-            .arg(&self.inventory)
-            .args([
-                "--id",
-                &format!("lab-controller-{}", self.controller_starts),
-            ])
-            .env(
-                "RUST_LOG",
-                std::env::var("METALGUARD_LAB_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
-            );
+        let bin = self.options.bin_dir.join("metalguard-controller");
+        let id = format!("lab-controller-{}", self.controller_starts);
+        let mut command = if let Some(kube) = &self.kube {
+            kube.controller_command(
+                &bin,
+                &format!("{}:{}", self.service_address(), self.controller_port.port()),
+                &self.dir.path().join("tls"),
+                &id,
+            )
+        } else {
+            let mut command = Command::new(bin);
+            command
+                .args(["run", "--inventory"])
+                .arg(&self.inventory)
+                .args(["--id", &id]);
+            command
+        };
+        command.env(
+            "RUST_LOG",
+            std::env::var("METALGUARD_LAB_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
+        );
         self.controller = Some(Proc::spawn(
             "metalguard-controller",
             command,
@@ -587,7 +640,11 @@ impl Lab {
                 "started metalguard-controller (run {})",
                 self.controller_starts
             ),
-            "standalone backend: state and leader election in the guarded etcd",
+            if self.kube.is_some() {
+                "kubernetes backend as its ServiceAccount (shipped RBAC): state on the GuardedHosts, leader election by a Lease"
+            } else {
+                "standalone backend: state and leader election in the guarded etcd"
+            },
         );
         Ok(())
     }
@@ -604,16 +661,69 @@ impl Lab {
         }
     }
 
-    /// Runs `metalguard-controller ARGS --inventory <lab inventory>` and returns its output
-    /// (stdout, or the error with stderr).
+    /// Runs `metalguard-controller ARGS --inventory <lab inventory>` (in Kubernetes mode
+    /// `--kubeconfig <admin kubeconfig>`) and returns its output (stdout, or the error with
+    /// stderr).
     pub fn controller_cli(&self, args: &[&str]) -> Result<String> {
-        let mut command = Command::new(self.options.bin_dir.join("metalguard-controller"));
-        command.args(args).arg("--inventory").arg(&self.inventory);
         run_capture(
-            command,
+            self.controller_cli_command(args),
             None,
             &format!("metalguard-controller {}", args.join(" ")),
         )
+    }
+
+    /// Runs `metalguard-controller fence ARGS` and returns its stdout, where the verdict is:
+    /// in Kubernetes mode a refused request exits 1 and is still an answer.
+    pub fn fence_cli(&self, args: &[&str]) -> Result<String> {
+        let mut all = vec!["fence"];
+        all.extend_from_slice(args);
+        if self.kube.is_none() {
+            return self.controller_cli(&all);
+        }
+        let output = self
+            .controller_cli_command(&all)
+            .output()
+            .map_err(HarnessError::io("running metalguard-controller fence"))?;
+        Ok(format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+
+    fn controller_cli_command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(self.options.bin_dir.join("metalguard-controller"));
+        command.args(args);
+        match &self.kube {
+            Some(kube) => command.arg("--kubeconfig").arg(kube.admin_kubeconfig()),
+            None => command.arg("--inventory").arg(&self.inventory),
+        };
+        command
+    }
+
+    /// How much longer than in standalone mode a scenario that freezes a host may take to
+    /// act: [`kube::APISERVER_ETCD_STALL`] in Kubernetes mode, zero otherwise.
+    pub fn frozen_member_stall(&self) -> Duration {
+        if self.kube.is_some() {
+            kube::APISERVER_ETCD_STALL
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// How long a crashed controller's leadership lasts: the lab's lease TTL in standalone
+    /// mode, the Kubernetes backend's Lease ([`kube::CONTROLLER_LEASE`]) in Kubernetes mode.
+    pub fn leader_lease(&self) -> Duration {
+        if self.kube.is_some() {
+            kube::CONTROLLER_LEASE
+        } else {
+            self.options.timings.lease_ttl
+        }
+    }
+
+    /// The Kubernetes side, in Kubernetes mode.
+    pub fn kube(&self) -> Option<&KubeSide> {
+        self.kube.as_ref()
     }
 
     /// The controller's status as JSON (`status --json`), or why it could not be read.
@@ -622,7 +732,16 @@ impl Lab {
     /// by seconds (the controller-crash scenario needs to see a power-off while it is in
     /// flight at a BMC that takes 2 s).
     pub fn status(&self) -> Result<Value> {
-        let out = self.controller_cli(&["status", "--json", "--no-endpoint-probes"])?;
+        let out = if self.kube.is_some() {
+            kube::run_within(
+                self.controller_cli_command(&["status", "--json"]),
+                self.dir.path(),
+                kube::STATUS_DEADLINE,
+                "metalguard-controller status --json --kubeconfig",
+            )?
+        } else {
+            self.controller_cli(&["status", "--json", "--no-endpoint-probes"])?
+        };
         serde_json::from_str(&out)
             .map_err(|e| HarnessError::Other(format!("status --json unparsable ({e}): {out}")))
     }
@@ -646,6 +765,9 @@ impl Lab {
         self.hang_member(i)?;
         self.hosts[i].freeze_agent()?;
         let name = self.hosts[i].name.clone();
+        if let Some(kube) = self.kube.as_mut() {
+            kube.host_stopped(&name);
+        }
         self.timeline.add(
             "lab",
             format!("{name} hangs: SIGSTOP its etcd and its agent"),
@@ -660,6 +782,9 @@ impl Lab {
             self.resume_member(i)?;
             self.hosts[i].thaw_agent()?;
             let name = self.hosts[i].name.clone();
+            if let Some(kube) = self.kube.as_mut() {
+                kube.host_started(&name);
+            }
             self.timeline
                 .add("lab", format!("{name} resumes: SIGCONT"), "");
         }
@@ -707,6 +832,12 @@ impl Lab {
     pub fn set_known_password(&mut self, i: usize, password: Option<&str>) -> Result<()> {
         self.hosts[i].set_known_password(password)?;
         let name = self.hosts[i].name.clone();
+        if let Some(kube) = &self.kube {
+            kube.set_bmc_password(
+                &name,
+                password.unwrap_or_else(|| self.hosts[i].bmc_password()),
+            )?;
+        }
         match password {
             Some(_) => self.timeline.add(
                 "lab",
@@ -734,6 +865,9 @@ impl Lab {
             if self.hosts[i].powered() && (went_off || !on) {
                 self.kill_member(i);
                 self.hosts[i].power_lost();
+                if let Some(kube) = self.kube.as_mut() {
+                    kube.host_stopped(&name);
+                }
                 self.timeline.add(
                     &format!("bmc {name}"),
                     "power is off",
@@ -743,6 +877,9 @@ impl Lab {
             if !self.hosts[i].powered() && on {
                 self.restart_member(i)?;
                 self.hosts[i].power_restored(&self.options.bin_dir)?;
+                if let Some(kube) = self.kube.as_mut() {
+                    kube.host_started(&name);
+                }
                 self.timeline.add(
                     &format!("bmc {name}"),
                     "power is on",
@@ -753,6 +890,15 @@ impl Lab {
         }
         if let Some(c) = self.controller.as_mut() {
             c.ensure_running()?;
+        }
+        if let Some(kube) = self.kube.as_mut() {
+            for name in kube.register_due() {
+                self.timeline.add(
+                    &format!("kubelet {name}"),
+                    "registers its Node again",
+                    "the host is up",
+                );
+            }
         }
         self.narrate_controller_log();
         if self
@@ -804,6 +950,10 @@ impl Lab {
     pub fn host_healthy(&mut self, i: usize) -> bool {
         if !self.hosts[i].powered() || self.hosts[i].agent_frozen() || !self.member_healthy(i) {
             return false;
+        }
+        if let Some(kube) = &self.kube {
+            return self.last_status.is_some()
+                && kube.host_healthy(&self.hosts[i].name, self.options.timings.heartbeat_timeout);
         }
         let Some(status) = self.last_status.as_ref() else {
             return false;
@@ -963,17 +1113,46 @@ impl Lab {
     }
 
     fn narrate_status(&mut self) {
+        if let Some(kube) = self.kube.as_mut() {
+            match kube.refresh() {
+                Ok(()) => {
+                    if std::mem::take(&mut self.seen.api_unanswered) {
+                        self.timeline
+                            .add("status", "the API server answers the lab again", "");
+                    }
+                    kube.narrate(&mut self.timeline);
+                }
+                Err(e) => {
+                    // Told once: while it stalls, each read fails with another request's
+                    // text.
+                    if !self.seen.api_unanswered {
+                        self.timeline.add(
+                            "status",
+                            "the API server does not answer the lab",
+                            first_line_of_error(&e.to_string()),
+                        );
+                        self.seen.api_unanswered = true;
+                    }
+                    self.last_status = None;
+                    return;
+                }
+            }
+        }
         let status = match self.status() {
             Ok(s) => s,
             Err(e) => {
                 let text = first_line_of_error(&e.to_string());
-                if self.seen.status_error.as_deref() != Some(text.as_str()) {
-                    self.timeline.add(
-                        "status",
-                        "the controller's store cannot be read",
-                        text.clone(),
-                    );
-                    self.seen.status_error = Some(text);
+                // In Kubernetes mode a stalling API server fails it with a different request
+                // each time: told once until it is read again.
+                let key = if self.kube.is_some() {
+                    String::from("unreadable")
+                } else {
+                    text.clone()
+                };
+                if self.seen.status_error.as_deref() != Some(key.as_str()) {
+                    self.timeline
+                        .add("status", "the controller's store cannot be read", text);
+                    self.seen.status_error = Some(key);
                 }
                 return;
             }
@@ -1134,6 +1313,9 @@ impl Lab {
     /// Log tails of the controller and every agent, for failure reports.
     pub fn logs(&self) -> String {
         let mut out = String::new();
+        if let Some(kube) = &self.kube {
+            out.push_str(&kube.logs());
+        }
         let _ = writeln!(
             out,
             "--- controller\n{}",

@@ -92,11 +92,10 @@ pub fn hang(lab: &mut Lab, target: usize) -> Result<Report> {
     let started = Instant::now();
     lab.freeze(target)?;
     let detect = t.heartbeat_timeout.max(t.unhealthy_timeout);
-    let fenced = lab.wait_for(
-        &format!("{name} to be powered off"),
-        detect + OVERHEAD,
-        |lab| Ok(lab.power_offs_since(target, since)? > 0),
-    )?;
+    let budget = detect + OVERHEAD + lab.frozen_member_stall();
+    let fenced = lab.wait_for(&format!("{name} to be powered off"), budget, |lab| {
+        Ok(lab.power_offs_since(target, since)? > 0)
+    })?;
     let Recovery {
         fenced,
         healthy,
@@ -105,21 +104,32 @@ pub fn hang(lab: &mut Lab, target: usize) -> Result<Report> {
     } = recover(lab, target, since, started, fenced)?;
     let missing = lab.check_data(&data)?;
     let executor = fence_executor(lab, &name).unwrap_or_else(|| "?".into());
-    let ok = offs == 1 && others.is_empty() && missing.is_empty() && executor != name;
+    let node = node_outcome(lab, &name)?;
+    let ok = offs == 1
+        && others.is_empty()
+        && missing.is_empty()
+        && executor != name
+        && node.as_ref().is_none_or(NodeOutcome::ok);
     Ok(Report {
         name: "hang",
         expected: format!(
-            "{name} fenced once by another host's agent within {}s, healthy again, no data lost",
-            (detect + OVERHEAD).as_secs()
+            "{name} fenced once by another host's agent within {}s, healthy again, no data lost{}",
+            budget.as_secs(),
+            if node.is_some() {
+                "; its Node NotReady, deleted, back with its labels"
+            } else {
+                ""
+            }
         ),
         seen: format!(
             "fenced by agent {executor} after {:.1}s ({offs} power-off), healthy after {:.1}s, \
-             other hosts' power events {}, {} of {} keys missing",
+             other hosts' power events {}, {} of {} keys missing{}",
             fenced.as_secs_f64(),
             healthy.as_secs_f64(),
             others.len(),
             missing.len(),
-            data.len()
+            data.len(),
+            node.map(|n| format!("; {n}")).unwrap_or_default()
         ),
         ok,
         took: started.elapsed(),
@@ -128,6 +138,51 @@ pub fn hang(lab: &mut Lab, target: usize) -> Result<Report> {
             ("failure → healthy".into(), healthy),
         ],
     })
+}
+
+/// What happened to a fenced host's Node (Kubernetes mode), from the timeline and the API.
+#[derive(Debug, Clone)]
+pub struct NodeOutcome {
+    /// The Node went `Ready=Unknown` or `False` (the kubelet stopped).
+    pub not_ready: bool,
+    /// The Node was deleted (the check's `nodeAction: Delete`).
+    pub deleted: bool,
+    /// The lab's zone label, which no kubelet sets, is on the Node now.
+    pub labels_back: bool,
+}
+
+impl NodeOutcome {
+    /// NotReady, deleted and back with its labels.
+    pub fn ok(&self) -> bool {
+        self.not_ready && self.deleted && self.labels_back
+    }
+}
+
+impl std::fmt::Display for NodeOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Node NotReady: {}, deleted: {}, back with its labels: {}",
+            self.not_ready, self.deleted, self.labels_back
+        )
+    }
+}
+
+/// In Kubernetes mode, what the timeline and the API server say of Node `name` in this
+/// scenario; `None` in standalone mode.
+fn node_outcome(lab: &Lab, name: &str) -> Result<Option<NodeOutcome>> {
+    let Some(kube) = lab.kube() else {
+        return Ok(None);
+    };
+    let told = |what: &str| lab.timeline.find("kubernetes", what).is_some();
+    let labels = kube.node_labels_now(name)?.unwrap_or_default();
+    Ok(Some(NodeOutcome {
+        not_ready: told(&format!("Node {name} Ready=Unknown"))
+            || told(&format!("Node {name} Ready=False")),
+        deleted: told(&format!("Node {name} is gone")),
+        labels_back: labels.get(super::kube::ZONE_LABEL)
+            == Some(&super::KubeSide::zone_label(name)),
+    }))
 }
 
 /// What a fenced host's recovery showed.
@@ -202,22 +257,37 @@ pub fn double_failure(lab: &mut Lab) -> Result<Report> {
         "a fence now would be wrong: it cannot restore quorum",
     );
     lab.idle(window)?;
-    let status_text = match lab.controller_cli(&["status"]) {
-        Ok(text) => text,
-        Err(e) => e.to_string(),
+    // Without etcd's quorum the API server cannot serve: no Lease, no status, no decision.
+    // Its own readiness checks say why.
+    let why = if let Some(kube) = lab.kube() {
+        let failing = kube.failing_readyz_checks();
+        if failing.iter().any(|c| c.starts_with("etcd")) {
+            format!(
+                "the API server is not ready, failing checks: {}",
+                failing.join(", ")
+            )
+        } else {
+            String::new()
+        }
+    } else {
+        let status_text = match lab.controller_cli(&["status"]) {
+            Ok(text) => text,
+            Err(e) => e.to_string(),
+        };
+        status_text
+            .lines()
+            .find(|l| l.contains("fences nothing") || l.contains("short-circuit"))
+            .unwrap_or("")
+            .trim()
+            .to_owned()
     };
-    let why = status_text
-        .lines()
-        .find(|l| l.contains("fences nothing") || l.contains("short-circuit"))
-        .unwrap_or("")
-        .trim()
-        .to_owned();
     lab.timeline.add("status", "says", why.clone());
     let events = lab.power_events_since(since)?;
     for &i in &targets {
         lab.thaw(i)?;
     }
-    lab.wait_all_healthy(Duration::from_secs(90))?;
+    let recovery = Duration::from_secs(90) + lab.frozen_member_stall();
+    lab.wait_all_healthy(recovery)?;
     lab.timeline
         .add("lab", "both hosts resumed; every host healthy", "");
     let ok = events.is_empty() && !why.is_empty();
@@ -255,7 +325,8 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
     lab.freeze(target)?;
     let budget = t.heartbeat_timeout.max(t.unhealthy_timeout)
         + (t.retry_period + Duration::from_secs(10)) * (t.max_retry + 1)
-        + OVERHEAD;
+        + OVERHEAD
+        + lab.frozen_member_stall();
     let mut reason = String::new();
     let waited = lab.wait_for(&format!("{name} to need a person"), budget, |lab| {
         let Some(status) = lab.last_status() else {
@@ -304,7 +375,7 @@ pub fn admin_fence(lab: &mut Lab) -> Result<Report> {
     let serving = lab.in_service();
     let target = serving[1.min(serving.len() - 1)];
     let name = lab.hosts()[target].name.clone();
-    let out = lab.controller_cli(&["fence", &name, "--reason", "lab: suspected memory errors"])?;
+    let out = lab.fence_cli(&[&name, "--reason", "lab: suspected memory errors"])?;
     let verdict = out
         .lines()
         .find(|l| l.contains("verdict"))
@@ -318,8 +389,7 @@ pub fn admin_fence(lab: &mut Lab) -> Result<Report> {
     );
     lab.idle(Duration::from_secs(3))?;
     let unforced_offs = lab.power_offs_since(target, since)?;
-    let out = lab.controller_cli(&[
-        "fence",
+    let out = lab.fence_cli(&[
         &name,
         "--force",
         "--reason",
@@ -409,7 +479,7 @@ pub fn controller_crash(lab: &mut Lab) -> Result<Report> {
     let sent = format!("sends power off of {name}");
     lab.wait_for(
         &format!("the controller to send the power-off of {name}"),
-        detect + OVERHEAD,
+        detect + OVERHEAD + lab.frozen_member_stall(),
         |lab| Ok(lab.timeline.find("controller", &sent).is_some()),
     )?;
     let offs_at_kill = lab.power_offs_since(target, since)?;
@@ -427,7 +497,7 @@ pub fn controller_crash(lab: &mut Lab) -> Result<Report> {
     // Second crash: after the verified power-off, before the host is back.
     lab.wait_for(
         &format!("{name} to be powered off"),
-        t.lease_ttl + detect + OVERHEAD,
+        lab.leader_lease() + detect + OVERHEAD + lab.frozen_member_stall(),
         |lab| Ok(lab.power_offs_since(target, since)? > 0),
     )?;
     let mut second_phase = String::new();
@@ -444,7 +514,7 @@ pub fn controller_crash(lab: &mut Lab) -> Result<Report> {
     lab.start_controller()?;
     let healthy = lab.wait_for(
         &format!("{name} to be healthy again"),
-        t.lease_ttl + Duration::from_secs(60),
+        lab.leader_lease() + Duration::from_secs(60),
         |lab| {
             Ok(lab.host_healthy(target)
                 && lab.active_remediations().is_empty()

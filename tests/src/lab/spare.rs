@@ -492,8 +492,17 @@ impl super::Lab {
     /// Lists host `i` in the inventory (the running controller re-reads it).
     pub fn add_to_inventory(&mut self, i: usize) -> Result<()> {
         self.hosts[i].set_standing(Standing::InService);
-        self.write_inventory()?;
         let name = self.hosts[i].name.clone();
+        if let Some(kube) = self.kube.as_mut() {
+            kube.add_host(&self.hosts[i])?;
+            self.timeline.add(
+                "admin",
+                format!("adds GuardedHost {name}"),
+                "role ControlPlane, its BMC and credentials Secret; its kubelet registers its Node",
+            );
+            return Ok(());
+        }
+        self.write_inventory()?;
         self.timeline.add(
             "admin",
             format!("adds {name} to the inventory"),
@@ -505,8 +514,17 @@ impl super::Lab {
     /// Removes host `i` from the inventory.
     pub fn remove_from_inventory(&mut self, i: usize) -> Result<()> {
         self.hosts[i].set_standing(Standing::Removed);
-        self.write_inventory()?;
         let name = self.hosts[i].name.clone();
+        if let Some(kube) = self.kube.as_mut() {
+            kube.remove_host(&name)?;
+            self.timeline.add(
+                "admin",
+                format!("deletes GuardedHost {name}, its Secret and its Node"),
+                "",
+            );
+            return Ok(());
+        }
+        self.write_inventory()?;
         self.timeline
             .add("admin", format!("removes {name} from the inventory"), "");
         Ok(())
@@ -518,10 +536,15 @@ impl super::Lab {
         let name = self.hosts[i].name.clone();
         let out =
             self.controller_cli(&["retire", &name, "--reason", reason, "--requested-by", "lab"])?;
+        let retire = if self.kube.is_some() {
+            "declares spec.retirement of GuardedHost"
+        } else {
+            "metalguard-controller retire"
+        };
         self.hosts[i].set_standing(Standing::Retired);
         self.timeline.add(
             "admin",
-            format!("metalguard-controller retire {name}"),
+            format!("{retire} {name}"),
             out.lines().next().unwrap_or_default().trim().to_owned(),
         );
         Ok(out)

@@ -308,6 +308,9 @@ pub fn observe_replace(lab: &mut Lab) -> Result<ReplaceOutcome> {
                 .is_some_and(|p| p.starts_with("powered off (verified")))
         },
     )?;
+    // Read now: in Kubernetes mode the operation lives in the retired host's GuardedHost
+    // status, which goes when that GuardedHost is deleted below.
+    let executor = decommission_executor(lab, &retired_name);
     // A second power-off, or any other power change, would show within a few plan rounds.
     let watched = Instant::now();
     wait_sampling(
@@ -332,7 +335,6 @@ pub fn observe_replace(lab: &mut Lab) -> Result<ReplaceOutcome> {
         .map(|e| Duration::from_millis(e.at_ms - since));
     let power_events = lab.power_events_since(since)?;
     let offs = lab.power_offs_since(retired, since)?;
-    let executor = decommission_executor(lab, &retired_name);
     let mut final_voters: Vec<String> = watch
         .last
         .iter()

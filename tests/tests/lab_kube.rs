@@ -1,0 +1,293 @@
+//! The lab's scenarios in Kubernetes mode (`LabBackend::Kubernetes`): the lab's three etcd
+//! members are also the store of a real kube-apiserver (and kube-controller-manager marks
+//! Nodes NotReady), each host has a Node whose fake kubelet follows the host's power and
+//! freeze state, and the real `metalguard-controller run --backend=kubernetes` runs as its
+//! ServiceAccount under the shipped RBAC on `GuardedHost`s, with the real agents. Each test
+//! checks the same outcome as its standalone twin in `lab.rs`, plus what Kubernetes shows.
+//!
+//! A frozen etcd member stalls the API server's requests routed to it until its etcd
+//! client's keepalive gives the connection up (`lab::kube::APISERVER_ETCD_STALL`): the bounds
+//! here allow that on top of the standalone ones.
+//!
+//! Needs the Kubernetes binaries (`scripts/kube-build.sh`; `METALGUARD_KUBE_BIN_DIR`) and the
+//! controller built with its default feature: without them the lab does not start and the
+//! test fails saying so. One at a time with the other lab tests (nextest group `lab`).
+
+// Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use metalguard_e2e::lab::kube::{APISERVER_ETCD_STALL, ZONE_LABEL};
+use metalguard_e2e::lab::scenarios::{self, OVERHEAD, Report};
+use metalguard_e2e::lab::{KubeSide, Lab, LabBackend, LabOptions};
+
+fn start() -> Lab {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.backend = LabBackend::Kubernetes;
+    start_with(options)
+}
+
+fn start_with(options: LabOptions) -> Lab {
+    match Lab::start(options) {
+        Ok(lab) => lab,
+        Err(e) => panic!("the Kubernetes lab did not start: {e}"),
+    }
+}
+
+/// Runs `name` and returns its report; any error or a report that is not ok fails the test
+/// with the timeline and the processes' logs.
+fn run(lab: &mut Lab, name: &str) -> Report {
+    let report = match scenarios::run(lab, name) {
+        Ok(report) => report,
+        Err(e) => panic!(
+            "scenario {name} failed: {e}\n--- timeline\n{}\n--- logs\n{}",
+            lab.timeline.render(),
+            lab.logs()
+        ),
+    };
+    assert!(
+        report.ok,
+        "scenario {name} did not match its outcome\nexpected: {}\nseen:     {}\n--- timeline\n{}\n--- logs\n{}",
+        report.expected,
+        report.seen,
+        lab.timeline.render(),
+        lab.logs()
+    );
+    eprintln!(
+        "{name}: {}\ntimings: {:?}\n{}",
+        report.seen,
+        report.timings,
+        lab.timeline.render()
+    );
+    report
+}
+
+fn timing(report: &Report, name: &str) -> Duration {
+    report.timings.iter().find(|(n, _)| n == name).map_or_else(
+        || panic!("{} has no timing {name}: {:?}", report.name, report.timings),
+        |(_, d)| *d,
+    )
+}
+
+/// Every Node's labels, the lab's zone label among them.
+fn assert_nodes_labelled(lab: &Lab) {
+    let kube = lab.kube().expect("a Kubernetes lab");
+    for h in lab.hosts() {
+        let labels = kube.node_labels_now(&h.name).unwrap().unwrap_or_default();
+        assert_eq!(
+            labels.get(ZONE_LABEL),
+            Some(&KubeSide::zone_label(&h.name)),
+            "Node {} labels: {labels:?}\n{}",
+            h.name,
+            lab.timeline.render()
+        );
+    }
+}
+
+#[test]
+fn hang_is_fenced_once_by_a_peer_its_node_deleted_and_back_with_its_labels() {
+    let mut lab = start();
+    // The API server's store is the lab's own etcd: its members, over TLS, with the client
+    // certificate signed by the etcd CA.
+    let pid = lab.kube().unwrap().cluster().apiserver().pid().unwrap();
+    let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap();
+    let flags: Vec<&str> = cmdline.split('\0').collect();
+    let servers = format!("--etcd-servers={}", lab.etcd().endpoints().join(","));
+    assert!(
+        lab.etcd()
+            .endpoints()
+            .iter()
+            .all(|e| e.starts_with("https://"))
+            && flags.contains(&servers.as_str())
+            && flags.iter().any(|f| f.starts_with("--etcd-certfile=")),
+        "{flags:?}"
+    );
+    assert_nodes_labelled(&lab);
+    let t = lab.options().timings.clone();
+    let report = run(&mut lab, "hang");
+    // ok already means: one power-off of the frozen host, executed by another host's agent,
+    // no other host's power touched, no key lost, and its Node NotReady, deleted, and back
+    // with the label only the backup had.
+    assert!(
+        report
+            .seen
+            .contains("Node NotReady: true, deleted: true, back with its labels: true"),
+        "{}",
+        report.seen
+    );
+    let detect = t.heartbeat_timeout.max(t.unhealthy_timeout);
+    let off = timing(&report, "failure → verified off");
+    let earliest = t
+        .heartbeat_timeout
+        .min(t.unhealthy_timeout)
+        .saturating_sub(t.report_interval);
+    let latest = detect + OVERHEAD + APISERVER_ETCD_STALL;
+    assert!(
+        off >= earliest && off <= latest,
+        "fenced after {off:?}: expected between {earliest:?} and {latest:?}\n{}",
+        lab.timeline.render()
+    );
+    assert_nodes_labelled(&lab);
+}
+
+#[test]
+fn two_hung_hosts_of_three_take_the_api_server_down_and_nothing_is_fenced() {
+    let mut lab = start();
+    let report = run(&mut lab, "double-failure");
+    assert!(report.seen.starts_with("0 power events"), "{}", report.seen);
+    // Why: without etcd's quorum the API server is not ready (its etcd check fails), so no
+    // Lease, no status and no decision.
+    assert!(
+        report.seen.contains("failing checks: etcd"),
+        "{}",
+        report.seen
+    );
+    assert_nodes_labelled(&lab);
+}
+
+#[test]
+fn an_admin_fence_request_of_a_healthy_host_is_refused_unless_forced_and_then_recorded() {
+    let mut lab = start();
+    let report = run(&mut lab, "admin-fence");
+    assert!(
+        report.seen.contains("recorded as forced: true"),
+        "{}",
+        report.seen
+    );
+    // The fenced host's Node came back with its labels too.
+    assert_nodes_labelled(&lab);
+}
+
+#[test]
+fn a_wrong_bmc_password_in_its_secret_ends_in_needs_a_person_and_touches_nothing() {
+    let mut lab = start();
+    let report = run(&mut lab, "bad-bmc");
+    assert!(
+        report.seen.contains("rejected the credentials") && report.seen.ends_with("0 power events"),
+        "{}",
+        report.seen
+    );
+}
+
+/// `replace` in Kubernetes mode: `retire cp-1 --kubeconfig` declares `spec.retirement` on its
+/// `GuardedHost`, the spare's `GuardedHost` (and Secret, and Node) is added, its own agent
+/// joins it as a learner, a voter's agent promotes it, `cp-1`'s member is removed and `cp-1`
+/// powered off once through another host's agent; healthy voters never below quorum.
+#[test]
+fn a_spare_guarded_host_replaces_a_retired_one_without_losing_quorum_and_it_is_powered_off_once() {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.backend = LabBackend::Kubernetes;
+    options.spares = 1;
+    let mut lab = start_with(options);
+    let o = match scenarios::observe_replace(&mut lab) {
+        Ok(o) => o,
+        Err(e) => panic!(
+            "scenario replace failed: {e}\n--- timeline\n{}\n--- logs\n{}",
+            lab.timeline.render(),
+            lab.logs()
+        ),
+    };
+    let told = format!(
+        "--- timeline\n{}\n--- logs\n{}",
+        lab.timeline.render(),
+        lab.logs()
+    );
+    let r = &o.report;
+    assert!(
+        r.ok,
+        "replace did not match its outcome\nexpected: {}\nseen:     {}\n{told}",
+        r.expected, r.seen
+    );
+    assert_eq!((o.retired.as_str(), o.spare.as_str()), ("cp-1", "cp-4"));
+    let (Some(learner), Some(voter), Some(removed), Some(off)) =
+        (o.learner_at, o.voter_at, o.removed_at, o.powered_off_at)
+    else {
+        panic!("a step was never seen: {:?}\n{told}", r.timings);
+    };
+    assert!(learner < voter && voter <= removed, "{told}");
+    assert!(
+        off >= removed.saturating_sub(Duration::from_secs(1)),
+        "cp-1 powered off ({off:?}) before its member was removed ({removed:?})\n{told}"
+    );
+    assert!(
+        o.min_voters == 3 && o.max_voters <= 4 && o.below_quorum.is_empty(),
+        "voters {}..{}, below quorum {:?}\n{told}",
+        o.min_voters,
+        o.max_voters,
+        o.below_quorum
+    );
+    assert_eq!(o.power_events.len(), 1, "{:?}\n{told}", o.power_events);
+    assert_eq!(o.power_events[0].0, "cp-1", "{told}");
+    assert!(
+        o.executor.as_deref().is_some_and(|e| e != "cp-1"),
+        "the power-off ran on {:?}\n{told}",
+        o.executor
+    );
+    assert_eq!(o.final_voters, ["cp-2", "cp-3", "cp-4"], "{told}");
+    assert_eq!(o.final_learners, 0, "{told}");
+    assert!(o.missing.is_empty(), "{:?}\n{told}", o.missing);
+
+    // Kubernetes shows the new control plane: cp-4's GuardedHost and Node, cp-1's gone.
+    let kube = lab.kube().unwrap();
+    let admin = kube.cluster().admin();
+    let gh = |name: &str| {
+        admin
+            .get_opt(&format!(
+                "/apis/metalguard.io/v1alpha1/namespaces/metalguard-system/guardedhosts/{name}"
+            ))
+            .unwrap()
+    };
+    assert!(gh("cp-1").is_none() && gh("cp-4").is_some(), "{told}");
+    assert!(kube.node_labels_now("cp-4").unwrap().is_some(), "{told}");
+    let apiserver = kube.cluster().apiserver().pid();
+    assert!(lab.host_healthy(3), "{told}");
+
+    // Dropping the lab stops every process it started: agents, etcd members (the spare's
+    // supervised one too) and the API server.
+    let mut pids: Vec<(String, u32)> = Vec::new();
+    for h in lab.hosts() {
+        pids.extend(h.agent_pid().map(|p| (format!("agent {}", h.name), p)));
+        pids.extend(
+            h.spare_etcd()
+                .and_then(metalguard_e2e::lab::SpareEtcd::pid)
+                .map(|p| (format!("etcd {}", h.name), p)),
+        );
+    }
+    for i in 0..lab.etcd().len() {
+        let m = lab.etcd().member(i);
+        pids.extend(m.pid().map(|p| (format!("etcd {}", m.name()), p)));
+    }
+    pids.extend(apiserver.map(|p| ("kube-apiserver".to_owned(), p)));
+    drop(lab);
+    let left: Vec<&(String, u32)> = pids
+        .iter()
+        .filter(|(_, pid)| std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "left running after the lab stopped: {left:?}"
+    );
+}
+
+/// `controller-crash` in Kubernetes mode: the controller is killed (SIGKILL) with the
+/// power-off in flight and again once the BMC turned the host off; each new controller waits
+/// out the dead one's Lease (15 s), takes over the same remediation from its `GuardedHost`
+/// status and finishes it: one power-off, one power-on, one remediation.
+#[test]
+fn a_controller_killed_twice_mid_remediation_waits_out_its_lease_and_the_fence_happens_once() {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.backend = LabBackend::Kubernetes;
+    options.redfish_power_delay = true;
+    let mut lab = start_with(options);
+    let report = run(&mut lab, "controller-crash");
+    assert!(
+        report.seen.contains("0 off at the BMC")
+            && report
+                .seen
+                .contains("1 power-off, 1 power-on, 0 other power events"),
+        "{}",
+        report.seen
+    );
+    assert_nodes_labelled(&lab);
+}
