@@ -291,3 +291,92 @@ fn a_controller_killed_twice_mid_remediation_waits_out_its_lease_and_the_fence_h
     );
     assert_nodes_labelled(&lab);
 }
+
+/// `break-glass` in Kubernetes mode: a person fences cp-1 by hand from cp-2
+/// (`metalguard-agent fence --direct`); the hold is recorded in cp-1's `GuardedHost`
+/// `status.holds`, the leader leaves cp-1 off long past the heartbeat timeout and says why in a
+/// `Refused` Event; `release --kubeconfig` names the hold in `spec.holdRelease`, and cp-1 is
+/// powered on, its Node back with its labels, and cp-2's agent deletes its hold record.
+#[test]
+fn a_break_glass_fence_is_held_in_the_guarded_host_until_released_and_then_brought_back() {
+    use metalguard_e2e::lab::scenarios::observe_break_glass;
+
+    let mut lab = start();
+    let heartbeat = lab.options().timings.heartbeat_timeout;
+    let o = match observe_break_glass(&mut lab) {
+        Ok(o) => o,
+        Err(e) => panic!(
+            "scenario break-glass failed: {e}\n--- timeline\n{}\n--- logs\n{}",
+            lab.timeline.render(),
+            lab.logs()
+        ),
+    };
+    let told = format!(
+        "{o:#?}\n--- timeline\n{}\n--- logs\n{}",
+        lab.timeline.render(),
+        lab.logs()
+    );
+    assert_eq!((o.target.as_str(), o.executor.as_str()), ("cp-1", "cp-2"));
+    assert!(o.fence_ok, "{told}");
+    assert!(
+        o.fence_stderr.contains("hold cp-2/")
+            && o.fence_stderr.contains("recorded by the controller"),
+        "{told}"
+    );
+    assert!(o.watched >= heartbeat * 3, "{told}");
+    assert_eq!(o.while_held, ["off"], "{told}");
+    let line = o
+        .status_lines
+        .iter()
+        .find(|l| l.starts_with("cp-1: HELD"))
+        .unwrap_or_else(|| panic!("status shows no hold of cp-1\n{told}"));
+    assert!(
+        line.contains("by lab-operator on cp-2") && line.contains("via agent cp-2"),
+        "{line}"
+    );
+    assert_eq!(o.status_hold["recorded"], true, "{told}");
+    assert_eq!(o.status_hold["reported_by"], "cp-2", "{told}");
+    let refusal = o
+        .refusal_while_held
+        .as_deref()
+        .unwrap_or_else(|| panic!("no Refused event for the hold\n{told}"));
+    assert!(
+        refusal.contains("metalguard-controller release cp-1"),
+        "{refusal}"
+    );
+    assert!(o.started_while_held.is_empty(), "{told}");
+    assert!(o.release_output.contains("released hold cp-2/"), "{told}");
+    assert!(o.back_after.is_some(), "never healthy again\n{told}");
+    assert!(o.after_release.iter().any(|e| e == "on"), "{told}");
+    assert!(
+        !o.remediations.is_empty() && o.remediations.iter().all(|(_, phase)| phase == "done"),
+        "{told}"
+    );
+    assert!(o.record_deleted, "cp-2 kept its hold record\n{told}");
+    assert!(o.others.is_empty(), "{told}");
+    assert!(o.report.ok, "{}\n{told}", o.report.seen);
+    // The release is recorded where the hold is, and the Node came back with its labels.
+    let kube = lab.kube().unwrap();
+    let host = kube
+        .cluster()
+        .admin()
+        .get("/apis/metalguard.io/v1alpha1/namespaces/metalguard-system/guardedhosts/cp-1")
+        .unwrap();
+    let holds = host["status"]["holds"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(holds.len(), 1, "{host}");
+    assert_eq!(holds[0]["reportedBy"], "cp-2", "{host}");
+    assert!(
+        holds[0]["released"]["by"]
+            .as_str()
+            .is_some_and(|by| by.ends_with("(cli)")),
+        "{host}"
+    );
+    assert_eq!(
+        host["spec"]["holdRelease"]["holds"][0], holds[0]["id"],
+        "{host}"
+    );
+    assert_nodes_labelled(&lab);
+}

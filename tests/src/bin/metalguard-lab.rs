@@ -14,8 +14,8 @@
 //! `--kubernetes` runs the lab in Kubernetes mode: the lab's etcd is also a real
 //! kube-apiserver's store, each host has a Node, and the controller runs with
 //! `--backend=kubernetes` on `GuardedHost`s (it must be built with its default features).
-//! Not in that mode: partition (netns; the API server and its kubelets live on 127.0.0.1),
-//! and break-glass (see [`KUBE_UNSUPPORTED`]).
+//! Not in that mode: partition (netns; the API server and its kubelets live on 127.0.0.1;
+//! see [`KUBE_UNSUPPORTED`]).
 //! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
 //! of this executable (`target/<profile>/`) unless `--bin-dir` says otherwise.
 
@@ -40,16 +40,10 @@ struct Args {
 }
 
 /// Scenarios the Kubernetes-mode lab does not run, and why.
-const KUBE_UNSUPPORTED: [(&str, &str); 2] = [
-    (
-        "partition",
-        "it cuts a host's link inside network namespaces, and the Kubernetes lab's API server and kubelets run on 127.0.0.1 outside them",
-    ),
-    (
-        "break-glass",
-        "the Kubernetes backend does not store break-glass holds (docs/design-kubernetes.md, known gaps)",
-    ),
-];
+const KUBE_UNSUPPORTED: [(&str, &str); 1] = [(
+    "partition",
+    "it cuts a host's link inside network namespaces, and the Kubernetes lab's API server and kubelets run on 127.0.0.1 outside them",
+)];
 
 fn usage() -> String {
     format!(

@@ -311,6 +311,26 @@ impl KubeSide {
         &self.cluster
     }
 
+    /// The notes of the controller's `Refused` Events about `GuardedHost` `host`, oldest
+    /// first: the planner's refusals, as this backend tells them (its status has no plan).
+    pub fn refusals_of(&self, host: &str) -> Result<Vec<String>> {
+        let mut events = self
+            .cluster
+            .admin()
+            .list(&format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"))?;
+        events.sort_by_key(|e| e["eventTime"].as_str().unwrap_or("").to_owned());
+        Ok(events
+            .iter()
+            .filter(|e| {
+                e["reportingController"] == "metalguard.io/controller"
+                    && e["reason"] == "Refused"
+                    && e["regarding"]["kind"] == "GuardedHost"
+                    && e["regarding"]["name"] == host
+            })
+            .filter_map(|e| e["note"].as_str().map(str::to_owned))
+            .collect())
+    }
+
     /// Host `name` froze or lost power: its kubelet stops heartbeating.
     pub fn host_stopped(&mut self, name: &str) {
         self.registrations_due.remove(name);

@@ -5,6 +5,9 @@
 //! than the heartbeat timeout and nothing powers it on — and `status` says who holds it. Once
 //! `metalguard-controller release HOST` hands it back, the controller remediates the silent
 //! host (powers it on) and it is healthy again; the executing agent deletes its hold record.
+//! In Kubernetes mode the hold is in the held `GuardedHost`'s `status.holds`, the release goes
+//! through `spec.holdRelease` (`release --kubeconfig`), and the planner's refusal is read from
+//! the leader's `Refused` Event.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -168,12 +171,20 @@ pub fn observe_break_glass(lab: &mut Lab) -> Result<BreakGlassOutcome> {
         .collect();
     let status = lab.status()?;
     let status_hold = status["holds"]["active"][0].clone();
-    let refusal_while_held = status["plan"]["refusals"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|r| r["subject"] == name.as_str() && r["kind"] == "hold")
-        .and_then(|r| r["reason"].as_str().map(str::to_owned));
+    // The planner's refusal of kind `hold`: in the dry-run plan of `status`, or, in
+    // Kubernetes mode (whose status has no plan), the leader's `Refused` Event about the host.
+    let refusal_while_held = match lab.kube() {
+        None => status["plan"]["refusals"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["subject"] == name.as_str() && r["kind"] == "hold")
+            .and_then(|r| r["reason"].as_str().map(str::to_owned)),
+        Some(kube) => kube
+            .refusals_of(&name)?
+            .into_iter()
+            .find(|note| note.contains(": held since ")),
+    };
     lab.timeline.add(
         "status",
         "says",
@@ -214,14 +225,20 @@ pub fn observe_break_glass(lab: &mut Lab) -> Result<BreakGlassOutcome> {
         .filter(|(_, t, _)| *t == name)
         .map(|(id, _, phase)| (id, phase))
         .collect();
+    // Kubernetes keeps a remediation's start to the second: there, one that started in the
+    // second of the release counts as after it.
+    let held_until = if lab.kube().is_some() {
+        released_at - released_at % 1000
+    } else {
+        released_at
+    };
     let started_while_held: Vec<String> = lab
         .last_status()
         .and_then(|s| s["remediations"].as_array().cloned())
         .unwrap_or_default()
         .iter()
         .filter(|r| {
-            r["target"] == name.as_str()
-                && r["started_at"].as_u64().is_some_and(|t| t < released_at)
+            r["target"] == name.as_str() && r["started_at"].as_u64().is_some_and(|t| t < held_until)
         })
         .filter_map(|r| r["id"].as_str().map(str::to_owned))
         .collect();
