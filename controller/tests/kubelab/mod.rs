@@ -173,6 +173,11 @@ impl KubeLab {
     /// Starts `metalguard-controller run --backend=kubernetes` as the ServiceAccount, with
     /// identity `id`.
     pub fn start_controller(&mut self, id: &str) {
+        self.start_controller_with(id, &[]);
+    }
+
+    /// [`KubeLab::start_controller`] with more `run` arguments.
+    pub fn start_controller_with(&mut self, id: &str, extra: &[&std::ffi::OsStr]) {
         let kubeconfig = self
             .cluster
             .service_account_kubeconfig(NS, SERVICE_ACCOUNT)
@@ -184,6 +189,7 @@ impl KubeLab {
             .arg(format!("127.0.0.1:{}", self.port.port()))
             .arg("--tls-dir")
             .arg(self.dir.path().join("tls"))
+            .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env(
