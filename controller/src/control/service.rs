@@ -258,6 +258,13 @@ impl<B: Backend> Controller<B> {
         match outcome {
             Ok(Leadership::Leader) => {
                 self.metrics.store_unavailable.set(0);
+                let since = leading_since(self.leader_since, self.hub.is_leader(), now());
+                if self.leader_since.is_some_and(|before| before != since) {
+                    tracing::warn!(
+                        "leadership had lapsed while a round or a request was blocked (agents were answered 503 meanwhile); leading again from now, so each agent gets a heartbeat timeout as after any takeover"
+                    );
+                }
+                self.leader_since = Some(since);
                 self.renewed_at = Some(round_started);
                 self.set_leader(true);
             }
@@ -403,5 +410,38 @@ impl<B: Backend> Controller<B> {
             tracing::info!(operation = %ack.operation_id, %host, outcome = outcome.name(), promoted_by, "command result persisted");
         }
         Ok(ack)
+    }
+}
+
+/// When the current leadership began, once a campaign found this controller leading:
+/// `previous` while it has led without a gap (the hub's deadline has not passed), `now` after
+/// any lapse. A lapse can go unobserved: while a round or a request to a stalled store blocks
+/// the loop, the hub's deadline passes and agents are answered 503, and the next campaign may
+/// find the Lease still held. The silence of agents is counted from this moment, so a lapse
+/// that kept them from reporting must restart it, exactly as a takeover does.
+fn leading_since(
+    previous: Option<metalguard_api::duration::Timestamp>,
+    hub_still_leading: bool,
+    now: metalguard_api::duration::Timestamp,
+) -> metalguard_api::duration::Timestamp {
+    match previous {
+        Some(since) if hub_still_leading => since,
+        _ => now,
+    }
+}
+
+#[cfg(test)]
+mod leadership_tests {
+    use metalguard_api::duration::Timestamp;
+
+    use super::leading_since;
+
+    #[test]
+    fn a_lapse_even_an_unobserved_one_starts_a_new_leadership() {
+        let (before, now) = (Timestamp(1_000), Timestamp(50_000));
+        assert_eq!(leading_since(None, false, now), now);
+        assert_eq!(leading_since(Some(before), true, now), before);
+        // The hub's deadline passed while the loop was blocked: agents got 503 meanwhile.
+        assert_eq!(leading_since(Some(before), false, now), now);
     }
 }

@@ -29,6 +29,11 @@ impl<B: Backend> Controller<B> {
     /// every in-flight operation to its agent.
     pub(crate) async fn plan_and_execute(&mut self) {
         for _ in 0..MAX_ROUNDS {
+            // A round blocked on a stalled store can outlast the leadership: no further round
+            // then, until a campaign leads again (and restarts the agents' grace).
+            if !self.hub.is_leader() {
+                return;
+            }
             let load_started = tokio::time::Instant::now();
             let mut state = match self.backend.load().await {
                 Ok(state) => state,
