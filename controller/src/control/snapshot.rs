@@ -27,6 +27,31 @@ pub fn build(
     known_since: Timestamp,
     now: Timestamp,
 ) -> Snapshot {
+    build_with_views_since(inventory, state, known_since, now, Timestamp(0))
+}
+
+/// The leader's snapshot for a plan round: as [`build`], and the agents' etcd views count for
+/// the quorum guard only if received since `known_since` (this leadership began). A view from
+/// before is history: reports sent while nobody led were lost, and one taken before a stall
+/// (a frozen member still healthy in it) must not speak for the cluster after it. Until fresh
+/// views arrive (one report interval), control-plane remediation waits. `status`, `retire
+/// --cancel` and the notes read the stored views as they are ([`build`]).
+pub fn build_for_round(
+    inventory: &Inventory,
+    state: &State,
+    known_since: Timestamp,
+    now: Timestamp,
+) -> Snapshot {
+    build_with_views_since(inventory, state, known_since, now, known_since)
+}
+
+fn build_with_views_since(
+    inventory: &Inventory,
+    state: &State,
+    known_since: Timestamp,
+    now: Timestamp,
+    views_since: Timestamp,
+) -> Snapshot {
     let gone: Vec<&str> = inventory
         .hosts
         .iter()
@@ -41,7 +66,9 @@ pub fn build(
         // A silent agent's last view is history: a frozen host would go on claiming that
         // its member is healthy and leads. Only views as fresh as an executor must be count.
         .filter(|(_, r)| {
-            now.since(r.received_at) <= inventory.policy.remediation.executor_heartbeat_timeout
+            r.received_at >= views_since
+                && now.since(r.received_at)
+                    <= inventory.policy.remediation.executor_heartbeat_timeout
         })
         .filter_map(|(_, r)| r.report.etcd.as_ref())
         .collect();
@@ -289,6 +316,38 @@ role = "control-plane"
         state.reports.insert("cp-1".into(), stored);
         let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
         assert!(s.hosts.iter().all(|h| h.etcd.as_ref().unwrap().healthy));
+    }
+
+    #[test]
+    fn a_round_counts_only_the_views_received_since_its_leadership_began() {
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+        let mut state = State::default();
+        // Taken at t=9 (received_at 9): both members healthy then.
+        state.reports.insert(
+            "cp-1".into(),
+            report("cp-1", &[(1, "cp-1", false), (2, "cp-2", false)]),
+        );
+        let received = state.reports["cp-1"].received_at;
+        let members = |s: &Snapshot| s.hosts.iter().filter(|h| h.etcd.is_some()).count();
+        // status, retire --cancel, notes: the stored views as they are.
+        assert_eq!(
+            members(&build(
+                &inventory,
+                &state,
+                received.after(std::time::Duration::from_secs(1)),
+                received.after(std::time::Duration::from_secs(2))
+            )),
+            2
+        );
+        // A leadership that began after the view was received does not count it...
+        let later = received.after(std::time::Duration::from_secs(1));
+        let now = received.after(std::time::Duration::from_secs(2));
+        assert_eq!(members(&build_for_round(&inventory, &state, later, now)), 0);
+        // ...one that began before does.
+        assert_eq!(
+            members(&build_for_round(&inventory, &state, received, now)),
+            2
+        );
     }
 
     #[test]
