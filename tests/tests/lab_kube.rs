@@ -311,50 +311,13 @@ fn a_break_glass_fence_is_held_in_the_guarded_host_until_released_and_then_broug
             lab.logs()
         ),
     };
-    let told = format!(
-        "{o:#?}\n--- timeline\n{}\n--- logs\n{}",
+    let unmet = o.unmet(heartbeat);
+    assert!(
+        unmet.is_empty(),
+        "unmet: {unmet:#?}\n{o:#?}\n--- timeline\n{}\n--- logs\n{}",
         lab.timeline.render(),
         lab.logs()
     );
-    assert_eq!((o.target.as_str(), o.executor.as_str()), ("cp-1", "cp-2"));
-    assert!(o.fence_ok, "{told}");
-    assert!(
-        o.fence_stderr.contains("hold cp-2/")
-            && o.fence_stderr.contains("recorded by the controller"),
-        "{told}"
-    );
-    assert!(o.watched >= heartbeat * 3, "{told}");
-    assert_eq!(o.while_held, ["off"], "{told}");
-    let line = o
-        .status_lines
-        .iter()
-        .find(|l| l.starts_with("cp-1: HELD"))
-        .unwrap_or_else(|| panic!("status shows no hold of cp-1\n{told}"));
-    assert!(
-        line.contains("by lab-operator on cp-2") && line.contains("via agent cp-2"),
-        "{line}"
-    );
-    assert_eq!(o.status_hold["recorded"], true, "{told}");
-    assert_eq!(o.status_hold["reported_by"], "cp-2", "{told}");
-    let refusal = o
-        .refusal_while_held
-        .as_deref()
-        .unwrap_or_else(|| panic!("no Refused event for the hold\n{told}"));
-    assert!(
-        refusal.contains("metalguard-controller release cp-1"),
-        "{refusal}"
-    );
-    assert!(o.started_while_held.is_empty(), "{told}");
-    assert!(o.release_output.contains("released hold cp-2/"), "{told}");
-    assert!(o.back_after.is_some(), "never healthy again\n{told}");
-    assert!(o.after_release.iter().any(|e| e == "on"), "{told}");
-    assert!(
-        !o.remediations.is_empty() && o.remediations.iter().all(|(_, phase)| phase == "done"),
-        "{told}"
-    );
-    assert!(o.record_deleted, "cp-2 kept its hold record\n{told}");
-    assert!(o.others.is_empty(), "{told}");
-    assert!(o.report.ok, "{}\n{told}", o.report.seen);
     // The release is recorded where the hold is, and the Node came back with its labels.
     let kube = lab.kube().unwrap();
     let host = kube

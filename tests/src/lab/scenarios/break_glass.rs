@@ -312,3 +312,87 @@ pub fn observe_break_glass(lab: &mut Lab) -> Result<BreakGlassOutcome> {
         others,
     })
 }
+
+impl BreakGlassOutcome {
+    /// What the scenario expects of cp-1 fenced by hand from cp-2, in either backend, that
+    /// did not hold (empty: all did). `heartbeat` is the lab's agent heartbeat timeout.
+    pub fn unmet(&self, heartbeat: Duration) -> Vec<String> {
+        let mut unmet = Vec::new();
+        let mut check = |ok: bool, what: &str| {
+            if !ok {
+                unmet.push(what.to_owned());
+            }
+        };
+        check(
+            (self.target.as_str(), self.executor.as_str()) == ("cp-1", "cp-2"),
+            "cp-1 fenced from cp-2",
+        );
+        // The fence recorded the hold on cp-2 and in the controller before the BMC powered off.
+        check(self.fence_ok, "the fence command succeeded");
+        check(
+            self.fence_stderr.contains("hold cp-2/")
+                && self.fence_stderr.contains("recorded by the controller"),
+            "the hold recorded on cp-2 and by the controller",
+        );
+        // Held: one power-off (the person's), nothing else, well beyond the heartbeat timeout.
+        check(
+            self.watched >= heartbeat * 3,
+            "watched 3 heartbeat timeouts",
+        );
+        check(
+            self.while_held == ["off"],
+            "one power-off and nothing else while held",
+        );
+        // status says it is held, by whom, through which agent, and how to release it.
+        check(
+            self.status_lines.iter().any(|l| {
+                l.starts_with("cp-1: HELD")
+                    && l.contains("by lab-operator on cp-2")
+                    && l.contains("via agent cp-2")
+                    && l.contains("metalguard-controller release cp-1")
+            }),
+            "status shows cp-1 held by lab-operator on cp-2 via agent cp-2, with the release command",
+        );
+        let hold = &self.status_hold;
+        check(
+            hold["by"] == "lab-operator on cp-2"
+                && hold["reported_by"] == "cp-2"
+                && hold["recorded"] == true
+                && hold["action"] == "off",
+            "status --json shows the recorded hold (by, reported_by, action)",
+        );
+        // The planner itself left cp-1 alone (not only the executor and the agent behind it).
+        check(
+            self.refusal_while_held
+                .as_deref()
+                .is_some_and(|r| r.contains("metalguard-controller release cp-1")),
+            "the planner refused cp-1 for the hold, naming the release command",
+        );
+        check(
+            self.started_while_held.is_empty(),
+            "no remediation started while held",
+        );
+        // Released: the controller remediates the silent host and it comes back.
+        check(
+            self.release_output.contains("released hold cp-2/"),
+            "release names the hold",
+        );
+        check(
+            self.back_after.is_some(),
+            "cp-1 healthy again after the release",
+        );
+        check(
+            self.after_release.iter().any(|e| e == "on"),
+            "cp-1 powered on after the release",
+        );
+        check(
+            !self.remediations.is_empty()
+                && self.remediations.iter().all(|(_, phase)| phase == "done"),
+            "cp-1's remediations all done",
+        );
+        check(self.record_deleted, "cp-2 deleted its hold record");
+        check(self.others.is_empty(), "no other host's power changed");
+        check(self.report.ok, "the report is ok");
+        unmet
+    }
+}
