@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use metalguard_api::duration::Timestamp;
 use metalguard_api::protocol::{
     AgentReport, BmcTarget, Command, CommandResult, HoldAck, ResultAck,
 };
@@ -24,8 +25,16 @@ use crate::pki::revocation::{CertIdentity, Revoked};
 /// Something an agent sent, for the controller loop.
 #[derive(Debug)]
 pub enum Inbound {
-    /// A report, already checked against the client certificate.
-    Report(AgentReport),
+    /// A report, already checked against the client certificate, with the time the agent API
+    /// took it. The loop may handle it much later (a round blocked on a stalled store): a
+    /// report stamped when handled would look fresh after the stall and speak for a cluster
+    /// it no longer describes.
+    Report {
+        /// The report.
+        report: AgentReport,
+        /// When the agent API received it (the time its answer carries too).
+        received_at: Timestamp,
+    },
     /// A command result from `host`; `reply` receives the ack once it is persisted.
     Result {
         /// The reporting agent.

@@ -169,9 +169,10 @@ async fn report(
             format!("report of host {host}: {error}"),
         );
     }
+    let received_at = now();
     let ack = ReportAck {
         sequence: report.sequence,
-        received_at: now(),
+        received_at,
         // Only to agents that ask: older ones refuse an answer with fields they do not know.
         bmc_targets: if query.bmc_targets {
             hub.bmc_targets_for(&host)
@@ -180,7 +181,13 @@ async fn report(
         },
         released_holds: hub.released_among(&report),
     };
-    if !hub.send(Inbound::Report(report)).await {
+    if !hub
+        .send(Inbound::Report {
+            report,
+            received_at,
+        })
+        .await
+    {
         return refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "controller is stopping".to_owned(),

@@ -316,12 +316,15 @@ impl<B: Backend> Controller<B> {
 
     pub(crate) async fn handle(&mut self, message: Inbound) {
         match message {
-            Inbound::Report(report) => {
+            Inbound::Report {
+                report,
+                received_at,
+            } => {
                 self.note_reserved_conditions(&report);
                 self.note_foreign_holds(&report);
                 self.take_report(StoredReport {
                     report,
-                    received_at: now(),
+                    received_at,
                 })
                 .await;
             }

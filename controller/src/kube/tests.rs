@@ -372,7 +372,12 @@ impl Lab {
                 "host": h, "reachable": true, "checked_at": crate::clock::now()})).collect::<Vec<_>>(),
         }))
         .unwrap();
-        self.controller.handle(Inbound::Report(report)).await;
+        self.controller
+            .handle(Inbound::Report {
+                report,
+                received_at: crate::clock::now(),
+            })
+            .await;
     }
 
     /// The agent of `host` posts a succeeded result; the answer it would get.
