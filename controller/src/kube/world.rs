@@ -328,6 +328,10 @@ fn remediation_settings(check: &HostHealthCheck) -> Result<RemediationSettings, 
         if let Some(p) = &r.min_healthy_period {
             settings.min_healthy_period = duration(&name, "remediation.minHealthyPeriod", p)?;
         }
+        if let Some(t) = &r.executor_heartbeat_timeout {
+            settings.executor_heartbeat_timeout =
+                duration(&name, "remediation.executorHeartbeatTimeout", t)?;
+        }
     }
     Ok(settings)
 }
@@ -569,6 +573,47 @@ mod tests {
         assert_eq!(
             credentials(&world, "mg-bmc", "bmc-h-2").unwrap_err(),
             "Secret mg-bmc/bmc-h-2 was not found"
+        );
+    }
+
+    fn check(remediation: &serde_json::Value) -> HostHealthCheck {
+        serde_json::from_value(json!({"apiVersion": "metalguard.io/v1alpha1",
+            "kind": "HostHealthCheck", "metadata": {"name": "cp", "namespace": "mg"},
+            "spec": {"selector": {}, "remediation": remediation}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_checks_remediation_settings_include_the_executor_heartbeat_timeout() {
+        let set = remediation_settings(&check(&json!({
+            "maxRetries": 1, "retryPeriod": "2s", "minHealthyPeriod": "20s",
+            "executorHeartbeatTimeout": "5s"})))
+        .unwrap();
+        assert_eq!(
+            (set.max_retry, set.retry_period, set.min_healthy_period),
+            (
+                1,
+                std::time::Duration::from_secs(2),
+                std::time::Duration::from_secs(20)
+            )
+        );
+        assert_eq!(
+            set.executor_heartbeat_timeout,
+            std::time::Duration::from_secs(5)
+        );
+        // Unset: the standalone default.
+        assert_eq!(
+            remediation_settings(&check(&json!({})))
+                .unwrap()
+                .executor_heartbeat_timeout,
+            metalguard_api::policy::DEFAULT_EXECUTOR_HEARTBEAT_TIMEOUT
+        );
+        let error =
+            remediation_settings(&check(&json!({"executorHeartbeatTimeout": "soon"}))).unwrap_err();
+        assert!(
+            error
+                .starts_with("HostHealthCheck cp: remediation.executorHeartbeatTimeout \"soon\": "),
+            "{error}"
         );
     }
 }

@@ -136,6 +136,12 @@ pub struct RemediationSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "schema::duration")]
     pub min_healthy_period: Option<String>,
+    /// An agent silent this long is not chosen to execute a remediation, and its view of etcd
+    /// no longer counts for the quorum guard (nor does it once the agent is silent past the
+    /// `agentHeartbeatTimeout` of a check selecting its host). Default 1m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "schema::duration")]
+    pub executor_heartbeat_timeout: Option<String>,
 }
 
 /// A remediation strategy, spelled as the MHC annotation spells it.
@@ -274,6 +280,7 @@ mod tests {
                     max_retries: None,
                     retry_period: None,
                     min_healthy_period: None,
+                    executor_heartbeat_timeout: None,
                 }),
             },
         );

@@ -244,7 +244,8 @@ impl KubeSide {
 
     /// The `HostHealthCheck` over the control plane, with the standalone lab's timings:
     /// `Ready` not `True` for the unhealthy timeout, or the agent silent for the heartbeat
-    /// timeout.
+    /// timeout; as there, an agent silent that long executes nothing and its etcd view no
+    /// longer counts (`executorHeartbeatTimeout`).
     fn create_check(&self, t: &Timings) -> Result<()> {
         self.cluster.admin().create(
             &format!("{MG}/hosthealthchecks"),
@@ -262,6 +263,7 @@ impl KubeSide {
                     "maxRetries": t.max_retry,
                     "retryPeriod": ms(t.retry_period),
                     "minHealthyPeriod": "20s",
+                    "executorHeartbeatTimeout": ms(t.heartbeat_timeout),
                 },
             }}),
         )?;
