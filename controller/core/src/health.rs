@@ -26,7 +26,7 @@ use std::time::Duration;
 use metalguard_api::duration::Timestamp;
 use metalguard_api::policy::{
     DEFAULT_CONTROL_PLANE_MAX_UNHEALTHY, DEFAULT_NODE_STARTUP_TIMEOUT, HealthCheck, MaxUnhealthy,
-    Selector,
+    Policy, Selector,
 };
 use metalguard_api::remediation::RemediationPhase as P;
 use metalguard_api::snapshot::{Host, Role, Snapshot};
@@ -154,6 +154,20 @@ pub fn selects(selector: &Selector, host: &Host) -> bool {
             .match_labels
             .iter()
             .all(|(k, v)| host.labels.get(k) == Some(v))
+}
+
+/// How long `host`'s agent may be silent: the shortest `agent_heartbeat_timeout` of the
+/// health checks that select it, else the executor heartbeat timeout (the planner's other
+/// bound on an agent's silence). Past it the agent is silent: its host is judged by that, and
+/// an adapter no longer believes the etcd view the agent last sent.
+pub fn agent_heartbeat_timeout(policy: &Policy, host: &Host) -> Duration {
+    policy
+        .health_checks
+        .iter()
+        .filter(|c| selects(&c.selector, host))
+        .filter_map(|c| c.agent_heartbeat_timeout)
+        .min()
+        .unwrap_or(policy.remediation.executor_heartbeat_timeout)
 }
 
 #[allow(clippy::unnecessary_wraps)] // folds into an Option accumulator

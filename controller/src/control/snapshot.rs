@@ -58,21 +58,7 @@ fn build_with_views_since(
         .map(|h| h.name.as_str())
         .filter(|name| powered_off_for_retirement(state, name))
         .collect();
-    // Only inventory hosts vote on the members' health (crate::control::members), and only while fresh.
-    let views: Vec<&EtcdView> = state
-        .reports
-        .iter()
-        .filter(|(host, _)| inventory.host(host).is_some() && !gone.contains(&host.as_str()))
-        // A silent agent's last view is history: a frozen host would go on claiming that
-        // its member is healthy and leads. Only views as fresh as an executor must be count.
-        .filter(|(_, r)| {
-            r.received_at >= views_since
-                && now.since(r.received_at)
-                    <= inventory.policy.remediation.executor_heartbeat_timeout
-        })
-        .filter_map(|(_, r)| r.report.etcd.as_ref())
-        .collect();
-    let hosts = inventory
+    let mut hosts: Vec<Host> = inventory
         .hosts
         .iter()
         .filter(|h| !gone.contains(&h.name.as_str()))
@@ -124,11 +110,35 @@ fn build_with_views_since(
                         .map(|r| (r.host.clone(), r.reachable))
                         .collect(),
                 }),
-                etcd: crate::control::members::member_of(&h.name, &views),
+                etcd: None,
                 hold: state.holds.get(&h.name).cloned(),
             }
         })
         .collect();
+    // Only the hosts planned from vote on the members' health (crate::control::members), and
+    // only while their agent is not silent: a silent agent's last view is history — a frozen
+    // host would go on claiming that its member is healthy and leads. A view counts while it
+    // is as fresh as an executor must be, and no older than its agent's heartbeat timeout (the
+    // silence after which the planner judges that host by it).
+    let views: Vec<&EtcdView> = hosts
+        .iter()
+        .filter_map(|h| {
+            let r = state.reports.get(&h.name)?;
+            let fresh_for = inventory.policy.remediation.executor_heartbeat_timeout.min(
+                metalguard_core::health::agent_heartbeat_timeout(&inventory.policy, h),
+            );
+            (r.received_at >= views_since && now.since(r.received_at) <= fresh_for)
+                .then_some(r.report.etcd.as_ref())
+                .flatten()
+        })
+        .collect();
+    let members: Vec<_> = hosts
+        .iter()
+        .map(|h| crate::control::members::member_of(&h.name, &views))
+        .collect();
+    for (host, member) in hosts.iter_mut().zip(members) {
+        host.etcd = member;
+    }
     Snapshot {
         observed_at: now,
         control_plane: inventory.control_plane.clone(),
@@ -350,6 +360,47 @@ role = "control-plane"
         );
     }
 
+    #[test]
+    fn a_view_stops_counting_once_its_agent_is_silent_past_its_heartbeat_timeout() {
+        use std::time::Duration;
+        // cp-1's check: its agent is silent after 5 s; cp-2 has no check (the executor
+        // timeout, 60 s by default, bounds its view alone).
+        let text = INVENTORY.replace(
+            "name = \"cp-1\"\nrole = \"control-plane\"",
+            "name = \"cp-1\"\nrole = \"control-plane\"\nlabels = { pool = \"one\" }",
+        ) + "\n[[policy.health_checks]]\nname = \"one\"\n\
+             selector = { match_labels = { pool = \"one\" } }\n\
+             agent_heartbeat_timeout = \"5s\"\n";
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), &text).unwrap();
+        let mut state = State::default();
+        let both = [(1, "cp-1", false), (2, "cp-2", false)];
+        state.reports.insert("cp-1".into(), report("cp-1", &both));
+        let received = state.reports["cp-1"].received_at;
+        let members = |s: &Snapshot| s.hosts.iter().filter(|h| h.etcd.is_some()).count();
+        let at = |secs| received.after(Duration::from_secs(secs));
+        // Fresh: cp-1's view lists both members.
+        assert_eq!(
+            members(&build_for_round(&inventory, &state, received, at(5))),
+            2
+        );
+        // cp-1's agent silent past its 5 s: its view is history, though younger than 60 s.
+        assert_eq!(
+            members(&build_for_round(&inventory, &state, received, at(6))),
+            0
+        );
+        // The same view from cp-2, which no check bounds below the executor timeout, counts
+        // up to that timeout and no longer.
+        state.reports.clear();
+        state.reports.insert("cp-2".into(), report("cp-2", &both));
+        assert_eq!(
+            members(&build_for_round(&inventory, &state, received, at(60))),
+            2
+        );
+        assert_eq!(
+            members(&build_for_round(&inventory, &state, received, at(61))),
+            0
+        );
+    }
     #[test]
     fn pending_probes_make_the_host_ready_unknown_not_ready() {
         use ConditionStatus::{False, True, Unknown};

@@ -17,7 +17,6 @@ use metalguard_api::k8s::control_plane::GuardedControlPlaneStatus;
 use metalguard_api::k8s::host::{
     AgentStatus, EtcdMemberStatus, GuardedHostStatus, PowerState, RemediationPhaseName,
 };
-use metalguard_api::policy::Policy;
 use metalguard_api::protocol::{Outcome, PowerAction};
 use metalguard_api::remediation::{Remediation, RemediationPhase};
 use metalguard_api::snapshot::{Host, Role};
@@ -30,17 +29,8 @@ pub fn second(t: Timestamp) -> Time {
     super::record::time(Timestamp(t.0 - t.0 % 1000))
 }
 
-/// How long `host`'s agent may be silent: the shortest `agentHeartbeatTimeout` of the health
-/// checks that select it, else the executor heartbeat timeout (what the planner uses).
-pub fn heartbeat_timeout(policy: &Policy, host: &Host) -> Duration {
-    policy
-        .health_checks
-        .iter()
-        .filter(|c| metalguard_core::health::selects(&c.selector, host))
-        .filter_map(|c| c.agent_heartbeat_timeout)
-        .min()
-        .unwrap_or(policy.remediation.executor_heartbeat_timeout)
-}
+/// How long `host`'s agent may be silent (what the planner uses).
+pub use metalguard_core::health::agent_heartbeat_timeout as heartbeat_timeout;
 
 /// How stale a written `agent.lastHeartbeatTime` may get before it is rewritten.
 pub fn heartbeat_refresh(timeout: Duration) -> Duration {
