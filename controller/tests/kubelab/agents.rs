@@ -75,10 +75,19 @@ pub struct Offered {
     pub seen_at: Instant,
 }
 
+/// A three-or-more-member etcd cluster every member's agent reports, each member healthy
+/// unless marked down; the leader is the first healthy member.
+#[derive(Debug, Clone, Default)]
+struct EtcdCluster {
+    members: Vec<String>,
+    down: BTreeSet<String>,
+}
+
 #[derive(Default)]
 struct Shared {
     live: BTreeSet<String>,
     etcd_voter: Option<String>,
+    etcd_cluster: Option<EtcdCluster>,
     offered: BTreeMap<String, Offered>,
     last_status: BTreeMap<String, u16>,
     holds: BTreeMap<String, Vec<Hold>>,
@@ -118,13 +127,22 @@ impl Agents {
                 let mut sequence = 0;
                 while !quit.load(Ordering::SeqCst) {
                     sequence += 1;
-                    let (live, voter, holds) = {
+                    let (live, voter, cluster, holds) = {
                         let s = shared.lock().unwrap();
-                        (s.live.clone(), s.etcd_voter.clone(), s.holds.clone())
+                        let cluster = s.etcd_cluster.clone();
+                        (
+                            s.live.clone(),
+                            s.etcd_voter.clone(),
+                            cluster,
+                            s.holds.clone(),
+                        )
                     };
                     for host in &live {
                         let client = &clients[host];
                         let mut report = report(host, sequence, &all, voter.as_deref());
+                        if let Some(cluster) = &cluster {
+                            report.etcd = cluster.view_of(host);
+                        }
                         report.holds = holds.get(host).cloned().unwrap_or_default();
                         let answer = client
                             .post(format!("{url}{}", report_path(host)))
@@ -182,6 +200,34 @@ impl Agents {
     /// `host`'s agent also reports a healthy single-member etcd whose only voter it runs.
     pub fn report_etcd_voter(&self, host: &str) {
         self.shared.lock().unwrap().etcd_voter = Some(host.to_owned());
+    }
+
+    /// The agents of `members` report the etcd cluster of those members, all healthy, from
+    /// now on (each view names the reporter's member as local).
+    pub fn report_etcd_cluster(&self, members: &[&str]) {
+        self.shared.lock().unwrap().etcd_cluster = Some(EtcdCluster {
+            members: members.iter().map(|m| (*m).to_owned()).collect(),
+            down: BTreeSet::new(),
+        });
+    }
+
+    /// Every view from now on shows `member` healthy or not (its member hangs or is back).
+    pub fn set_member_healthy(&self, member: &str, healthy: bool) {
+        let mut s = self.shared.lock().unwrap();
+        let cluster = s.etcd_cluster.as_mut().expect("report_etcd_cluster first");
+        if healthy {
+            cluster.down.remove(member);
+        } else {
+            cluster.down.insert(member.to_owned());
+        }
+    }
+
+    /// Wakes the reporting thread: every live agent reports now rather than at its next
+    /// [`REPORT_EVERY`].
+    pub fn report_now(&self) {
+        if let Some(thread) = &self.thread {
+            thread.thread().unpark();
+        }
     }
 
     /// `host`'s agent carries `holds` in its reports from now on (break-glass fences run on
@@ -295,6 +341,35 @@ impl Drop for Agents {
             thread.thread().unpark();
             let _ = thread.join();
         }
+    }
+}
+
+impl EtcdCluster {
+    /// The view `host`'s agent reports (`None` when `host` runs no member).
+    fn view_of(&self, host: &str) -> Option<EtcdView> {
+        let local = self.members.iter().position(|m| m == host)?;
+        let id = |index: usize| u64::try_from(index).unwrap() + 1;
+        let leader = self.members.iter().position(|m| !self.down.contains(m));
+        Some(EtcdView {
+            local_member_id: Some(id(local)),
+            leader_id: leader.map(id),
+            members: self
+                .members
+                .iter()
+                .enumerate()
+                .map(|(index, name)| EtcdMemberView {
+                    id: id(index),
+                    name: name.clone(),
+                    peer_urls: Vec::new(),
+                    client_urls: Vec::new(),
+                    learner: false,
+                    healthy: !self.down.contains(name),
+                    alarms: Vec::new(),
+                    raft_applied_index: Some(10),
+                    error: None,
+                })
+                .collect(),
+        })
     }
 }
 

@@ -114,6 +114,24 @@ impl ApiServer {
         }
     }
 
+    /// Stops the API server (SIGSTOP, every thread stopped): its clients' connections stay
+    /// open and their requests wait, as behind a member that hangs (a frozen etcd member stalls
+    /// kube-apiserver this way, docs/design-kubernetes.md).
+    pub fn freeze(&self) -> Result<()> {
+        self.proc
+            .as_ref()
+            .ok_or_else(|| HarnessError::Other("kube-apiserver is not running".into()))?
+            .freeze()
+    }
+
+    /// Lets a frozen API server run again (SIGCONT).
+    pub fn thaw(&self) -> Result<()> {
+        self.proc
+            .as_ref()
+            .ok_or_else(|| HarnessError::Other("kube-apiserver is not running".into()))?
+            .thaw()
+    }
+
     /// Starts it again with the same flags and port (after [`ApiServer::kill`]).
     pub fn restart(&mut self, probe: &ApiClient) -> Result<()> {
         self.kill();
