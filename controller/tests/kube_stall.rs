@@ -1,15 +1,17 @@
 //! The sequence that once fenced a healthy control-plane host in the Kubernetes lab
-//! (docs/design-kubernetes.md, known gaps), replayed on a real kube-apiserver: a control-plane
-//! host hangs, and the API server stalls (SIGSTOP, as behind a frozen etcd member) while the
-//! controller's loop is inside a round's write. The round blocks past the Lease, the agents are
-//! answered 503, and when the API server answers again the controller still holds the Lease.
-//! The views the agents sent before the stall still show the hung member healthy, and every
-//! agent has been silent longer than its heartbeat timeout.
+//! (docs/design-kubernetes.md, known gaps), replayed on a real kube-apiserver: just after the
+//! controller's Lease was renewed, a control-plane host hangs and the API server stalls
+//! (SIGSTOP, as behind a frozen etcd member) while the controller's loop is inside a round's
+//! write. The round blocks past the hub's grace, so the agents are answered 503; when the API
+//! server answers again the controller still holds the Lease. Every agent has been silent for
+//! longer than its heartbeat timeout, and the views sent before the stall still show the hung
+//! member healthy.
 //!
 //! What must hold: the controller starts a new leadership (the lapse was not seen by the loop,
 //! only by the hub's deadline), gives every agent a heartbeat timeout from then, counts only the
 //! etcd views received since, and so fences the hung host, once, through another host's agent,
-//! and no other host: no power command ever names cp-2 or cp-3.
+//! no sooner than one heartbeat timeout after the stall, and no other host: no remediation
+//! step ever names cp-1 or cp-2.
 
 #![cfg(feature = "kubernetes")]
 // Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
@@ -25,12 +27,47 @@ use metalguard_e2e::kube::kubelet::NodeTemplate;
 use serde_json::json;
 
 const HOSTS: [&str; 3] = ["cp-1", "cp-2", "cp-3"];
-const OFF: &str = "remediation/cp-1/1/power-off";
-const ON: &str = "remediation/cp-1/1/power-on";
-/// Longer than the controller's 15 s Lease: the leadership lapses during the stall.
-const STALL: Duration = Duration::from_secs(22);
+/// The host that hangs: the last by name, so that a planner misled into taking every host
+/// for unhealthy would reach a healthy one first.
+const HUNG: &str = "cp-3";
+const OFF: &str = "remediation/cp-3/1/power-off";
+const ON: &str = "remediation/cp-3/1/power-on";
+/// The controller's Lease.
+const LEASE: &str =
+    "/apis/coordination.k8s.io/v1/namespaces/metalguard-system/leases/metalguard-controller";
+/// Longer than the hub's grace (the Lease's 15 s less one 5 s request timeout, from the last
+/// good campaign): agents are answered 503 during the stall. Shorter than the Lease, renewed
+/// just before the stall began: the first campaign after it finds the Lease still held — the
+/// lapse the loop did not see.
+const STALL: Duration = Duration::from_secs(12);
+/// The agents' heartbeat timeout in the check below.
+const HEARTBEAT: Duration = Duration::from_secs(3);
 /// What the controller logs when a campaign finds that the leadership lapsed unobserved.
 const UNOBSERVED_LAPSE: &str = "leadership had lapsed while a round or a request was blocked";
+
+/// Every power command offered so far: (operation, target, action), by operation id.
+fn fences(lab: &KubeLab) -> Vec<(String, String, PowerAction)> {
+    lab.agents
+        .offered()
+        .into_values()
+        .filter_map(|o| match &o.command.kind {
+            CommandKind::Fence(f) => {
+                Some((o.command.operation_id.0.clone(), f.target.clone(), f.action))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The operation ids of every remediation step offered so far (any kind: power, etcd
+/// leadership moves), sorted.
+fn remediation_steps(lab: &KubeLab) -> Vec<String> {
+    lab.agents
+        .offered()
+        .into_keys()
+        .filter(|id| id.starts_with("remediation/"))
+        .collect()
+}
 
 #[test]
 fn a_stall_that_lapses_the_leadership_inside_a_round_fences_only_the_hung_host() {
@@ -41,9 +78,9 @@ fn a_stall_that_lapses_the_leadership_inside_a_round_fences_only_the_hung_host()
         // nothing, and its etcd view no longer counts.
         check: json!({
             "selector": {"matchLabels": {"pool": "control-plane"}},
-            "agentHeartbeatTimeout": "3s",
+            "agentHeartbeatTimeout": format!("{}s", HEARTBEAT.as_secs()),
             "remediation": {"nodeAction": "Delete", "maxRetries": 1, "retryPeriod": "2s",
-                "executorHeartbeatTimeout": "3s"},
+                "executorHeartbeatTimeout": format!("{}s", HEARTBEAT.as_secs())},
         }),
         ..LabOptions::default()
     });
@@ -66,15 +103,20 @@ fn a_stall_that_lapses_the_leadership_inside_a_round_fences_only_the_hung_host()
         },
     );
 
-    // cp-1 hangs: its agent and kubelet fall silent. The views the others sent until now
-    // show its member healthy.
-    lab.kubelets["cp-1"].stop();
-    lab.agents.set_live("cp-1", false);
-    // The API server stalls, and the others see cp-1's member down and say so at once: the
-    // round their reports wake writes that to cp-1's status and blocks on the stalled server.
+    // Just after a renewal of the Lease, cp-3 hangs: its agent and kubelet fall silent. The
+    // views the others sent until now show its member healthy.
+    let renewed = |lab: &KubeLab| lab.admin().get(LEASE).unwrap()["spec"]["renewTime"].clone();
+    let last = renewed(&lab);
+    lab.wait("a renewal of the Lease", Duration::from_secs(20), |lab| {
+        renewed(lab) != last
+    });
+    lab.kubelets[HUNG].stop();
+    lab.agents.set_live(HUNG, false);
+    // The API server stalls, and the others see cp-3's member down and say so at once: the
+    // round their reports wake writes that to cp-3's status and blocks on the stalled server.
     lab.cluster.apiserver().freeze().unwrap();
     let frozen = Instant::now();
-    lab.agents.set_member_healthy("cp-1", false);
+    lab.agents.set_member_healthy(HUNG, false);
     lab.agents.report_now();
     lab.wait(
         "the leadership lapses (agents answered 503)",
@@ -86,21 +128,30 @@ fn a_stall_that_lapses_the_leadership_inside_a_round_fences_only_the_hung_host()
         std::thread::sleep(rest);
     }
     lab.cluster.apiserver().thaw().unwrap();
+    let thawed = Instant::now();
     eprintln!(
         "[stall] API server frozen {:?}; agents answered 503 after {lapsed_after:?}",
         frozen.elapsed()
     );
 
-    // The hung host is fenced through another host's agent, as it should be...
-    let off = lab.agents.wait_offered(OFF, Duration::from_secs(90));
-    let CommandKind::Fence(fence) = &off.command.kind else {
-        panic!("{off:?}")
-    };
-    assert_eq!(
-        (fence.target.as_str(), fence.action),
-        ("cp-1", PowerAction::Off)
+    // The first remediation step offered is the hung host's power-off, and no step of any
+    // other host's remediation (a move of etcd's leadership off a healthy host comes first
+    // when it leads) was offered before it...
+    lab.wait("a power-off", Duration::from_secs(90), |lab| {
+        !fences(lab).is_empty()
+    });
+    let steps = remediation_steps(&lab);
+    assert_eq!(steps, vec![OFF.to_owned()], "a healthy host was remediated");
+    let off = lab.agents.wait_offered(OFF, Duration::from_secs(1));
+    assert_ne!(off.agent, HUNG);
+    // A new leadership began after the stall, and every agent got a heartbeat timeout from
+    // then: cp-3 is judged silent no sooner (a leadership counted from before the stall
+    // fenced within 0.1-0.7 s of the thaw, when every agent had been silent for 12 s).
+    assert!(
+        off.seen_at.duration_since(thawed) >= HEARTBEAT,
+        "cp-3 was fenced {:?} after the stall, within the agents' heartbeat timeout",
+        off.seen_at.duration_since(thawed)
     );
-    assert_ne!(off.agent, "cp-1");
     let log = lab.controller_log("controller-0", 400);
     assert!(
         log.contains(UNOBSERVED_LAPSE),
@@ -112,30 +163,25 @@ fn a_stall_that_lapses_the_leadership_inside_a_round_fences_only_the_hung_host()
     lab.agents.wait_offered(ON, Duration::from_secs(30));
     lab.agents
         .finish_until_recorded(ON, Outcome::Succeeded, Duration::from_secs(20));
-    // cp-1 boots: its member and agent are back, its Node registers again.
-    lab.agents.set_member_healthy("cp-1", true);
-    lab.agents.set_live("cp-1", true);
-    lab.kubelets["cp-1"]
-        .register_again(&NodeTemplate::named("cp-1"))
+    // cp-3 boots: its member and agent are back, its Node registers again.
+    lab.agents.set_member_healthy(HUNG, true);
+    lab.agents.set_live(HUNG, true);
+    lab.kubelets[HUNG]
+        .register_again(&NodeTemplate::named(HUNG))
         .unwrap();
-    lab.wait("remediation of cp-1 Done", Duration::from_secs(60), |lab| {
-        lab.phase("cp-1") == "Done"
+    lab.wait("remediation of cp-3 Done", Duration::from_secs(60), |lab| {
+        lab.phase(HUNG) == "Done"
     });
 
     // ...and no other host was ever a target or under remediation.
-    let fences: Vec<(String, String, PowerAction)> = lab
-        .agents
-        .offered()
-        .into_values()
-        .filter_map(|o| match &o.command.kind {
-            CommandKind::Fence(f) => {
-                Some((o.command.operation_id.0.clone(), f.target.clone(), f.action))
-            }
-            _ => None,
-        })
-        .collect();
+    let steps = remediation_steps(&lab);
     assert!(
-        fences.iter().all(|(_, target, _)| target == "cp-1"),
+        steps.iter().all(|id| id.starts_with("remediation/cp-3/")),
+        "a healthy host was remediated: {steps:?}"
+    );
+    let fences = fences(&lab);
+    assert!(
+        fences.iter().all(|(_, target, _)| target == HUNG),
         "a healthy host was fenced: {fences:?}"
     );
     let offs = fences
@@ -143,8 +189,15 @@ fn a_stall_that_lapses_the_leadership_inside_a_round_fences_only_the_hung_host()
         .filter(|(_, _, action)| *action == PowerAction::Off)
         .count();
     assert_eq!(offs, 1, "{fences:?}");
-    for host in ["cp-2", "cp-3"] {
+    for host in ["cp-1", "cp-2"] {
         assert_eq!(lab.phase(host), "", "{host} was remediated");
+        let operations = lab.host(host)["status"]["operations"].clone();
+        assert!(
+            operations.as_array().is_none_or(|ops| ops
+                .iter()
+                .all(|op| !op["id"].as_str().unwrap_or("").starts_with("remediation/"))),
+            "{host}: {operations}"
+        );
         let reasons = lab.host_event_reasons(host);
         assert!(
             !reasons.iter().any(|r| r == "PowerOff"),
