@@ -8,50 +8,14 @@
 // Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::time::Duration;
+mod labrun;
 
 use metalguard_e2e::etcd::EtcdSecurity;
-use metalguard_e2e::lab::scenarios::{self, OVERHEAD, Report};
+use metalguard_e2e::lab::scenarios::OVERHEAD;
 use metalguard_e2e::lab::{Lab, LabOptions};
 
 fn start() -> Lab {
-    start_with(LabOptions::new(3, metalguard_e2e::lab::test_bin_dir()))
-}
-
-fn start_with(options: LabOptions) -> Lab {
-    match Lab::start(options) {
-        Ok(lab) => lab,
-        Err(e) => panic!("the lab did not start: {e}"),
-    }
-}
-
-/// Runs `name` and returns its report; any error or a report that is not ok fails the test
-/// with the timeline and the processes' logs.
-fn run(lab: &mut Lab, name: &str) -> Report {
-    let report = match scenarios::run(lab, name) {
-        Ok(report) => report,
-        Err(e) => panic!(
-            "scenario {name} failed: {e}\n--- timeline\n{}\n--- logs\n{}",
-            lab.timeline.render(),
-            lab.logs()
-        ),
-    };
-    assert!(
-        report.ok,
-        "scenario {name} did not match its outcome\nexpected: {}\nseen:     {}\n--- timeline\n{}\n--- logs\n{}",
-        report.expected,
-        report.seen,
-        lab.timeline.render(),
-        lab.logs()
-    );
-    report
-}
-
-fn timing(report: &Report, name: &str) -> Duration {
-    report.timings.iter().find(|(n, _)| n == name).map_or_else(
-        || panic!("{} has no timing {name}: {:?}", report.name, report.timings),
-        |(_, d)| *d,
-    )
+    labrun::start(LabOptions::new(3, metalguard_e2e::lab::test_bin_dir()))
 }
 
 #[test]
@@ -70,11 +34,11 @@ fn hang_is_fenced_once_by_a_peer_and_comes_back_without_losing_data() {
         "{inventory}"
     );
     let t = lab.options().timings.clone();
-    let report = run(&mut lab, "hang");
+    let report = labrun::run(&mut lab, "hang");
     // ok already means: one power-off of the frozen host, executed by another host's agent,
     // no other host's power touched, every key written before the hang present after.
     let detect = t.heartbeat_timeout.max(t.unhealthy_timeout);
-    let off = timing(&report, "failure → verified off");
+    let off = labrun::timing(&report, "failure → verified off");
     // The earliest: the host's last report left up to one report interval before the
     // freeze, and the silence is timed from it.
     let earliest = t
@@ -87,7 +51,7 @@ fn hang_is_fenced_once_by_a_peer_and_comes_back_without_losing_data() {
         detect + OVERHEAD,
         lab.timeline.render()
     );
-    let healthy = timing(&report, "failure → healthy");
+    let healthy = labrun::timing(&report, "failure → healthy");
     assert!(
         healthy <= detect + OVERHEAD * 2,
         "healthy again after {healthy:?}, more than {:?}\n{}",
@@ -102,27 +66,27 @@ fn hang_is_fenced_once_by_a_peer_and_comes_back_without_losing_data() {
 fn hang_is_fenced_on_a_plain_http_etcd_too() {
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.etcd_security = EtcdSecurity::PlainHttp;
-    let mut lab = start_with(options);
+    let mut lab = labrun::start(options);
     assert!(
         lab.etcd()
             .endpoints()
             .iter()
             .all(|e| e.starts_with("http://"))
     );
-    run(&mut lab, "hang");
+    labrun::run(&mut lab, "hang");
 }
 
 #[test]
 fn two_hung_hosts_of_three_are_not_fenced_and_status_says_why() {
     let mut lab = start();
-    let report = run(&mut lab, "double-failure");
+    let report = labrun::run(&mut lab, "double-failure");
     assert!(report.seen.starts_with("0 power events"), "{}", report.seen);
 }
 
 #[test]
 fn an_admin_fence_of_a_healthy_host_is_refused_unless_forced_and_then_recorded() {
     let mut lab = start();
-    let report = run(&mut lab, "admin-fence");
+    let report = labrun::run(&mut lab, "admin-fence");
     assert!(
         report.seen.contains("recorded as forced: true"),
         "{}",
@@ -133,7 +97,7 @@ fn an_admin_fence_of_a_healthy_host_is_refused_unless_forced_and_then_recorded()
 #[test]
 fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
     let mut lab = start();
-    let report = run(&mut lab, "bad-bmc");
+    let report = labrun::run(&mut lab, "bad-bmc");
     assert!(
         report.seen.contains("rejected the credentials") && report.seen.ends_with("0 power events"),
         "{}",
@@ -145,8 +109,8 @@ fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
 fn a_controller_killed_twice_mid_remediation_is_replaced_and_the_fence_happens_once() {
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.redfish_power_delay = true;
-    let mut lab = start_with(options);
-    let report = run(&mut lab, "controller-crash");
+    let mut lab = labrun::start(options);
+    let report = labrun::run(&mut lab, "controller-crash");
     assert!(
         report.seen.contains("0 off at the BMC")
             && report

@@ -16,58 +16,18 @@
 // Integration tests: helpers outside #[test] fns may unwrap (clippy.toml covers #[test] only).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod labrun;
+
 use std::time::Duration;
 
 use metalguard_e2e::lab::kube::{APISERVER_ETCD_STALL, ZONE_LABEL};
-use metalguard_e2e::lab::scenarios::{self, OVERHEAD, Report};
+use metalguard_e2e::lab::scenarios::{self, OVERHEAD};
 use metalguard_e2e::lab::{KubeSide, Lab, LabBackend, LabOptions};
 
 fn start() -> Lab {
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.backend = LabBackend::Kubernetes;
-    start_with(options)
-}
-
-fn start_with(options: LabOptions) -> Lab {
-    match Lab::start(options) {
-        Ok(lab) => lab,
-        Err(e) => panic!("the Kubernetes lab did not start: {e}"),
-    }
-}
-
-/// Runs `name` and returns its report; any error or a report that is not ok fails the test
-/// with the timeline and the processes' logs.
-fn run(lab: &mut Lab, name: &str) -> Report {
-    let report = match scenarios::run(lab, name) {
-        Ok(report) => report,
-        Err(e) => panic!(
-            "scenario {name} failed: {e}\n--- timeline\n{}\n--- logs\n{}",
-            lab.timeline.render(),
-            lab.logs()
-        ),
-    };
-    assert!(
-        report.ok,
-        "scenario {name} did not match its outcome\nexpected: {}\nseen:     {}\n--- timeline\n{}\n--- logs\n{}",
-        report.expected,
-        report.seen,
-        lab.timeline.render(),
-        lab.logs()
-    );
-    eprintln!(
-        "{name}: {}\ntimings: {:?}\n{}",
-        report.seen,
-        report.timings,
-        lab.timeline.render()
-    );
-    report
-}
-
-fn timing(report: &Report, name: &str) -> Duration {
-    report.timings.iter().find(|(n, _)| n == name).map_or_else(
-        || panic!("{} has no timing {name}: {:?}", report.name, report.timings),
-        |(_, d)| *d,
-    )
+    labrun::start(options)
 }
 
 /// Every Node's labels, the lab's zone label among them.
@@ -105,7 +65,7 @@ fn hang_is_fenced_once_by_a_peer_its_node_deleted_and_back_with_its_labels() {
     );
     assert_nodes_labelled(&lab);
     let t = lab.options().timings.clone();
-    let report = run(&mut lab, "hang");
+    let report = labrun::run(&mut lab, "hang");
     // ok already means: one power-off of the frozen host, executed by another host's agent,
     // no other host's power touched, no key lost, and its Node NotReady, deleted, and back
     // with the label only the backup had.
@@ -117,7 +77,7 @@ fn hang_is_fenced_once_by_a_peer_its_node_deleted_and_back_with_its_labels() {
         report.seen
     );
     let detect = t.heartbeat_timeout.max(t.unhealthy_timeout);
-    let off = timing(&report, "failure → verified off");
+    let off = labrun::timing(&report, "failure → verified off");
     let earliest = t
         .heartbeat_timeout
         .min(t.unhealthy_timeout)
@@ -134,7 +94,7 @@ fn hang_is_fenced_once_by_a_peer_its_node_deleted_and_back_with_its_labels() {
 #[test]
 fn two_hung_hosts_of_three_take_the_api_server_down_and_nothing_is_fenced() {
     let mut lab = start();
-    let report = run(&mut lab, "double-failure");
+    let report = labrun::run(&mut lab, "double-failure");
     assert!(report.seen.starts_with("0 power events"), "{}", report.seen);
     // Why: without etcd's quorum the API server is not ready (its etcd check fails), so no
     // Lease, no status and no decision.
@@ -149,7 +109,7 @@ fn two_hung_hosts_of_three_take_the_api_server_down_and_nothing_is_fenced() {
 #[test]
 fn an_admin_fence_request_of_a_healthy_host_is_refused_unless_forced_and_then_recorded() {
     let mut lab = start();
-    let report = run(&mut lab, "admin-fence");
+    let report = labrun::run(&mut lab, "admin-fence");
     assert!(
         report.seen.contains("recorded as forced: true"),
         "{}",
@@ -162,7 +122,7 @@ fn an_admin_fence_request_of_a_healthy_host_is_refused_unless_forced_and_then_re
 #[test]
 fn a_wrong_bmc_password_in_its_secret_ends_in_needs_a_person_and_touches_nothing() {
     let mut lab = start();
-    let report = run(&mut lab, "bad-bmc");
+    let report = labrun::run(&mut lab, "bad-bmc");
     assert!(
         report.seen.contains("rejected the credentials") && report.seen.ends_with("0 power events"),
         "{}",
@@ -179,7 +139,7 @@ fn a_spare_guarded_host_replaces_a_retired_one_without_losing_quorum_and_it_is_p
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.backend = LabBackend::Kubernetes;
     options.spares = 1;
-    let mut lab = start_with(options);
+    let mut lab = labrun::start(options);
     let o = match scenarios::observe_replace(&mut lab) {
         Ok(o) => o,
         Err(e) => panic!(
@@ -279,8 +239,8 @@ fn a_controller_killed_twice_mid_remediation_waits_out_its_lease_and_the_fence_h
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.backend = LabBackend::Kubernetes;
     options.redfish_power_delay = true;
-    let mut lab = start_with(options);
-    let report = run(&mut lab, "controller-crash");
+    let mut lab = labrun::start(options);
+    let report = labrun::run(&mut lab, "controller-crash");
     assert!(
         report.seen.contains("0 off at the BMC")
             && report
