@@ -379,16 +379,26 @@ impl KubeSide {
     }
 
     /// Writes `password` (the wrong one, or the right one back) into host `name`'s BMC
-    /// Secret.
+    /// Secret, as an administrator would: again while the API server cannot write, up to
+    /// [`APISERVER_ETCD_STALL`]. Just after a frozen member resumes, etcd may answer a write
+    /// with "request timed out" (a 500; seen once when `bad-bmc` put the right password back
+    /// the moment cp-3 resumed), and a stalled API server may not answer at all.
     pub fn set_bmc_password(&self, name: &str, password: &str) -> Result<()> {
-        self.cluster.admin().merge_patch(
-            &format!(
-                "/api/v1/namespaces/{CREDENTIALS_NS}/secrets/{}",
-                secret_name(name)
-            ),
-            &json!({"stringData": {"password": password}}),
-        )?;
-        Ok(())
+        let path = format!(
+            "/api/v1/namespaces/{CREDENTIALS_NS}/secrets/{}",
+            secret_name(name)
+        );
+        let change = json!({"stringData": {"password": password}});
+        let deadline = std::time::Instant::now() + APISERVER_ETCD_STALL;
+        loop {
+            match self.cluster.admin().merge_patch(&path, &change) {
+                Ok(_) => return Ok(()),
+                Err(e) if cannot_write_yet(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Which checks of the API server's `/readyz?verbose` fail (e.g. `etcd`), or why it did
@@ -492,6 +502,15 @@ pub fn run_within(
     }
 }
 
+/// Whether the API server's refusal of a write is its store's, for now: 500 (etcd's "request
+/// timed out"), 503 or 504, 429, or no answer at all.
+fn cannot_write_yet(error: &HarnessError) -> bool {
+    match error.api_status() {
+        Some(status) => matches!(status, 429 | 500 | 503 | 504),
+        None => !matches!(error, HarnessError::MissingProgram { .. }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,5 +550,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("nope"), "{error}");
+    }
+
+    #[test]
+    fn only_a_store_that_cannot_write_yet_is_waited_for() {
+        let api = |status| HarnessError::Api {
+            what: "PATCH /x".into(),
+            status,
+            message: "m".into(),
+        };
+        assert!(cannot_write_yet(&api(500)));
+        assert!(cannot_write_yet(&api(503)));
+        assert!(cannot_write_yet(&HarnessError::Other("no answer".into())));
+        assert!(!cannot_write_yet(&api(422)));
+        assert!(!cannot_write_yet(&api(403)));
     }
 }
