@@ -18,6 +18,7 @@
 //! Each object this controller wrote is kept as the API server returned it until the watch
 //! catches up, so a round never plans from a status older than its own last write.
 
+mod checks;
 pub mod crd;
 mod events;
 pub mod evidence;

@@ -14,17 +14,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Secret};
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt as _;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
-use metalguard_api::duration::{Timestamp, parse_duration};
+use metalguard_api::duration::Timestamp;
 use metalguard_api::k8s::fence::{FenceAction, FencePhase};
-use metalguard_api::k8s::health_check::ConditionStatus as KubeStatus;
 use metalguard_api::k8s::host::HostRole;
 use metalguard_api::k8s::{FenceRequest, GuardedControlPlane, GuardedHost, HostHealthCheck};
-use metalguard_api::policy::{
-    HealthCheck, MaxUnhealthy, Policy, RemediationSettings, Selector, UnhealthyCondition,
-};
+use metalguard_api::policy::Policy;
 use metalguard_api::protocol::{BmcCredentials, Secret as SecretText};
 use metalguard_api::snapshot::{
     ConditionStatus, ControlPlaneSpec, NodeCondition, NodeStatus, Role,
@@ -184,9 +180,11 @@ pub fn inventory(
     let mut policy = Policy::default();
     let mut settings_from: Option<String> = None;
     for check in &checks {
-        policy.health_checks.push(health_check(check)?);
+        policy
+            .health_checks
+            .push(super::checks::health_check(check)?);
         if settings_from.is_none() {
-            policy.remediation = remediation_settings(check)?;
+            policy.remediation = super::checks::remediation_settings(check)?;
             settings_from = Some(check.name_any());
         }
     }
@@ -249,91 +247,6 @@ fn credentials(world: &World, namespace: &str, name: &str) -> Result<BmcCredenti
         username: key("username")?,
         password: SecretText::new(key("password")?),
     })
-}
-
-fn duration(check: &str, field: &str, text: &str) -> Result<std::time::Duration, String> {
-    parse_duration(text).map_err(|e| format!("HostHealthCheck {check}: {field} {text:?}: {e}"))
-}
-
-fn health_check(check: &HostHealthCheck) -> Result<HealthCheck, String> {
-    let name = check.name_any();
-    let spec = &check.spec;
-    if spec
-        .selector
-        .match_expressions
-        .as_ref()
-        .is_some_and(|e| !e.is_empty())
-    {
-        return Err(format!(
-            "HostHealthCheck {name}: selector.matchExpressions is not supported; use matchLabels"
-        ));
-    }
-    let unhealthy_conditions = spec
-        .unhealthy_conditions
-        .iter()
-        .map(|c| {
-            Ok(UnhealthyCondition {
-                type_: c.type_.clone(),
-                status: match c.status {
-                    KubeStatus::True => ConditionStatus::True,
-                    KubeStatus::False => ConditionStatus::False,
-                    KubeStatus::Unknown => ConditionStatus::Unknown,
-                },
-                timeout: duration(&name, "unhealthyConditions.timeout", &c.timeout)?,
-            })
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    Ok(HealthCheck {
-        name: name.clone(),
-        selector: Selector {
-            match_labels: spec.selector.match_labels.clone().unwrap_or_default(),
-            role: None,
-        },
-        unhealthy_conditions,
-        // Kept as written: the core parses it and a bad value blocks remediation (MAO).
-        max_unhealthy: spec.max_unhealthy.as_ref().map(|m| match m {
-            IntOrString::Int(n) => MaxUnhealthy::Count(u32::try_from(*n).unwrap_or(0)),
-            IntOrString::String(s) => MaxUnhealthy::Text(s.clone()),
-        }),
-        node_startup_timeout: spec
-            .node_startup_timeout
-            .as_deref()
-            .map(|t| duration(&name, "nodeStartupTimeout", t))
-            .transpose()?,
-        agent_heartbeat_timeout: spec
-            .agent_heartbeat_timeout
-            .as_deref()
-            .map(|t| duration(&name, "agentHeartbeatTimeout", t))
-            .transpose()?,
-    })
-}
-
-/// Remediation settings come from the first check by name (the core has one set).
-fn remediation_settings(check: &HostHealthCheck) -> Result<RemediationSettings, String> {
-    let name = check.name_any();
-    let mut settings = RemediationSettings {
-        strategy: check.effective_strategy().map_err(|e| e.to_string())?,
-        ..RemediationSettings::default()
-    };
-    if let Some(r) = &check.spec.remediation {
-        if let Some(action) = r.node_action {
-            settings.node_handling = action.into();
-        }
-        if let Some(retries) = r.max_retries {
-            settings.max_retry = retries;
-        }
-        if let Some(p) = &r.retry_period {
-            settings.retry_period = duration(&name, "remediation.retryPeriod", p)?;
-        }
-        if let Some(p) = &r.min_healthy_period {
-            settings.min_healthy_period = duration(&name, "remediation.minHealthyPeriod", p)?;
-        }
-        if let Some(t) = &r.executor_heartbeat_timeout {
-            settings.executor_heartbeat_timeout =
-                duration(&name, "remediation.executorHeartbeatTimeout", t)?;
-        }
-    }
-    Ok(settings)
 }
 
 /// The Node as the core reads it.
@@ -573,47 +486,6 @@ mod tests {
         assert_eq!(
             credentials(&world, "mg-bmc", "bmc-h-2").unwrap_err(),
             "Secret mg-bmc/bmc-h-2 was not found"
-        );
-    }
-
-    fn check(remediation: &serde_json::Value) -> HostHealthCheck {
-        serde_json::from_value(json!({"apiVersion": "metalguard.io/v1alpha1",
-            "kind": "HostHealthCheck", "metadata": {"name": "cp", "namespace": "mg"},
-            "spec": {"selector": {}, "remediation": remediation}}))
-        .unwrap()
-    }
-
-    #[test]
-    fn a_checks_remediation_settings_include_the_executor_heartbeat_timeout() {
-        let set = remediation_settings(&check(&json!({
-            "maxRetries": 1, "retryPeriod": "2s", "minHealthyPeriod": "20s",
-            "executorHeartbeatTimeout": "5s"})))
-        .unwrap();
-        assert_eq!(
-            (set.max_retry, set.retry_period, set.min_healthy_period),
-            (
-                1,
-                std::time::Duration::from_secs(2),
-                std::time::Duration::from_secs(20)
-            )
-        );
-        assert_eq!(
-            set.executor_heartbeat_timeout,
-            std::time::Duration::from_secs(5)
-        );
-        // Unset: the standalone default.
-        assert_eq!(
-            remediation_settings(&check(&json!({})))
-                .unwrap()
-                .executor_heartbeat_timeout,
-            metalguard_api::policy::DEFAULT_EXECUTOR_HEARTBEAT_TIMEOUT
-        );
-        let error =
-            remediation_settings(&check(&json!({"executorHeartbeatTimeout": "soon"}))).unwrap_err();
-        assert!(
-            error
-                .starts_with("HostHealthCheck cp: remediation.executorHeartbeatTimeout \"soon\": "),
-            "{error}"
         );
     }
 }
