@@ -132,12 +132,8 @@ fn build_with_views_since(
                 .flatten()
         })
         .collect();
-    let members: Vec<_> = hosts
-        .iter()
-        .map(|h| crate::control::members::member_of(&h.name, &views))
-        .collect();
-    for (host, member) in hosts.iter_mut().zip(members) {
-        host.etcd = member;
+    for host in &mut hosts {
+        host.etcd = crate::control::members::member_of(&host.name, &views);
     }
     Snapshot {
         observed_at: now,
@@ -401,6 +397,7 @@ role = "control-plane"
             0
         );
     }
+
     #[test]
     fn pending_probes_make_the_host_ready_unknown_not_ready() {
         use ConditionStatus::{False, True, Unknown};
