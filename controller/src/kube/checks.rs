@@ -90,8 +90,15 @@ pub fn remediation_settings(check: &HostHealthCheck) -> Result<RemediationSettin
             settings.min_healthy_period = duration(&name, "remediation.minHealthyPeriod", p)?;
         }
         if let Some(t) = &r.executor_heartbeat_timeout {
-            settings.executor_heartbeat_timeout =
-                duration(&name, "remediation.executorHeartbeatTimeout", t)?;
+            let field = "remediation.executorHeartbeatTimeout";
+            settings.executor_heartbeat_timeout = duration(&name, field, t)?;
+            // Zero would leave no agent to execute anything and no view to count: named here
+            // by its field rather than by the standalone key the inventory checks name.
+            if settings.executor_heartbeat_timeout.is_zero() {
+                return Err(format!(
+                    "HostHealthCheck {name}: {field} must be greater than zero"
+                ));
+            }
         }
     }
     Ok(settings)

@@ -488,4 +488,38 @@ mod tests {
             "Secret mg-bmc/bmc-h-2 was not found"
         );
     }
+
+    #[test]
+    fn a_zero_executor_heartbeat_timeout_is_refused_naming_the_check_and_field() {
+        let (world, mut writers) = World::new("mg");
+        let check: HostHealthCheck = serde_json::from_value(json!({
+            "apiVersion": "metalguard.io/v1alpha1", "kind": "HostHealthCheck",
+            "metadata": {"name": "cp", "namespace": "mg", "resourceVersion": "1"},
+            "spec": {"selector": {}, "remediation": {"executorHeartbeatTimeout": "0s"}}}))
+        .unwrap();
+        apply(&mut writers.checks, check);
+        let etcd = EtcdSettings {
+            endpoints: Vec::new(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password_file: None,
+            prefix: String::new(),
+            lease_ttl: std::time::Duration::from_secs(15),
+            timeout: std::time::Duration::from_secs(5),
+        };
+        let error = inventory(
+            &world,
+            "mg",
+            "mg-bmc",
+            &ControllerSettings::default(),
+            &etcd,
+        )
+        .unwrap_err();
+        assert_eq!(
+            error,
+            "HostHealthCheck cp: remediation.executorHeartbeatTimeout must be greater than zero"
+        );
+    }
 }
