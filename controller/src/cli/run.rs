@@ -92,17 +92,7 @@ pub(super) async fn run_kubernetes(args: KubeArgs, id: String) -> anyhow::Result
         identity: id.clone(),
         lease_name: args.lease_name,
         controller,
-        timing: crate::inventory::EtcdSettings {
-            endpoints: Vec::new(),
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
-            username: None,
-            password_file: None,
-            prefix: String::new(),
-            lease_ttl: std::time::Duration::from_secs(crate::kube::run::LEASE_SECONDS),
-            timeout: std::time::Duration::from_secs(5),
-        },
+        timing: crate::kube::run::timing(),
     };
     let revoked = args.revoked_certificates.clone();
     let (backend, inventory, watches) = crate::kube::run::backend(settings).await?;

@@ -23,6 +23,25 @@ pub const CONNECT_DEADLINE: Duration = Duration::from_secs(15);
 const SYNC_DEADLINE: Duration = Duration::from_secs(60);
 /// Lease duration; the holder renews 5 s before it ends.
 pub const LEASE_SECONDS: u64 = 15;
+/// Request timeout of the Kubernetes backend's leadership rounds (the hub's grace is the
+/// Lease less this).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The Kubernetes backend's timing in the shape the controller loop reads (`lease_ttl`,
+/// `timeout`): no etcd endpoint, credential or prefix is used in this mode.
+pub fn timing() -> crate::inventory::EtcdSettings {
+    crate::inventory::EtcdSettings {
+        endpoints: Vec::new(),
+        ca_file: None,
+        cert_file: None,
+        key_file: None,
+        username: None,
+        password_file: None,
+        prefix: String::new(),
+        lease_ttl: Duration::from_secs(LEASE_SECONDS),
+        timeout: REQUEST_TIMEOUT,
+    }
+}
 
 /// A client from the kubeconfig (`KUBECONFIG` / `~/.kube/config`) or the in-cluster service
 /// account, checked by asking the server's version within [`CONNECT_DEADLINE`]: an

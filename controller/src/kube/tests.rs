@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use http::{Request, Response};
 use http_body_util::BodyExt as _;
@@ -22,7 +21,7 @@ use super::{KubeBackend, KubeSettings};
 use crate::api::hub::{Hub, Inbound};
 use crate::control::metrics::Metrics;
 use crate::control::service::Controller;
-use crate::inventory::{ControllerSettings, EtcdSettings};
+use crate::inventory::ControllerSettings;
 
 const NS: &str = "metalguard-system";
 const ME: &str = "controller-0";
@@ -315,17 +314,7 @@ impl Lab {
                 lease_name: "metalguard-controller".to_owned(),
                 pod: None,
                 controller: ControllerSettings::default(),
-                timing: EtcdSettings {
-                    endpoints: Vec::new(),
-                    ca_file: None,
-                    cert_file: None,
-                    key_file: None,
-                    username: None,
-                    password_file: None,
-                    prefix: String::new(),
-                    lease_ttl: Duration::from_secs(15),
-                    timeout: Duration::from_secs(5),
-                },
+                timing: crate::kube::run::timing(),
             },
             world,
         );

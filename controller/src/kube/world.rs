@@ -498,17 +498,7 @@ mod tests {
             "spec": {"selector": {}, "remediation": {"executorHeartbeatTimeout": "0s"}}}))
         .unwrap();
         apply(&mut writers.checks, check);
-        let etcd = EtcdSettings {
-            endpoints: Vec::new(),
-            ca_file: None,
-            cert_file: None,
-            key_file: None,
-            username: None,
-            password_file: None,
-            prefix: String::new(),
-            lease_ttl: std::time::Duration::from_secs(15),
-            timeout: std::time::Duration::from_secs(5),
-        };
+        let etcd = crate::kube::run::timing();
         let error = inventory(
             &world,
             "mg",

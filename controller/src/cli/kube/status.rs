@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 
 use super::{REQUESTED_BY, Target};
 use crate::backend::State;
-use crate::inventory::{ControllerSettings, EtcdSettings, Inventory};
+use crate::inventory::{ControllerSettings, Inventory};
 use crate::kube::world::{self, World};
 
 /// Why the agents are shown as the leader wrote them, and there is no dry run.
@@ -90,7 +90,7 @@ pub async fn read(client: &Client, namespace: &str, lease_name: &str) -> anyhow:
         namespace,
         "",
         &ControllerSettings::default(),
-        &no_etcd(),
+        &crate::kube::run::timing(),
     )
     .map_err(|problem| anyhow::anyhow!("the resources make no valid inventory: {problem}"))?;
     let (mut state, problems) = world::state(&world, &BTreeMap::new());
@@ -125,20 +125,6 @@ pub async fn read(client: &Client, namespace: &str, lease_name: &str) -> anyhow:
         nodes,
         control_plane,
     })
-}
-
-fn no_etcd() -> EtcdSettings {
-    EtcdSettings {
-        endpoints: Vec::new(),
-        ca_file: None,
-        cert_file: None,
-        key_file: None,
-        username: None,
-        password_file: None,
-        prefix: String::new(),
-        lease_ttl: std::time::Duration::from_secs(crate::kube::run::LEASE_SECONDS),
-        timeout: std::time::Duration::from_secs(5),
-    }
 }
 
 /// The Lease's holder while its renewal has not expired; `None` when it has, or when the
