@@ -21,7 +21,7 @@ mod kubelab;
 
 use std::time::{Duration, Instant};
 
-use kubelab::{KubeLab, LabOptions, MG};
+use kubelab::{KubeLab, LabOptions};
 use metalguard_api::protocol::{CommandKind, Outcome, PowerAction};
 use metalguard_e2e::kube::kubelet::NodeTemplate;
 use serde_json::json;
@@ -88,17 +88,11 @@ fn a_stall_that_lapses_the_leadership_inside_a_round_fences_only_the_hung_host()
     kubelab::create_control_plane(lab.admin(), 3);
     lab.start_controller("controller-0");
     lab.wait_leading("cp-2", Duration::from_secs(60));
-    let plane = |lab: &KubeLab| {
-        lab.admin()
-            .get(&format!("{MG}/guardedcontrolplanes/control-plane"))
-            .unwrap()["status"]
-            .clone()
-    };
     lab.wait(
         "three healthy voters, one failure tolerated",
         Duration::from_secs(30),
         |lab| {
-            let status = plane(lab);
+            let status = lab.control_plane()["status"].clone();
             status["etcdVoters"] == 3 && status["quorumTolerance"] == 1
         },
     );

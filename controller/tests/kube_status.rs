@@ -12,7 +12,7 @@ mod kubelab;
 
 use std::time::{Duration, SystemTime};
 
-use kubelab::{KubeLab, LabOptions, MG, check_spec};
+use kubelab::{KubeLab, LabOptions, check_spec};
 use metalguard_api::protocol::Outcome;
 use metalguard_e2e::kube::time::rfc3339_micros;
 use serde_json::{Value, json};
@@ -41,15 +41,10 @@ fn statuses_show_power_agent_member_and_quorum_and_a_silent_agent_goes_unknown()
     lab.start_controller("controller-0");
     lab.wait_leading("w-1", Duration::from_secs(60));
 
-    let plane = |lab: &KubeLab| {
-        lab.admin()
-            .get(&format!("{MG}/guardedcontrolplanes/control-plane"))
-            .unwrap()
-    };
     lab.wait("control plane status", Duration::from_secs(20), |lab| {
-        plane(lab)["status"]["etcdVoters"] == 1
+        lab.control_plane()["status"]["etcdVoters"] == 1
     });
-    let status = plane(&lab)["status"].clone();
+    let status = lab.control_plane()["status"].clone();
     assert_eq!(status["replicas"], 1, "{status}");
     assert_eq!(status["etcdLearners"], 0, "{status}");
     assert_eq!(status["etcdLeader"], "cp-1", "{status}");

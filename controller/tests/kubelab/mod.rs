@@ -301,6 +301,13 @@ impl KubeLab {
             .unwrap()
     }
 
+    /// The `GuardedControlPlane` `control-plane`.
+    pub fn control_plane(&self) -> Value {
+        self.admin()
+            .get(&format!("{MG}/guardedcontrolplanes/control-plane"))
+            .unwrap()
+    }
+
     /// `status.remediation.phase` of `GuardedHost` `name` (`""` when none).
     pub fn phase(&self, name: &str) -> String {
         self.host(name)["status"]["remediation"]["phase"]
