@@ -91,10 +91,12 @@ fn join_survives_the_agent_being_killed_at_each_step() {
     let state_file = slot
         .data_dir
         .with_file_name(format!("{}.metalguard-join.json", slot.name));
-    let _etcd = EtcdPid(
-        slot.data_dir
-            .with_file_name(format!("{}.etcd.pid", slot.name)),
-    );
+    let pid_file = slot
+        .data_dir
+        .with_file_name(format!("{}.etcd.pid", slot.name));
+    let etcd_pid =
+        || -> Option<i32> { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() };
+    let _etcd = EtcdPid(pid_file.clone());
     let log = slot.data_dir.with_file_name("agent.log");
     let endpoints = cluster.endpoints().join(",");
     let spawn = || {
@@ -131,6 +133,7 @@ fn join_survives_the_agent_being_killed_at_each_step() {
     // Without bootstrap mode the agent waits in "promotable" for the controller: SIGKILL it
     // as soon as each step is on disk, then start a new one.
     let mut killed_at = Vec::new();
+    let mut etcd_pids = Vec::new();
     for target in ["added", "started", "promotable"] {
         let mut agent = spawn();
         let deadline = Instant::now() + Duration::from_secs(40);
@@ -142,6 +145,9 @@ fn join_survives_the_agent_being_killed_at_each_step() {
             {
                 agent.0.kill().unwrap();
                 agent.0.wait().unwrap();
+                if rank(&step) >= rank("started") {
+                    etcd_pids.push(etcd_pid());
+                }
                 killed_at.push(step);
                 break;
             }
@@ -192,4 +198,11 @@ fn join_survives_the_agent_being_killed_at_each_step() {
     assert!(!mine[0].is_learner);
     assert_eq!(mine[0].id, member.id);
     assert_eq!(cluster.member_list().unwrap().len(), 4);
+    // etcd was started once: each new agent adopted the one its killed predecessor left.
+    etcd_pids.push(etcd_pid());
+    etcd_pids.dedup();
+    assert!(
+        matches!(etcd_pids.as_slice(), [Some(_)]),
+        "etcd pids across the agent restarts: {etcd_pids:?}"
+    );
 }

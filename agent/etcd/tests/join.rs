@@ -10,6 +10,7 @@ mod common;
 
 use common::*;
 use metalguard_e2e::etcd::EtcdCluster;
+use metalguard_etcd::join::launcher::Launcher;
 use metalguard_etcd::join::state::{JoinState, state_path};
 use metalguard_etcd::join::{JoinFlow, StepOutcome};
 use metalguard_etcd::observe::observe;
@@ -161,7 +162,7 @@ async fn agent_killed_after_each_step_resumes_to_exactly_one_member() {
         let mut flow = JoinFlow::load(config.clone(), exec_launcher(&slot)).unwrap();
         let outcome = flow.step().await.unwrap();
         steps.push(flow.state().name());
-        if let metalguard_etcd::join::launcher::Launcher::Exec(l) = flow.launcher_mut() {
+        if let Launcher::Exec(l) = flow.launcher_mut() {
             pids.extend(l.pid());
             // Die without stopping etcd.
             l.abandon();
@@ -185,20 +186,92 @@ async fn agent_killed_after_each_step_resumes_to_exactly_one_member() {
     assert_eq!(mine[0].id, added.member_id);
     assert!(!mine[0].is_learner);
     assert_eq!(cluster.member_list().unwrap().len(), 4);
-    // Every resumed agent replaced the orphaned etcd: only the newest PID is alive.
+    // etcd was started once, by the agent that recorded `added`: every later agent adopted
+    // it (same binary, user and configuration) instead of restarting it.
     pids.dedup();
-    let alive: Vec<_> = pids
-        .iter()
-        .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
-        .collect();
+    assert_eq!(pids.len(), 1, "etcd started more than once: {pids:?}");
     assert!(
-        alive.len() <= 1,
-        "more than one etcd alive: {alive:?} of {pids:?}"
+        std::path::Path::new(&format!("/proc/{}", pids[0])).exists(),
+        "the adopted etcd {} is gone",
+        pids[0]
     );
 
-    // A final agent with the finished state starts etcd again and stays a member.
+    // A final agent with the finished state keeps that etcd too, and stays a member.
     let mut flow = JoinFlow::load(config.clone(), exec_launcher(&slot)).unwrap();
     assert_eq!(flow.step().await.unwrap(), StepOutcome::Done);
+    assert_eq!(exec_pid(&mut flow), Some(pids[0]));
+    flow.launcher_mut().stop().await.unwrap();
+    assert!(gone(pids[0]), "etcd {} still runs after stop", pids[0]);
+}
+
+/// Whether `pid` has exited (a zombie until its parent, this test process, reaps it).
+fn gone(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
+}
+
+fn exec_pid(flow: &mut JoinFlow) -> Option<i32> {
+    match flow.launcher_mut() {
+        Launcher::Exec(l) => l.pid(),
+        _ => None,
+    }
+}
+
+/// Restarting the agent (a package upgrade, a crash, `systemctl restart`) leaves a healthy
+/// voter running: the new agent adopts the etcd by its pid file (the PID stays the same and
+/// the member answers throughout); only a changed configuration, or an etcd that is not this
+/// configuration's, is restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restart_leaves_a_healthy_member_running() {
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
+    let slot = cluster.reserve_host().unwrap();
+    let _guard = PidGuard(pid_file(&slot));
+    let config = join_config(&cluster, &slot, Some(5));
+    let mut flow = JoinFlow::load(config.clone(), exec_launcher(&slot)).unwrap();
+    let JoinState::Member { member_id, .. } = flow.run().await.unwrap() else {
+        panic!("not a member")
+    };
+    let pid = exec_pid(&mut flow).unwrap();
+    let Launcher::Exec(l) = flow.launcher_mut() else {
+        panic!()
+    };
+    l.abandon();
+
+    // Three restarts in a row: each one adopts the same etcd, which stays a healthy voter.
+    for restart in 1..=3 {
+        let mut flow = JoinFlow::load(config.clone(), exec_launcher(&slot)).unwrap();
+        assert_eq!(flow.step().await.unwrap(), StepOutcome::Done);
+        assert_eq!(exec_pid(&mut flow), Some(pid), "restart {restart}");
+        let view = observe(&settings(vec![slot.client_url.clone()]))
+            .await
+            .unwrap();
+        let me = view.member(member_id).expect("the member is listed");
+        assert!(me.healthy() && !me.is_learner, "restart {restart}: {me:?}");
+        let Launcher::Exec(l) = flow.launcher_mut() else {
+            panic!()
+        };
+        l.abandon();
+    }
+
+    // A changed configuration cannot be applied to a running etcd: the agent restarts it.
+    let mut changed = config.clone();
+    changed
+        .extra_env
+        .push(("ETCD_SNAPSHOT_COUNT".into(), "20000".into()));
+    let mut flow = JoinFlow::load(changed, exec_launcher(&slot)).unwrap();
+    assert_eq!(flow.step().await.unwrap(), StepOutcome::Done);
+    let restarted = exec_pid(&mut flow).unwrap();
+    assert_ne!(
+        restarted, pid,
+        "an etcd with another configuration was adopted"
+    );
+    assert!(
+        gone(pid),
+        "the old etcd {pid} is still running beside {restarted}"
+    );
     flow.launcher_mut().stop().await.unwrap();
 }
 

@@ -6,23 +6,21 @@
 //! once by [`EtcdLaunch::env`]; the static Pod passes the same settings as flags.
 
 mod env_file;
+mod exec;
 mod local;
 pub mod static_pod;
 
 pub use env_file::{DEFAULT_START_TIMEOUT, EnvFileLauncher};
+pub use exec::ExecLauncher;
 pub use static_pod::StaticPodLauncher;
 
 use crate::client::ClientSettings;
-use crate::join::state::{write_atomically, write_atomically_with_mode};
+use crate::join::state::write_atomically_with_mode;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::process::Command;
 
-/// Wait before restarting an etcd child that exited.
-const RESTART_BACKOFF: Duration = Duration::from_millis(500);
 /// Deadline of `systemctl start`.
 const SYSTEMCTL_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -262,7 +260,7 @@ impl Launcher {
     /// Starts etcd with `launch` (idempotent: an etcd already started by us keeps running).
     pub async fn start(&mut self, launch: &EtcdLaunch) -> Result<(), LaunchError> {
         match self {
-            Self::Exec(l) => l.start(launch),
+            Self::Exec(l) => l.start(launch).await,
             Self::Systemd(l) => l.start(launch).await,
             Self::EnvFile(l) => l.start(launch).await,
             Self::StaticPod(l) => l.start(launch).await,
@@ -325,236 +323,6 @@ impl Launcher {
             Self::StaticPod(l) => l.stop().await,
         }
     }
-}
-
-/// Runs etcd as a child process and restarts it when it exits, until stopped.
-///
-/// The child's PID is written to `pid_file`. An agent that died (SIGKILL) leaves its child
-/// running; the next agent finds the PID there and stops that orphan before starting its own,
-/// so exactly one etcd runs for the data directory.
-#[derive(Debug)]
-pub struct ExecLauncher {
-    binary: PathBuf,
-    pid_file: PathBuf,
-    log_file: Option<PathBuf>,
-    data_dir: Option<PathBuf>,
-    supervisor: Option<Supervisor>,
-}
-
-#[derive(Debug)]
-struct Supervisor {
-    stop: Arc<AtomicBool>,
-    wake: Arc<tokio::sync::Notify>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl ExecLauncher {
-    /// A launcher for `binary`, recording the child's PID in `pid_file` and appending its
-    /// output to `log_file` (or inheriting the agent's stderr).
-    pub fn new(binary: PathBuf, pid_file: PathBuf, log_file: Option<PathBuf>) -> Self {
-        Self {
-            binary,
-            pid_file,
-            log_file,
-            data_dir: None,
-            supervisor: None,
-        }
-    }
-
-    /// The PID of the running child, read from the pid file.
-    pub fn pid(&self) -> Option<i32> {
-        read_pid(&self.pid_file)
-    }
-
-    fn start(&mut self, launch: &EtcdLaunch) -> Result<(), LaunchError> {
-        if self
-            .supervisor
-            .as_ref()
-            .is_some_and(|s| !s.task.is_finished())
-        {
-            return Ok(());
-        }
-        stop_orphan(&self.pid_file, Some(&launch.data_dir));
-        self.data_dir = Some(launch.data_dir.clone());
-        let mut child = spawn(&self.binary, launch, self.log_file.as_deref())?;
-        record_pid(&self.pid_file, child.id())?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let wake = Arc::new(tokio::sync::Notify::new());
-        let (binary, launch, log, pid_file) = (
-            self.binary.clone(),
-            launch.clone(),
-            self.log_file.clone(),
-            self.pid_file.clone(),
-        );
-        let (task_stop, task_wake) = (stop.clone(), wake.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    status = child.wait() => {
-                        tracing::warn!(status = ?status.ok(), "etcd child exited");
-                    }
-                    () = task_wake.notified() => {}
-                }
-                if task_stop.load(Ordering::SeqCst) {
-                    terminate(&mut child).await;
-                    let _ = std::fs::remove_file(&pid_file);
-                    return;
-                }
-                tokio::time::sleep(RESTART_BACKOFF).await;
-                if task_stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                match spawn(&binary, &launch, log.as_deref()) {
-                    Ok(new) => {
-                        child = new;
-                        if let Err(err) = record_pid(&pid_file, child.id()) {
-                            tracing::warn!(error = %err, "etcd pid file not updated");
-                        }
-                        tracing::info!(pid = child.id(), "etcd child restarted");
-                    }
-                    Err(err) => tracing::warn!(error = %err, "etcd child restart failed"),
-                }
-            }
-        });
-        self.supervisor = Some(Supervisor { stop, wake, task });
-        Ok(())
-    }
-
-    /// Stops the supervised child (SIGTERM, then SIGKILL after 5 s) and the supervisor.
-    pub async fn stop(&mut self) {
-        if let Some(s) = self.supervisor.take() {
-            s.stop.store(true, Ordering::SeqCst);
-            s.wake.notify_one();
-            let _ = s.task.await;
-        }
-        stop_orphan(&self.pid_file, self.data_dir.as_deref());
-    }
-
-    /// Forgets the child without stopping it, as an agent killed with SIGKILL would.
-    /// Only for tests of the resume path.
-    #[doc(hidden)]
-    pub fn abandon(&mut self) {
-        if let Some(s) = self.supervisor.take() {
-            s.task.abort();
-        }
-    }
-}
-
-fn spawn(
-    binary: &Path,
-    launch: &EtcdLaunch,
-    log: Option<&Path>,
-) -> Result<tokio::process::Child, LaunchError> {
-    let spawn_err = |source| LaunchError::Spawn {
-        binary: binary.to_owned(),
-        source,
-    };
-    let mut command = Command::new(binary);
-    command
-        .env_clear()
-        .envs(launch.env())
-        .stdin(std::process::Stdio::null());
-    if let Some(path) = std::env::var_os("PATH") {
-        command.env("PATH", path);
-    }
-    if let Some(log) = log {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(spawn_err)?;
-        let err = file.try_clone().map_err(spawn_err)?;
-        command.stdout(file).stderr(err);
-    }
-    // The child outlives a killed agent on purpose: the next agent adopts it by PID.
-    command.kill_on_drop(false);
-    let child = command.spawn().map_err(spawn_err)?;
-    tracing::info!(pid = child.id(), name = launch.name, "etcd child started");
-    Ok(child)
-}
-
-async fn terminate(child: &mut tokio::process::Child) {
-    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        if tokio::time::timeout(Duration::from_secs(5), child.wait())
-            .await
-            .is_ok()
-        {
-            return;
-        }
-    }
-    let _ = child.kill().await;
-}
-
-fn record_pid(pid_file: &Path, pid: Option<u32>) -> Result<(), LaunchError> {
-    let content = pid.map(|p| p.to_string()).unwrap_or_default();
-    write_atomically(pid_file, content.as_bytes()).map_err(|source| LaunchError::PidFile {
-        path: pid_file.to_owned(),
-        source,
-    })
-}
-
-fn read_pid(pid_file: &Path) -> Option<i32> {
-    std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()
-}
-
-/// Stops an etcd left running by an earlier agent, if the pid file names a live etcd.
-fn stop_orphan(pid_file: &Path, data_dir: Option<&Path>) {
-    let mut pids: Vec<i32> = read_pid(pid_file)
-        .filter(|&pid| is_etcd(pid))
-        .into_iter()
-        .collect();
-    // An agent killed between spawning etcd and writing the pid file leaves an etcd the pid
-    // file does not name: find it by its data directory in its environment.
-    if let Some(dir) = data_dir {
-        for pid in etcd_pids_using(dir) {
-            if !pids.contains(&pid) {
-                pids.push(pid);
-            }
-        }
-    }
-    for pid in pids {
-        let pid = nix::unistd::Pid::from_raw(pid);
-        tracing::info!(pid = pid.as_raw(), "stopping etcd left by an earlier agent");
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        // Wait for the kernel to release its ports (the orphan is not our child: poll /proc).
-        for _ in 0..100 {
-            let alive = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw()))
-                .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|state| state != "Z"));
-            if !alive {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    let _ = std::fs::remove_file(pid_file);
-}
-
-fn is_etcd(pid: i32) -> bool {
-    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-        c.split(|b| *b == 0)
-            .next()
-            .is_some_and(|arg0| arg0.ends_with(b"etcd"))
-    })
-}
-
-/// The etcd processes whose environment names `data_dir` as `ETCD_DATA_DIR`.
-fn etcd_pids_using(data_dir: &Path) -> Vec<i32> {
-    let want = format!("ETCD_DATA_DIR={}", data_dir.display()).into_bytes();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| pid != i32::try_from(std::process::id()).unwrap_or(0) && is_etcd(pid))
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == want.as_slice()))
-        })
-        .collect()
 }
 
 /// Runs etcd as a systemd unit whose `EnvironmentFile=` is written here.
