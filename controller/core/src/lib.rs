@@ -10,7 +10,8 @@
 //! [`domains`]) → [`retire`] powers off retired hosts once etcd is off them → [`remediation`]
 //! drives remediations through their gates → [`judge`] judges the assembled plan as a whole
 //! and drops what it rejects → [`plan::plan`] returns the
-//! [`metalguard_api::plan::Plan`], whose `Display` explains it.
+//! [`metalguard_api::plan::Plan`], whose `Display` explains it. A reason that follows a seed
+//! rule quotes the seed's words from [`seeds`].
 //!
 //! May depend on: `metalguard-api`, `serde`, `thiserror`. No I/O, no clock, no async runtime:
 //! never tokio, hyper, reqwest, the kube client crates or etcd-client (enforced by
@@ -24,6 +25,7 @@ pub mod plan;
 pub mod quorum;
 pub mod remediation;
 pub mod retire;
+pub mod seeds;
 pub mod validate;
 
 #[cfg(test)]
