@@ -707,15 +707,15 @@ fn check(s: &Snapshot, pol: &Policy, now: Timestamp) -> Result<(), String> {
             {
                 return fail(format!("hook re-added to deleting {host}"));
             }
+            // Seed 004: scale-up and scale-down alike are blocked unless machines and members
+            // are equal in number.
             k if is_scaling(k) => {
-                let scale_down = matches!(k, ActionKind::RequestHostDeletion { .. });
                 let disagree = !s.orphan_members.is_empty()
                     || s.hosts.iter().any(|h| {
                         (h.role != Role::ControlPlane && h.etcd.is_some())
                             || (h.role == Role::ControlPlane
                                 && !h.is_deleting()
-                                && h.etcd.is_none()
-                                && !scale_down)
+                                && h.etcd.is_none())
                     });
                 if disagree || !before.quorum_holds() {
                     return fail(format!(

@@ -6,10 +6,10 @@
 //! failure-domain placement and the external-baremetal remediation planner live here.
 //!
 //! Data flow: [`health`] judges hosts per check → [`quorum`] builds the etcd view and its
-//! safety rules → [`guard`] plans hooks, one membership change and scaling (placing hosts with
-//! [`domains`]) → [`retire`] powers off retired hosts once etcd is off them → [`remediation`]
-//! drives remediations through their gates → [`judge`] judges the assembled plan as a whole
-//! and drops what it rejects → [`plan::plan`] returns the
+//! safety rules → [`guard`] plans hooks, one membership change and then [`scaling`] (placing
+//! hosts with [`domains`]) → [`retire`] powers off retired hosts once etcd is off them →
+//! [`remediation`] drives remediations through their gates → [`judge`] judges the assembled
+//! plan as a whole and drops what it rejects → [`plan::plan`] returns the
 //! [`metalguard_api::plan::Plan`], whose `Display` explains it. A reason that follows a seed
 //! rule quotes the seed's words from [`seeds`].
 //!
@@ -25,6 +25,7 @@ pub mod plan;
 pub mod quorum;
 pub mod remediation;
 pub mod retire;
+pub mod scaling;
 pub mod seeds;
 pub mod validate;
 
@@ -44,6 +45,8 @@ mod scenarios_quorum;
 mod scenarios_retire;
 #[cfg(test)]
 mod scenarios_safety;
+#[cfg(test)]
+mod scenarios_scaling;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]

@@ -91,7 +91,7 @@ impl Rule {
                 "seed 001: no voter removed before its replacement is promoted; DOMAIN §1: move the leader first"
             }
             Rule::ScalingWhileDisagreeing => {
-                "seed 004 preflight: as many control-plane machines as etcd members"
+                "seed 004 preflight: \"an equal number of control plane Machines and members in the etcd cluster\", for scale-up and scale-down"
             }
             Rule::QuorumHook => "seed 001: the hook is not re-added once deletion started",
             Rule::Retirement => "seed 001: the machine goes once its member and hook are gone",

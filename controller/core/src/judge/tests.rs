@@ -306,6 +306,27 @@ fn hooks_retirement_reprovisioning_and_scaling() {
     assert_eq!(rules(&s, &[grow]), [Rule::ScalingWhileDisagreeing]);
 }
 
+/// Seed 004: scale-down is "blocked based on Etcd and control plane preflight checks", and
+/// the stacked-etcd check is "an equal number of control plane Machines and members".
+#[test]
+fn seed_004_scale_down_is_blocked_unless_machines_equal_members() {
+    let shrink = action(
+        "control-plane/delete-host/cp-0",
+        ActionKind::RequestHostDeletion {
+            host: "cp-0".into(),
+        },
+    );
+    let mut s = cluster(3, 1);
+    s.hosts
+        .push(crate::testkit::cp_host("cp-3", None, NOW.0 - 60_000));
+    assert_eq!(
+        rules(&s, std::slice::from_ref(&shrink)),
+        [Rule::ScalingWhileDisagreeing]
+    );
+    find(&mut s, "cp-3").etcd = Some(member(4, false, true));
+    assert_eq!(rules(&s, &[shrink]), []);
+}
+
 #[test]
 fn unknown_remediations_and_illegal_steps_are_rejected() {
     let mut s = cluster(3, 1);
