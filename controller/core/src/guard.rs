@@ -54,7 +54,8 @@ impl GuardOutput {
 pub struct ControlPlaneActivity {
     /// A control-plane remediation is active.
     pub remediation_active: bool,
-    /// Some control-plane host is unhealthy by a health check.
+    /// Some control-plane host that stays (is not being deleted) is unhealthy by a health
+    /// check.
     pub unhealthy: bool,
 }
 

@@ -6,9 +6,10 @@
 //! - every scaling action waits until control-plane machines and etcd members are equal in
 //!   number (seed 004 preflight) — a scale-down too: the surge host of a rollout gets its
 //!   member (learner, promotion) before a host is removed, as KCP's joining machine does;
-//! - a scale-up goes only while every etcd member is healthy, every machine with a member
-//!   has a ready node and no control-plane host is unhealthy or under remediation (seed 002
-//!   scale out step 6); a replacement for a host being deleted is always requested;
+//! - a host is requested — scale-up *and* replacement — only while every etcd member is
+//!   healthy and every staying machine with a member has a ready node (seed 004 scale up,
+//!   seed 002 scale out step 6), and no staying control-plane host is unhealthy or under
+//!   remediation; a host being deleted is on its way out and is not judged;
 //! - a scale-down goes under the same preflight, one host at a time, and removes the host
 //!   [`choose_host_to_remove`] picks: outdated first, then the most populated domain's oldest.
 
@@ -73,13 +74,21 @@ pub(crate) fn plan_scaling(
         } else {
             format!("scale up: {} hosts, desired {desired}", keep.len())
         };
-        match (&preflight, deleting > 0) {
-            (Ok(()), _) | (_, true) => request_host(out, what),
-            (Err(e), false) => {
+        match &preflight {
+            Ok(()) => request_host(out, what),
+            Err(e) => {
+                let which = if deleting > 0 {
+                    "replacement"
+                } else {
+                    "scale-up"
+                };
                 out.refuse(
                     SUBJECT,
                     ReasonKind::ControlPlaneBusy,
-                    format!("scale-up short-circuited: {e}"),
+                    format!(
+                        "{which} short-circuited: {e} ({})",
+                        seeds::SCALE_UP_PREFLIGHT
+                    ),
                 );
             }
         }
@@ -139,9 +148,11 @@ pub(crate) fn plan_scaling(
     }
 }
 
-/// Seed 002's scale out/in step 6: every etcd member healthy, every control-plane machine
-/// with a member backed by a ready node, and no control-plane host unhealthy or under
-/// remediation (`activity`).
+/// Seed 002's scale out/in step 6 and seed 004's scale-up preflight: every etcd member
+/// healthy, every staying control-plane machine with a member backed by a ready node, and no
+/// staying control-plane host unhealthy or under remediation (`activity`). A host being
+/// deleted is not judged by its node: it is on its way out (its dead member, if any, is
+/// still one of "all etcd members" and is removed first by the guard).
 fn check_preflight(view: &EtcdView<'_>, activity: ControlPlaneActivity) -> Result<(), String> {
     if let Some(m) = view.members.iter().find(|m| !m.member.healthy) {
         return Err(format!("etcd member {} is unhealthy", m.label()));
@@ -149,7 +160,7 @@ fn check_preflight(view: &EtcdView<'_>, activity: ControlPlaneActivity) -> Resul
     if let Some(h) = view
         .control_plane
         .iter()
-        .find(|h| h.etcd.is_some() && !h.node_ready())
+        .find(|h| !h.is_deleting() && h.etcd.is_some() && !h.node_ready())
     {
         return Err(format!("{} has no ready node", h.name));
     }

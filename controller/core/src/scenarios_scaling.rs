@@ -1,12 +1,20 @@
 //! Table tests for seed 004's scaling rules (KCP "Scale Up", "Scale Down", "Preflight
 //! checks"), each quoting the seed it follows; the plan's text carries the same quote.
 
+use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::{ActionKind, Plan};
-use metalguard_api::snapshot::Snapshot;
+use metalguard_api::snapshot::{ConditionStatus, NodeCondition, Retirement, Snapshot};
 
-use crate::scenarios::{kinds, refused};
+use crate::scenarios::{kinds, refused, ten_minutes_ago};
 use crate::sim::World;
 use crate::testkit::{NOW, cluster, cp_host, find, policy};
+
+fn requested_hosts(p: &Plan) -> usize {
+    kinds(p)
+        .iter()
+        .filter(|k| matches!(k, ActionKind::RequestHost { .. }))
+        .count()
+}
 
 fn deletions(p: &Plan) -> Vec<&str> {
     p.actions
@@ -24,6 +32,14 @@ fn provisioning(s: &mut Snapshot, name: &str) {
     h.node = None;
     h.node_seen = false;
     s.hosts.push(h);
+}
+
+fn retire(s: &mut Snapshot, host: &str) {
+    find(s, host).retirement = Some(Retirement {
+        requested_at: NOW,
+        requested_by: Some("alice".into()),
+        reason: "disk replacement".into(),
+    });
 }
 
 /// Seed 004, Scale Down: "Scale down operations are blocked based on Etcd and control plane
@@ -109,5 +125,60 @@ fn seed_004_rollout_the_surge_host_gets_its_member_before_the_outdated_host_is_r
     assert_eq!(
         w.names(metalguard_api::snapshot::Role::ControlPlane),
         ["cp-0", "cp-2", "cp-3"]
+    );
+}
+
+/// Seed 004, Scale Up: "Scale up operations are blocked based on Etcd and control plane
+/// preflight checks"; seed 002's scale out, step 6: "If (NOT all etcd members are healthy
+/// OR NOT all owned machines have a backed ready node) then controller short circuits here".
+/// A replacement is a scale-up too: a retired host's replacement is not requested while
+/// another member is unhealthy or a staying machine has no ready node. The leaving host
+/// itself is not judged (it is on its way out).
+#[test]
+fn seed_004_a_replacement_is_not_requested_while_an_etcd_member_is_unhealthy() {
+    let mut s = cluster(3, 0);
+    retire(&mut s, "cp-0");
+    find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = false; // hung, its Node Ready
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(requested_hosts(&p), 0, "{p}");
+    assert!(
+        refused(
+            &p,
+            "control-plane",
+            "replacement short-circuited: etcd member cp-1 (member 2) is unhealthy (seed 004: \"Scale up operations are blocked based on Etcd and control plane preflight checks\"; seed 002 scale out step 6: \"If (NOT all etcd members are healthy OR NOT all owned machines have a backed ready node) then controller short circuits here\")"
+        ),
+        "{p}"
+    );
+    // A staying machine without a ready Node (NotReady for a minute, not yet unhealthy).
+    find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = true;
+    find(&mut s, "cp-2").node.as_mut().unwrap().conditions = vec![NodeCondition {
+        type_: "Ready".into(),
+        status: ConditionStatus::False,
+        last_transition: Timestamp(NOW.0 - 60_000),
+    }];
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(requested_hosts(&p), 0, "{p}");
+    assert!(
+        refused(
+            &p,
+            "control-plane",
+            "replacement short-circuited: cp-2 has no ready node (seed 004:"
+        ),
+        "{p}"
+    );
+    // All healthy and ready — the retired host NotReady for long does not count: requested.
+    find(&mut s, "cp-2").node = Some(crate::testkit::ready_node(Timestamp(2)));
+    find(&mut s, "cp-0").node.as_mut().unwrap().conditions = vec![NodeCondition {
+        type_: "Ready".into(),
+        status: ConditionStatus::False,
+        last_transition: ten_minutes_ago(),
+    }];
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(requested_hosts(&p), 1, "{p}");
+    assert!(
+        p.actions[0]
+            .reason
+            .starts_with("2 hosts stay, desired 3 (replacement)"),
+        "{p}"
     );
 }

@@ -139,7 +139,9 @@ impl Judge<'_> {
     }
 
     /// Scaling waits for machines and members to agree (seed 004's preflight), a scale-down
-    /// too (see `scaling::machines_and_members_disagree`).
+    /// too (see `scaling::machines_and_members_disagree`), and for every etcd member to be
+    /// up — with what is in flight or held counted (seed 004 scale up, seed 002 scale out/in
+    /// step 6).
     pub(super) fn scaling(&mut self) -> Verdict {
         self.degraded("control-plane")?;
         let fail = |rule: Rule, why: String| Err(("control-plane".to_owned(), rule, why));
@@ -170,6 +172,16 @@ impl Judge<'_> {
                     ),
                 );
             }
+        }
+        if let Some((id, m)) = self.members.iter().find(|(_, m)| m.down && !m.removed) {
+            let on = m
+                .host
+                .as_deref()
+                .map_or_else(String::new, |h| format!(" on {h}"));
+            return fail(
+                Rule::ScalingWithMemberDown,
+                format!("etcd member {id:x}{on} is down, in flight or held"),
+            );
         }
         Ok(())
     }
