@@ -11,12 +11,15 @@
 //!   seed 002 scale out step 6), and no staying control-plane host is unhealthy or under
 //!   remediation; a host being deleted is on its way out and is not judged;
 //! - a scale-down goes under the same preflight, one host at a time, and removes the host
-//!   [`choose_host_to_remove`] picks: outdated first, then the most populated domain's oldest.
+//!   [`choose_host_to_remove`] picks: marked with Cluster API's `delete-machine` annotation
+//!   first (seed 004), then outdated, then the most populated domain's oldest.
 
 use metalguard_api::plan::{ActionKind, ReasonKind};
 use metalguard_api::snapshot::{Host, Role, Snapshot};
 
-use crate::domains::{choose_failure_domain, choose_host_to_remove, propose_rebalance};
+use crate::domains::{
+    choose_failure_domain, choose_host_to_remove, propose_rebalance, why_removed_first,
+};
 use crate::guard::{ControlPlaneActivity, GuardOutput};
 use crate::quorum::EtcdView;
 use crate::seeds;
@@ -112,9 +115,11 @@ pub(crate) fn plan_scaling(
                     host: victim.name.clone(),
                 },
                 format!(
-                    "{} hosts, desired {desired}: remove {} (outdated first, then most populated domain, oldest)",
+                    "{} hosts, desired {desired}: remove {}: {} ({})",
                     keep.len(),
-                    victim.name
+                    victim.name,
+                    why_removed_first(victim),
+                    seeds::DELETE_ANNOTATION_FIRST
                 ),
             );
         }

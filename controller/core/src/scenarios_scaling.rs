@@ -5,6 +5,7 @@ use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::{ActionKind, Plan};
 use metalguard_api::snapshot::{ConditionStatus, NodeCondition, Retirement, Snapshot};
 
+use crate::domains::DELETE_MACHINE_ANNOTATION;
 use crate::scenarios::{kinds, refused, ten_minutes_ago};
 use crate::sim::World;
 use crate::testkit::{NOW, cluster, cp_host, find, policy};
@@ -179,6 +180,45 @@ fn seed_004_a_replacement_is_not_requested_while_an_etcd_member_is_unhealthy() {
         p.actions[0]
             .reason
             .starts_with("2 hosts stay, desired 3 (replacement)"),
+        "{p}"
+    );
+}
+
+/// Seed 004, Scale Down: "Allow scaling down of KCP with the possibility of marking specific
+/// control plane machine(s) to be deleted with delete annotation key", in the order
+/// "outdated machines with the delete annotation", "machines with the delete annotation",
+/// "outdated machines", "all machines". Cluster API's key, `cluster.x-k8s.io/delete-machine`,
+/// on a host's annotations chooses the host a scale-down removes, and the reason says so.
+#[test]
+fn seed_004_scale_down_removes_the_host_marked_with_the_delete_annotation_first() {
+    let mut s = cluster(5, 0);
+    s.control_plane.desired_replicas = 3;
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(deletions(&p), ["cp-0"], "unmarked: the oldest: {p}");
+    find(&mut s, "cp-1").up_to_date = false;
+    find(&mut s, "cp-3")
+        .annotations
+        .insert(DELETE_MACHINE_ANNOTATION.into(), String::new());
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(deletions(&p), ["cp-3"], "marked beats outdated: {p}");
+    assert!(
+        p.to_string().contains(
+            "5 hosts, desired 3: remove cp-3: it is marked with cluster.x-k8s.io/delete-machine (seed 004 scale down: \"outdated machines with the delete annotation\", then \"machines with the delete annotation\""
+        ),
+        "{p}"
+    );
+    // Among marked hosts the existing order decides: outdated first, then the oldest.
+    find(&mut s, "cp-4")
+        .annotations
+        .insert(DELETE_MACHINE_ANNOTATION.into(), "yes".into());
+    assert_eq!(deletions(&crate::plan(&s, &policy(), NOW)), ["cp-3"]);
+    find(&mut s, "cp-4").up_to_date = false;
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(deletions(&p), ["cp-4"], "{p}");
+    assert!(
+        p.actions[0].reason.contains(
+            "remove cp-4: it is outdated and marked with cluster.x-k8s.io/delete-machine"
+        ),
         "{p}"
     );
 }
