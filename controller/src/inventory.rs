@@ -228,6 +228,10 @@ pub struct InventoryHost {
     /// Labels health-check selectors match on.
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// Annotations, as a Machine's: Cluster API's `cluster.x-k8s.io/delete-machine` (any
+    /// value) makes the host the first a scale-down removes (seed 004).
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
     /// The host's BMC, if it has one.
     #[serde(default)]
     pub bmc: Option<BmcSettings>,

@@ -129,3 +129,38 @@ fn an_invalid_snapshot_or_input_exits_non_zero_and_says_why() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("neither RFC 3339"));
 }
+
+/// Issue 24: the reasons `plan` prints for the seed rules quote the seed. cp-0 (NotReady, its
+/// member lost) is remediated as seed 004's scenario 2 allows; with one host desired, the
+/// scale-down removes the host marked with Cluster API's delete annotation, saying so.
+#[test]
+fn plan_text_quotes_the_seed_behind_each_seed_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = ["--now", "2026-11-25T10:00:00Z"];
+    let out = run_plan(dir.path(), SNAPSHOT, &now);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains(
+            "its etcd member is already lost, so fencing it costs no quorum (2 of 3 voters stay healthy, quorum 2; seed 004 scenario 2: \"As long as we continue to only have at most one unhealthy etcd member"
+        ),
+        "{text}"
+    );
+
+    let mut snapshot: serde_json::Value = serde_json::from_str(SNAPSHOT).unwrap();
+    snapshot["control_plane"]["desired_replicas"] = 1.into();
+    let cp0 = &mut snapshot["hosts"][0];
+    cp0["node"]["conditions"][0]["status"] = "True".into();
+    cp0["etcd"]["healthy"] = true.into();
+    snapshot["hosts"][2]["annotations"] =
+        serde_json::json!({"cluster.x-k8s.io/delete-machine": ""});
+    let out = run_plan(dir.path(), &snapshot.to_string(), &now);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains(
+            "3 hosts, desired 1: remove cp-2: it is marked with cluster.x-k8s.io/delete-machine (seed 004 scale down: \"outdated machines with the delete annotation\""
+        ),
+        "{text}"
+    );
+}

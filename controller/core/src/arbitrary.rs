@@ -707,19 +707,21 @@ fn check(s: &Snapshot, pol: &Policy, now: Timestamp) -> Result<(), String> {
             {
                 return fail(format!("hook re-added to deleting {host}"));
             }
+            // Seed 004: scale-up and scale-down alike are blocked unless machines and members
+            // are equal in number; seed 002 step 6 / seed 004 scale up: unless every member
+            // is healthy (a member whose host may be off or is held is not).
             k if is_scaling(k) => {
-                let scale_down = matches!(k, ActionKind::RequestHostDeletion { .. });
                 let disagree = !s.orphan_members.is_empty()
                     || s.hosts.iter().any(|h| {
                         (h.role != Role::ControlPlane && h.etcd.is_some())
                             || (h.role == Role::ControlPlane
                                 && !h.is_deleting()
-                                && h.etcd.is_none()
-                                && !scale_down)
+                                && h.etcd.is_none())
                     });
-                if disagree || !before.quorum_holds() {
+                let member_down = before.members.values().any(|m| !m.2);
+                if disagree || member_down || !before.quorum_holds() {
                     return fail(format!(
-                        "{} while machines and members disagree or quorum is lost",
+                        "{} while machines and members disagree, a member is down or quorum is lost",
                         a.id
                     ));
                 }

@@ -3,9 +3,12 @@
 //! - A new member goes to the domain with the fewest up-to-date, non-deleting members; ties
 //!   are broken alphabetically, which also gives alphabetical reuse when there are fewer
 //!   domains than replicas (seed 000). No domains: one implicit domain (`None`).
-//! - The member to remove: delete-requested first, then outdated, then from the most populated
-//!   domain, oldest first (seed 004 KCP scale-down; seed 002 "oldest machine in more populated
-//!   failure domain").
+//! - The host to remove: marked with Cluster API's `cluster.x-k8s.io/delete-machine`
+//!   annotation first (its presence, whatever its value, as Cluster API reads it), then
+//!   outdated, then from the most populated domain, oldest first — seed 004's order
+//!   ("outdated machines with the delete annotation", "machines with the delete annotation",
+//!   "outdated machines", "all machines", each by the oldest in the most populated domain)
+//!   and seed 002's "oldest machine in more populated failure domain".
 //! - Rebalancing (seed 000, CPMS): a host whose domain was removed, or whose domain holds more
 //!   than `ceil(hosts / domains)`, is proposed for replacement into the emptiest domain.
 
@@ -45,8 +48,19 @@ pub fn choose_failure_domain<'a>(domains: &'a [String], hosts: &[&Host]) -> Opti
     counts.into_iter().min_by_key(|(_, c)| *c).map(|(d, _)| d)
 }
 
-/// Chooses which host to remove when scaling down: delete-requested first, then outdated,
-/// then the most populated domain, then the oldest, then by name.
+/// Cluster API's annotation that marks a machine to be removed first when its control plane
+/// scales down (seed 004, KCP; `clusterv1.DeleteMachineAnnotation`).
+pub const DELETE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/delete-machine";
+
+/// True when `host` carries [`DELETE_MACHINE_ANNOTATION`]: its presence counts, whatever
+/// its value, as Cluster API reads it.
+pub fn marked_for_deletion(host: &Host) -> bool {
+    host.annotations.contains_key(DELETE_MACHINE_ANNOTATION)
+}
+
+/// Chooses which host to remove when scaling down: delete-requested first, then marked with
+/// [`DELETE_MACHINE_ANNOTATION`] (seed 004), then outdated, then the most populated domain,
+/// then the oldest, then by name. Among marked hosts the same order decides.
 pub fn choose_host_to_remove<'a>(domains: &[String], hosts: &[&'a Host]) -> Option<&'a Host> {
     let counts = counts(domains, hosts);
     hosts.iter().copied().min_by(|a, b| {
@@ -58,6 +72,7 @@ pub fn choose_host_to_remove<'a>(domains: &[String], hosts: &[&'a Host]) -> Opti
                 .unwrap_or(0);
             (
                 !h.is_deleting(),
+                !marked_for_deletion(h),
                 h.up_to_date,
                 std::cmp::Reverse(population),
                 h.created_at,
@@ -65,6 +80,17 @@ pub fn choose_host_to_remove<'a>(domains: &[String], hosts: &[&'a Host]) -> Opti
         };
         key(a).cmp(&key(b)).then_with(|| a.name.cmp(&b.name))
     })
+}
+
+/// Why [`choose_host_to_remove`] put `host` first, for the reason of the scale-down.
+pub fn why_removed_first(host: &Host) -> String {
+    let marked = marked_for_deletion(host);
+    match (marked, host.up_to_date) {
+        (true, false) => format!("it is outdated and marked with {DELETE_MACHINE_ANNOTATION}"),
+        (true, true) => format!("it is marked with {DELETE_MACHINE_ANNOTATION}"),
+        (false, false) => "it is outdated".to_owned(),
+        (false, true) => "the oldest host of the most populated failure domain".to_owned(),
+    }
 }
 
 /// A proposal to move one host to another domain (by replacement).
@@ -182,6 +208,54 @@ mod tests {
                 .name,
             "a0"
         );
+    }
+
+    /// Seed 004 scale down, "in descending order": "outdated machines with the delete
+    /// annotation", "machines with the delete annotation", "outdated machines", "all
+    /// machines"; within each, the oldest of the most populated failure domain. The key is
+    /// Cluster API's `cluster.x-k8s.io/delete-machine`, whatever its value.
+    #[test]
+    fn seed_004_scale_down_prefers_the_delete_annotation_then_outdated_then_populated_oldest() {
+        let domains = doms(&["a", "b"]);
+        let mark = |h: &mut Host, value: &str| {
+            h.annotations
+                .insert(DELETE_MACHINE_ANNOTATION.to_owned(), value.to_owned());
+        };
+        let a0 = cp_host("a0", Some("a"), 1);
+        let mut a1 = cp_host("a1", Some("a"), 2);
+        a1.up_to_date = false;
+        let mut b0 = cp_host("b0", Some("b"), 3);
+        let mut b1 = cp_host("b1", Some("b"), 4);
+        let pick = |hosts: &[&Host]| choose_host_to_remove(&domains, hosts).unwrap().name.clone();
+        assert_eq!(pick(&[&a0, &a1, &b0, &b1]), "a1", "outdated");
+        mark(&mut b1, "");
+        assert_eq!(pick(&[&a0, &a1, &b0, &b1]), "b1", "marked beats outdated");
+        mark(&mut b0, "yes");
+        assert_eq!(
+            pick(&[&a0, &a1, &b0, &b1]),
+            "b0",
+            "among marked: the oldest"
+        );
+        b1.up_to_date = false;
+        assert_eq!(
+            pick(&[&a0, &a1, &b0, &b1]),
+            "b1",
+            "outdated and marked beats marked"
+        );
+        assert_eq!(
+            why_removed_first(&b1),
+            "it is outdated and marked with cluster.x-k8s.io/delete-machine"
+        );
+        assert_eq!(
+            why_removed_first(&a0),
+            "the oldest host of the most populated failure domain"
+        );
+        // Another key, or the key on the Node only, marks nothing.
+        let mut other = a0.clone();
+        other
+            .annotations
+            .insert("cluster.x-k8s.io/delete".to_owned(), String::new());
+        assert!(!marked_for_deletion(&other));
     }
 
     #[test]

@@ -1,11 +1,11 @@
-//! Plans quorum-hook changes, at most one etcd membership change, and control-plane scaling
-//! (seeds 001, 002, 004), using the rules in [`crate::quorum`] and [`crate::domains`].
+//! Plans quorum-hook changes, at most one etcd membership change, and then control-plane
+//! scaling ([`crate::scaling`]) (seeds 001, 002, 004), using the rules in [`crate::quorum`].
 
 use metalguard_api::plan::{Action, ActionKind, OperationId, ReasonKind, Refusal};
-use metalguard_api::snapshot::{Host, Snapshot};
+use metalguard_api::snapshot::{Host, Role, Snapshot};
 
-use crate::domains::{choose_failure_domain, choose_host_to_remove, propose_rebalance};
 use crate::quorum::{EtcdView, MemberRef, quorum, validate_desired};
+use crate::scaling::plan_scaling;
 
 /// What the guard decided.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -21,7 +21,7 @@ pub struct GuardOutput {
 }
 
 impl GuardOutput {
-    fn act(&mut self, id: String, kind: ActionKind, reason: String) {
+    pub(crate) fn act(&mut self, id: String, kind: ActionKind, reason: String) {
         self.actions.push(Action {
             id: OperationId(id),
             kind,
@@ -29,7 +29,7 @@ impl GuardOutput {
         });
     }
 
-    fn refuse(&mut self, subject: &str, kind: ReasonKind, reason: String) {
+    pub(crate) fn refuse(&mut self, subject: &str, kind: ReasonKind, reason: String) {
         let refused = if subject == "etcd" {
             "changing the membership of"
         } else {
@@ -54,7 +54,8 @@ impl GuardOutput {
 pub struct ControlPlaneActivity {
     /// A control-plane remediation is active.
     pub remediation_active: bool,
-    /// Some control-plane host is unhealthy by a health check.
+    /// Some control-plane host that stays (is not being deleted) is unhealthy by a health
+    /// check.
     pub unhealthy: bool,
 }
 
@@ -133,6 +134,18 @@ fn remove_member(out: &mut GuardOutput, m: &MemberRef<'_>, reason: String) {
     );
 }
 
+/// True when more control-plane hosts stay than desired: the surge of a rollout (or a host
+/// added beyond the desired count). A scale-down is coming, and it waits until machines and
+/// members are equal in number (seed 004's preflight, [`crate::scaling`]): the staying host
+/// without a member gets one first, and a learner there is kept, not removed as a spare.
+fn surplus_of_hosts(view: &EtcdView<'_>, desired: usize) -> bool {
+    view.control_plane
+        .iter()
+        .filter(|h| !h.is_deleting())
+        .count()
+        > desired
+}
+
 fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
     let voters = view.voter_count();
     let keep_voters = view.voters().filter(|m| !m.leaving()).count();
@@ -166,7 +179,9 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
     // (c) At most one learner: promote it when it may be promoted, else wait.
     if let Some(l) = view.learners().next() {
         let name = l.label();
-        if keep_voters >= desired {
+        let surge =
+            l.host.is_some_and(|h| h.role == Role::ControlPlane) && surplus_of_hosts(view, desired);
+        if keep_voters >= desired && !surge {
             return remove_member(
                 out,
                 l,
@@ -193,7 +208,7 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
                 "etcd",
                 ReasonKind::Quorum,
                 format!(
-                    "promoting {name} would make {} voters > desired {desired} + 1",
+                    "promoting {name} would make {} voters > desired {desired} + 1; it stays a learner until a scale-down removes a voter",
                     voters + 1
                 ),
             );
@@ -267,8 +282,15 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
             ),
         );
     }
-    // (e) Add a learner when voters that stay are short of the desired count.
-    if keep_voters < desired && voters <= desired {
+    // (e) Add a learner when voters that stay are short of the desired count, or on the
+    // surge host of a scale-down to come (machines and members equal first, seed 004).
+    let short = keep_voters < desired && voters <= desired;
+    let surge = surplus_of_hosts(view, desired)
+        && view
+            .control_plane
+            .iter()
+            .any(|h| !h.is_deleting() && h.etcd.is_none());
+    if short || surge {
         if let Some(down) = view.voters().find(|m| !m.member.healthy) {
             return out.refuse(
                 "etcd",
@@ -296,186 +318,30 @@ fn plan_membership(view: &EtcdView<'_>, desired: usize, out: &mut GuardOutput) {
                 (pop, h.failure_domain.clone(), h.name.clone())
             })
             .copied();
+        let why = if short {
+            format!("{keep_voters} voters stay, desired {desired}")
+        } else {
+            format!(
+                "more control-plane hosts than desired {desired}: the surge host gets its member before a host is removed ({})",
+                crate::seeds::MACHINES_EQUAL_MEMBERS
+            )
+        };
         match pick {
             Some(h) => out.act(
                 format!("quorum/add-learner/{}", h.name),
-                ActionKind::AddLearner { host: h.name.clone() },
+                ActionKind::AddLearner {
+                    host: h.name.clone(),
+                },
                 format!(
-                    "{keep_voters} voters stay, desired {desired}: add {} as a learner (never a voter directly)",
+                    "{why}: add {} as a learner (never a voter directly)",
                     h.name
                 ),
             ),
             None => out.refuse(
                 "etcd",
                 ReasonKind::Waiting,
-                format!("{keep_voters} voters stay, desired {desired}: no ready control-plane host without a member"),
+                format!("{why}: no ready control-plane host without a member"),
             ),
         }
     }
-}
-
-fn plan_scaling(
-    snapshot: &Snapshot,
-    view: &EtcdView<'_>,
-    desired: usize,
-    activity: ControlPlaneActivity,
-    out: &mut GuardOutput,
-) {
-    // A scale-down may go while the surge host still waits for its member: it gets one
-    // through the replacement of the host removed (learner, promotion), never before.
-    let scale_down = view
-        .control_plane
-        .iter()
-        .filter(|h| !h.is_deleting())
-        .count()
-        > desired;
-    if let Some(why) = machines_and_members_disagree(snapshot, view, scale_down) {
-        return out.refuse(
-            "control-plane",
-            ReasonKind::ControlPlaneBusy,
-            format!("scaling waits until control-plane machines and etcd members agree: {why}"),
-        );
-    }
-    let domains = &snapshot.control_plane.failure_domains;
-    let keep: Vec<&Host> = view
-        .control_plane
-        .iter()
-        .copied()
-        .filter(|h| !h.is_deleting())
-        .collect();
-    let deleting = view.control_plane.len() - keep.len();
-    let waiting = keep.iter().any(|h| h.etcd.is_none());
-    let preflight = if let Some(v) = view.members.iter().find(|m| !m.member.healthy) {
-        Err(format!("etcd member {} is unhealthy", v.label()))
-    } else if let Some(h) = view
-        .control_plane
-        .iter()
-        .find(|h| h.etcd.is_some() && !h.node_ready())
-    {
-        Err(format!("{} has no ready node", h.name))
-    } else if activity.remediation_active || activity.unhealthy {
-        Err("a control-plane host is unhealthy or under remediation".to_owned())
-    } else {
-        Ok(())
-    };
-    let request_host = |out: &mut GuardOutput, why: String| {
-        let d = choose_failure_domain(domains, &keep);
-        let where_ = d.map_or_else(
-            || "the only failure domain".to_owned(),
-            |d| format!("failure domain {d}"),
-        );
-        out.act(
-            format!(
-                "control-plane/request-host/{}",
-                view.control_plane.len() + 1
-            ),
-            ActionKind::RequestHost {
-                failure_domain: d.map(str::to_owned),
-            },
-            format!("{why}: request a control-plane host in {where_}"),
-        );
-    };
-    if keep.len() < desired {
-        if waiting {
-            return;
-        }
-        match (&preflight, deleting > 0) {
-            (_, true) => request_host(
-                out,
-                format!("{} hosts stay, desired {desired} (replacement)", keep.len()),
-            ),
-            (Ok(()), false) => request_host(
-                out,
-                format!("scale up: {} hosts, desired {desired}", keep.len()),
-            ),
-            (Err(e), false) => {
-                out.refuse(
-                    "control-plane",
-                    ReasonKind::ControlPlaneBusy,
-                    format!("scale-up short-circuited: {e}"),
-                );
-            }
-        }
-    } else if keep.len() > desired {
-        if deleting > 0 || view.learners().next().is_some() {
-            return;
-        }
-        if let Err(e) = &preflight {
-            return out.refuse(
-                "control-plane",
-                ReasonKind::ControlPlaneBusy,
-                format!("scale-down short-circuited: {e}"),
-            );
-        }
-        if let Some(victim) = choose_host_to_remove(domains, &keep) {
-            out.act(
-                format!("control-plane/delete-host/{}", victim.name),
-                ActionKind::RequestHostDeletion { host: victim.name.clone() },
-                format!(
-                    "{} hosts, desired {desired}: remove {} (outdated first, then most populated domain, oldest)",
-                    keep.len(),
-                    victim.name
-                ),
-            );
-        }
-    } else if deleting == 0 && !waiting && !view.membership_in_flux() && preflight.is_ok() {
-        if let Some(old) = keep
-            .iter()
-            .filter(|h| !h.up_to_date)
-            .min_by_key(|h| (h.created_at, h.name.clone()))
-        {
-            request_host(
-                out,
-                format!(
-                    "rollout: {} is outdated, surge one host before removing it",
-                    old.name
-                ),
-            );
-        } else if let Some(p) = propose_rebalance(domains, &keep) {
-            out.act(
-                format!("control-plane/rebalance/{}", p.host.name),
-                ActionKind::Rebalance {
-                    host: p.host.name.clone(),
-                    from: p.host.failure_domain.clone(),
-                    to: p.to.to_owned(),
-                },
-                format!(
-                    "failure domains are unbalanced: replace {} into {}",
-                    p.host.name, p.to
-                ),
-            );
-        }
-    }
-}
-
-/// Seed 004's preflight: as many control-plane machines as etcd members. Set, with the
-/// first disagreement, when a member belongs to no host, a staying control-plane host has
-/// no member yet (still provisioning), or a host that is not control-plane runs a member.
-/// A host being deleted whose member is already gone is on its way out and does not count;
-/// for a scale-down (`scale_down`), neither does a staying host still without its member
-/// (the surge host of a rollout gets its member by replacing the host removed).
-pub fn machines_and_members_disagree(
-    snapshot: &Snapshot,
-    view: &EtcdView<'_>,
-    scale_down: bool,
-) -> Option<String> {
-    if let Some(m) = view.members.iter().find(|m| m.host.is_none()) {
-        return Some(format!("etcd member {:x} belongs to no host", m.member.id));
-    }
-    snapshot.hosts.iter().find_map(|h| {
-        let cp = h.role == metalguard_api::snapshot::Role::ControlPlane;
-        if cp && !h.is_deleting() && h.etcd.is_none() && !scale_down {
-            Some(format!(
-                "control-plane host {} has no etcd member yet",
-                h.name
-            ))
-        } else if !cp && h.etcd.is_some() {
-            Some(format!(
-                "{} runs an etcd member but is not a control-plane host",
-                h.name
-            ))
-        } else {
-            None
-        }
-    })
 }

@@ -9,8 +9,12 @@
 //! Rounding: a percentage is rounded **down** (MAO and seed 003: 40% of 6 is 2). medik8s NHC
 //! rounds up; metalguard follows MAO because it is the stricter of the two.
 //!
-//! Control-plane checks: `maxUnhealthy` defaults to, and is capped at, what etcd tolerates —
-//! (voters − 1) / 2, so 1 for 3 members and 2 for 5 (seed 002).
+//! Control-plane checks: `maxUnhealthy` defaults to what etcd tolerates — (voters − 1) / 2,
+//! so 1 for 3 members and 2 for 5 (seed 002: the value the controller *sets*). A value an
+//! administrator writes is honoured as written, larger or not: seed 004's scenario 2
+//! remediates one of two marked machines of three while at most one etcd member is
+//! unhealthy. What protects quorum is the per-host quorum guard (`quorum::may_fence`, the
+//! judgement's `QuorumAfterPlan`), not this threshold.
 //!
 //! A grace after every fence: from the moment a remediation verified the host powered on
 //! (its boot) — or, once it ended after the power-on, from its end, when it saw the host
@@ -32,6 +36,7 @@ use metalguard_api::remediation::RemediationPhase as P;
 use metalguard_api::snapshot::{Host, Role, Snapshot};
 
 use crate::quorum::EtcdView;
+use crate::seeds;
 
 /// `maxUnhealthy` could not be understood; remediation is blocked for the check.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,7 +60,7 @@ pub fn control_plane_tolerance(voters: usize) -> usize {
 ///
 /// `None` means the default: 100% of targets, or, when `control_plane` is
 /// `Some(tolerance)`, that tolerance (see [`control_plane_tolerance`]). Percentages round
-/// down. The caller caps a control-plane value at the tolerance.
+/// down. A written value is returned as written: the tolerance is a default, not a cap.
 pub fn resolve_max_unhealthy(
     value: Option<&MaxUnhealthy>,
     targets: usize,
@@ -185,8 +190,11 @@ pub struct HealthInputs<'a> {
     pub remediating: BTreeSet<&'a str>,
     /// The latest verified power-on of each host by a remediation (its boot).
     pub boots: BTreeMap<&'a str, Timestamp>,
-    /// How many unhealthy control-plane hosts etcd tolerates now.
+    /// How many unhealthy control-plane hosts etcd tolerates now: the default `maxUnhealthy`
+    /// of a control-plane check.
     pub control_plane_tolerance: usize,
+    /// etcd's voters now (named in the reason of a default threshold).
+    pub voters: usize,
 }
 
 impl<'a> HealthInputs<'a> {
@@ -218,6 +226,7 @@ impl<'a> HealthInputs<'a> {
                 .collect(),
             boots,
             control_plane_tolerance: control_plane_tolerance(view.voter_count()),
+            voters: view.voter_count(),
         }
     }
 }
@@ -352,18 +361,23 @@ pub fn evaluate_check<'a>(
     unhealthy.sort_by(|a, b| a.host.name.cmp(&b.host.name));
     let tolerance =
         (check.selector.role == Some(Role::ControlPlane)).then_some(inputs.control_plane_tolerance);
-    let written = resolve_max_unhealthy(check.max_unhealthy.as_ref(), targets, tolerance);
-    let max_unhealthy = written.clone().map(|m| tolerance.map_or(m, |t| m.min(t)));
-    let capped = match (&written, tolerance) {
-        (Ok(w), Some(t)) if *w > t => {
-            format!(" (maxUnhealthy {w} capped at {t}, what etcd's voters tolerate)")
+    let max_unhealthy = resolve_max_unhealthy(check.max_unhealthy.as_ref(), targets, tolerance);
+    // The default of a control-plane check says where it comes from, and that it is one.
+    let default_note = match (&check.max_unhealthy, tolerance) {
+        (None, Some(t)) if inputs.voters == 0 => {
+            format!("; maxUnhealthy is unset and no etcd voter is known: {t} (seed 000)")
         }
+        (None, Some(t)) => format!(
+            "; maxUnhealthy is unset: {t} is the control-plane default for {} etcd voters ({}); a value written in the check is honoured, the quorum guard still refuses any fence that costs quorum",
+            inputs.voters,
+            seeds::CONTROL_PLANE_MAX_UNHEALTHY_DEFAULT
+        ),
         _ => String::new(),
     };
     let short_circuit = match &max_unhealthy {
         Err(e) => Some(format!("{e}; remediation is blocked")),
         Ok(max) if unhealthy.len() > *max => Some(format!(
-            "{} unhealthy > maxUnhealthy {max}{capped} ({})",
+            "{} unhealthy > maxUnhealthy {max} ({}){default_note}",
             unhealthy.len(),
             unhealthy
                 .iter()

@@ -6,11 +6,12 @@
 //! failure-domain placement and the external-baremetal remediation planner live here.
 //!
 //! Data flow: [`health`] judges hosts per check → [`quorum`] builds the etcd view and its
-//! safety rules → [`guard`] plans hooks, one membership change and scaling (placing hosts with
-//! [`domains`]) → [`retire`] powers off retired hosts once etcd is off them → [`remediation`]
-//! drives remediations through their gates → [`judge`] judges the assembled plan as a whole
-//! and drops what it rejects → [`plan::plan`] returns the
-//! [`metalguard_api::plan::Plan`], whose `Display` explains it.
+//! safety rules → [`guard`] plans hooks, one membership change and then [`scaling`] (placing
+//! hosts with [`domains`]) → [`retire`] powers off retired hosts once etcd is off them →
+//! [`remediation`] drives remediations through their gates → [`judge`] judges the assembled
+//! plan as a whole and drops what it rejects → [`plan::plan`] returns the
+//! [`metalguard_api::plan::Plan`], whose `Display` explains it. A reason that follows a seed
+//! rule quotes the seed's words from [`seeds`].
 //!
 //! May depend on: `metalguard-api`, `serde`, `thiserror`. No I/O, no clock, no async runtime:
 //! never tokio, hyper, reqwest, the kube client crates or etcd-client (enforced by
@@ -24,6 +25,8 @@ pub mod plan;
 pub mod quorum;
 pub mod remediation;
 pub mod retire;
+pub mod scaling;
+pub mod seeds;
 pub mod validate;
 
 #[cfg(test)]
@@ -42,6 +45,8 @@ mod scenarios_quorum;
 mod scenarios_retire;
 #[cfg(test)]
 mod scenarios_safety;
+#[cfg(test)]
+mod scenarios_scaling;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]

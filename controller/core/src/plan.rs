@@ -79,10 +79,11 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
             .remediations
             .iter()
             .any(|r| r.phase.is_active() && record_guards_quorum(r, host_of(&r.target))),
+        // A host being deleted is on its way out: its health does not hold up its replacement.
         unhealthy: verdicts
             .iter()
             .flat_map(|v| &v.unhealthy)
-            .any(|u| guards_quorum(u.host)),
+            .any(|u| guards_quorum(u.host) && !u.host.is_deleting()),
     };
     let guard = plan_guard(snapshot, &view, activity);
     let retire = plan_decommissions(RetireInputs {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::{ActionKind, Plan, RemediationStep};
 use metalguard_api::policy::MaxUnhealthy;
+use metalguard_api::remediation::RemediationPhase as P;
 
 use crate::sim::World;
 use crate::testkit::{NOW, break_host, cluster, find, policy};
@@ -47,46 +48,122 @@ fn seed_004_scenario_1_three_replicas_one_machine_marked_for_remediation() {
     assert_eq!(starts(&p), ["cp-0"], "{p}");
 }
 
-/// Seed 004 scenario 2 with seed 002's limit: on 3 members, maxUnhealthy is capped at 1 (what
-/// 3 voters tolerate), so two marked machines short-circuit even when written as 2; on 5
-/// members (tolerance 2) they are remediated one at a time.
+/// Seed 004 scenario 2, "Three replicas, two machines marked for remediation": "As long as
+/// we continue to only have at most one unhealthy etcd member, we will scale down an
+/// unhealthy machine, wait for it to provision and join the cluster, and then scale down the
+/// other machine. However, if more than one etcd member is unhealthy, remediation would not
+/// happen". The administrator's `maxUnhealthy: 2` is honoured (seed 002's "1 for cluster with
+/// 3 members" is the default, not a ceiling); the per-host quorum guard picks the machine
+/// whose member is the unhealthy one and refuses the other until the first is back.
 #[test]
-fn seed_004_scenario_2_two_machines_marked_one_at_a_time_within_seed_002s_limit() {
+fn seed_004_scenario_2_three_replicas_two_marked_one_remediated_while_at_most_one_member_is_unhealthy()
+ {
     let mut pol = policy();
     pol.health_checks[0].max_unhealthy = Some(MaxUnhealthy::Count(2));
     let mut s = cluster(3, 1);
-    break_host(find(&mut s, "cp-0"), ten_minutes_ago());
-    break_host(find(&mut s, "cp-1"), ten_minutes_ago());
+    // cp-1 is NotReady with its etcd member still healthy, and has been for longer; cp-0 is
+    // down with its member.
+    break_host(find(&mut s, "cp-1"), Timestamp(NOW.0 - 900_000));
     find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = true;
+    break_host(find(&mut s, "cp-0"), ten_minutes_ago());
     let p = crate::plan(&s, &pol, NOW);
-    assert!(starts(&p).is_empty(), "{p}");
+    assert_eq!(p.health[0].max_unhealthy, Some(2), "{p}");
+    assert_eq!(p.health[0].short_circuit, None, "{p}");
+    assert_eq!(starts(&p), ["cp-0"], "{p}");
+    let text = p.to_string();
+    assert!(
+        text.contains("its etcd member is already lost, so fencing it costs no quorum (2 of 3 voters stay healthy, quorum 2; seed 004 scenario 2: \"As long as we continue to only have at most one unhealthy etcd member"),
+        "the start says why, quoting the seed: {text}"
+    );
     assert!(
         refused(
             &p,
             "cp-1",
-            "maxUnhealthy 2 capped at 1, what etcd's voters tolerate"
+            "fencing cp-1 would leave 1 of 3 voters healthy, quorum needs 2 (seed 004: \"Remediation MUST preserve etcd quorum\")"
         ),
         "{p}"
     );
 
-    let mut s = cluster(5, 1);
+    // Carried out: cp-0 is power-cycled and rejoins, then cp-1 goes, never both at once.
+    let mut w = World::new(s, pol.clone(), NOW);
+    w.broken.insert("cp-0".into());
+    w.kubelet_down.insert("cp-1".into());
+    let mut started = Vec::new();
+    for _ in 0..60 {
+        let p = w.step().unwrap();
+        started.extend(starts(&p));
+        if started.len() == 2 {
+            break;
+        }
+        w.advance(30);
+    }
+    assert_eq!(started, ["cp-0", "cp-1"], "{:?}", w.log);
+    let first = &w.snap.remediations[0];
+    assert!(
+        first.target == "cp-0" && first.phase == P::Done,
+        "cp-0's remediation ended before cp-1's began: {:?}",
+        w.snap.remediations
+    );
+
+    // More than one unhealthy etcd member: no remediation, a person must act.
+    let mut s = cluster(3, 1);
     break_host(find(&mut s, "cp-0"), ten_minutes_ago());
     break_host(find(&mut s, "cp-1"), ten_minutes_ago());
-    find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = true;
-    let p = crate::plan(&s, &pol, NOW);
-    assert_eq!(starts(&p), ["cp-0"], "{p}");
-    assert!(
-        refused(&p, "cp-1", "one control-plane remediation at a time"),
-        "{p}"
-    );
-    // Three unhealthy etcd members of five: no remediation, a person must act.
-    for h in ["cp-1", "cp-2"] {
-        find(&mut s, h).etcd.as_mut().unwrap().healthy = false;
-    }
     let p = crate::plan(&s, &pol, NOW);
     assert!(starts(&p).is_empty(), "{p}");
     assert!(
         p.degraded.as_deref().unwrap().contains("quorum lost"),
+        "{p}"
+    );
+}
+
+/// Seed 004 ("Remediation MUST preserve etcd quorum"; scenario 2: remediate "as long as" it
+/// costs no quorum) with five voters: two members are lost and a third host is NotReady with
+/// a healthy member. With `maxUnhealthy: 3` written by the administrator, one of the two lost
+/// ones is remediated (its fence costs nothing: 3 of 5 stay healthy); the third is refused
+/// (fencing it would leave 2 of 5). Unset, seed 002's default for five members (2) applies and
+/// the check short-circuits, saying where its value comes from.
+#[test]
+fn seed_004_five_voters_two_members_lost_a_third_notready_one_of_the_lost_is_remediated() {
+    let mut s = cluster(5, 1);
+    // cp-2 has been NotReady the longest, so it is considered first; its member answers.
+    break_host(find(&mut s, "cp-2"), Timestamp(NOW.0 - 900_000));
+    find(&mut s, "cp-2").etcd.as_mut().unwrap().healthy = true;
+    break_host(find(&mut s, "cp-0"), Timestamp(NOW.0 - 800_000));
+    break_host(find(&mut s, "cp-1"), ten_minutes_ago());
+    let mut pol = policy();
+    pol.health_checks[0].max_unhealthy = Some(MaxUnhealthy::Count(3));
+    let p = crate::plan(&s, &pol, NOW);
+    assert_eq!(starts(&p), ["cp-0"], "{p}");
+    assert!(
+        refused(
+            &p,
+            "cp-2",
+            "fencing cp-2 would leave 2 of 5 voters healthy, quorum needs 3 (seed 004: \"Remediation MUST preserve etcd quorum\")"
+        ),
+        "{p}"
+    );
+    assert!(
+        refused(&p, "cp-1", "one control-plane remediation at a time"),
+        "{p}"
+    );
+    let text = p.to_string();
+    assert!(
+        text.contains("(3 of 5 voters stay healthy, quorum 3; seed 004 scenario 2:"),
+        "{text}"
+    );
+    // "100%" is honoured the same way.
+    pol.health_checks[0].max_unhealthy = Some(MaxUnhealthy::Text("100%".into()));
+    assert_eq!(starts(&crate::plan(&s, &pol, NOW)), ["cp-0"]);
+
+    let p = crate::plan(&s, &policy(), NOW);
+    assert!(starts(&p).is_empty(), "{p}");
+    assert!(
+        refused(
+            &p,
+            "cp-0",
+            "3 unhealthy > maxUnhealthy 2 (cp-0, cp-1, cp-2); maxUnhealthy is unset: 2 is the control-plane default for 5 etcd voters (seed 002: the controller sets maxUnhealthy \"1 for cluster with 3 members or 2 for a cluster with 5 members\")"
+        ),
         "{p}"
     );
 }

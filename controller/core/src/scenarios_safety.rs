@@ -142,11 +142,14 @@ fn seed_004_a_failed_control_plane_remediation_awaiting_retry_blocks_the_next() 
     assert_eq!(starts(&p), ["cp-0"], "the retry of cp-0 itself goes: {p}");
 }
 
-/// Seed 002: the control-plane maxUnhealthy is "1 for a cluster with 3 members or 2 for a
-/// cluster with 5": the default follows the member count, and a larger written value is
-/// capped at what the voters tolerate, with the cap in the reason.
+/// Seed 002: the controller sets the control-plane maxUnhealthy to "1 for cluster with 3
+/// members or 2 for a cluster with 5 members": that is the default, following the member
+/// count, and the short-circuit says so. A value the administrator writes is honoured as
+/// written — not capped (issue 24; issue 15's cap was wrong): "100%" of three lets two
+/// NotReady hosts be remediated one at a time, each only while the quorum guard allows it.
 #[test]
-fn seed_002_control_plane_max_unhealthy_follows_and_is_capped_at_etcds_tolerance() {
+fn seed_002_control_plane_max_unhealthy_defaults_to_etcds_tolerance_and_a_written_value_is_honoured()
+ {
     let mut s = cluster(5, 1);
     node_down(&mut s, "cp-0");
     node_down(&mut s, "cp-1");
@@ -155,7 +158,11 @@ fn seed_002_control_plane_max_unhealthy_follows_and_is_capped_at_etcds_tolerance
     assert!(p.health[0].short_circuit.is_none(), "{p}");
     node_down(&mut s, "cp-2");
     let p = crate::plan(&s, &policy(), NOW);
-    assert!(p.health[0].short_circuit.is_some(), "{p}");
+    let sc = p.health[0].short_circuit.as_deref().unwrap_or_default();
+    assert!(
+        sc.contains("2 is the control-plane default for 5 etcd voters (seed 002:"),
+        "the default names its seed: {p}"
+    );
 
     let mut pol = policy();
     pol.health_checks[0].max_unhealthy = Some(MaxUnhealthy::Text("100%".into()));
@@ -163,12 +170,19 @@ fn seed_002_control_plane_max_unhealthy_follows_and_is_capped_at_etcds_tolerance
     node_down(&mut s, "cp-0");
     node_down(&mut s, "cp-1");
     let p = crate::plan(&s, &pol, NOW);
-    assert_eq!(p.health[0].max_unhealthy, Some(1), "{p}");
-    assert!(starts(&p).is_empty(), "{p}");
+    assert_eq!(p.health[0].max_unhealthy, Some(3), "{p}");
+    assert!(p.health[0].short_circuit.is_none(), "{p}");
+    assert_eq!(starts(&p), ["cp-0"], "{p}");
     assert!(
-        refused(&p, "cp-0", "maxUnhealthy 3 capped at 1"),
-        "the cap is explained: {p}"
+        refused(&p, "cp-1", "one control-plane remediation at a time"),
+        "{p}"
     );
+    // The quorum guard, not the threshold, protects quorum: with cp-2's etcd hung, fencing
+    // cp-0 (whose member answers) would leave 1 of 3.
+    find(&mut s, "cp-2").etcd.as_mut().unwrap().healthy = false;
+    let p = crate::plan(&s, &pol, NOW);
+    assert!(starts(&p).is_empty(), "{p}");
+    assert!(refused_kind(&p, "cp-0", ReasonKind::Quorum), "{p}");
 }
 
 /// Seed 001: the quorum guard's PDB has `minAvailable: control-plane machines − 1`; during a

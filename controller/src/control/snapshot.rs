@@ -76,7 +76,7 @@ fn build_with_views_since(
                 failure_domain: h.failure_domain.clone(),
                 created_at: known_since,
                 labels: h.labels.clone(),
-                annotations: std::collections::BTreeMap::new(),
+                annotations: h.annotations.clone(),
                 externally_provisioned: true,
                 bmc_configured: h.bmc.is_some(),
                 up_to_date: true,
@@ -443,6 +443,25 @@ role = "control-plane"
             condition("EtcdMemberHealthy", True),
         ];
         assert_eq!(ready(&stored.report), True);
+    }
+
+    /// Seed 004: "machines with the delete annotation" go first on scale-down; in standalone
+    /// mode the inventory host's annotations are the Machine's.
+    #[test]
+    fn an_inventory_hosts_annotations_reach_the_snapshot() {
+        let text = INVENTORY.replace(
+            "name = \"cp-2\"\n",
+            "name = \"cp-2\"\nannotations = { \"cluster.x-k8s.io/delete-machine\" = \"\" }\n",
+        );
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), &text).unwrap();
+        let s = build(&inventory, &State::default(), Timestamp(1), Timestamp(10));
+        let marked: Vec<&str> = s
+            .hosts
+            .iter()
+            .filter(|h| metalguard_core::domains::marked_for_deletion(h))
+            .map(|h| h.name.as_str())
+            .collect();
+        assert_eq!(marked, ["cp-2"]);
     }
 
     #[test]

@@ -222,6 +222,7 @@ fn inventory_host(world: &World, credentials_namespace: &str, h: &GuardedHost) -
         },
         failure_domain: h.spec.failure_domain.clone(),
         labels: h.labels().clone(),
+        annotations: h.annotations().clone(),
         bmc,
     }
 }
@@ -486,6 +487,39 @@ mod tests {
         assert_eq!(
             credentials(&world, "mg-bmc", "bmc-h-2").unwrap_err(),
             "Secret mg-bmc/bmc-h-2 was not found"
+        );
+    }
+
+    /// Seed 004: "machines with the delete annotation" go first on scale-down; a
+    /// `GuardedHost`'s annotations are its Machine's, Cluster API's key among them.
+    #[test]
+    fn a_guarded_hosts_annotations_reach_the_inventory() {
+        let (world, mut writers) = World::new("mg");
+        let mut marked = host("h-1", "node-a");
+        marked.metadata.annotations = Some(BTreeMap::from([(
+            "cluster.x-k8s.io/delete-machine".to_owned(),
+            "yes".to_owned(),
+        )]));
+        apply(&mut writers.hosts, marked);
+        apply(&mut writers.hosts, host("h-2", "node-b"));
+        let etcd = crate::kube::run::timing();
+        let inventory = inventory(
+            &world,
+            "mg",
+            "mg-bmc",
+            &ControllerSettings::default(),
+            &etcd,
+        )
+        .unwrap();
+        let annotations: Vec<usize> = inventory
+            .hosts
+            .iter()
+            .map(|h| h.annotations.len())
+            .collect();
+        assert_eq!(annotations, [1, 0]);
+        assert_eq!(
+            inventory.hosts[0].annotations["cluster.x-k8s.io/delete-machine"],
+            "yes"
         );
     }
 

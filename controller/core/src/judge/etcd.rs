@@ -138,38 +138,50 @@ impl Judge<'_> {
         Ok(())
     }
 
-    /// Scaling waits for machines and members to agree (seed 004); a scale-down may go while
-    /// a staying host still waits for its member (see `guard::machines_and_members_disagree`).
-    pub(super) fn scaling(&mut self, scale_down: bool) -> Verdict {
+    /// Scaling waits for machines and members to agree (seed 004's preflight), a scale-down
+    /// too (see `scaling::machines_and_members_disagree`), and for every etcd member to be
+    /// up — with what is in flight or held counted (seed 004 scale up, seed 002 scale out/in
+    /// step 6).
+    pub(super) fn scaling(&mut self) -> Verdict {
         self.degraded("control-plane")?;
-        let fail = |why: String| {
-            Err((
-                "control-plane".to_owned(),
-                Rule::ScalingWhileDisagreeing,
-                why,
-            ))
-        };
+        let fail = |rule: Rule, why: String| Err(("control-plane".to_owned(), rule, why));
         if let Some((id, _)) = self
             .members
             .iter()
             .find(|(_, m)| m.host.is_none() && !m.removed)
         {
-            return fail(format!("etcd member {id:x} belongs to no host"));
+            return fail(
+                Rule::ScalingWhileDisagreeing,
+                format!("etcd member {id:x} belongs to no host"),
+            );
         }
         for h in &self.snapshot.hosts {
             let member = self.member_of(&h.name).is_some();
-            if h.role == Role::ControlPlane && !h.is_deleting() && !member && !scale_down {
-                return fail(format!(
-                    "control-plane host {} has no etcd member yet",
-                    h.name
-                ));
+            if h.role == Role::ControlPlane && !h.is_deleting() && !member {
+                return fail(
+                    Rule::ScalingWhileDisagreeing,
+                    format!("control-plane host {} has no etcd member yet", h.name),
+                );
             }
             if h.role != Role::ControlPlane && member {
-                return fail(format!(
-                    "{} runs an etcd member but is not a control-plane host",
-                    h.name
-                ));
+                return fail(
+                    Rule::ScalingWhileDisagreeing,
+                    format!(
+                        "{} runs an etcd member but is not a control-plane host",
+                        h.name
+                    ),
+                );
             }
+        }
+        if let Some((id, m)) = self.members.iter().find(|(_, m)| m.down && !m.removed) {
+            let on = m
+                .host
+                .as_deref()
+                .map_or_else(String::new, |h| format!(" on {h}"));
+            return fail(
+                Rule::ScalingWithMemberDown,
+                format!("etcd member {id:x}{on} is down, in flight or held"),
+            );
         }
         Ok(())
     }

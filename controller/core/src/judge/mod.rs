@@ -26,7 +26,8 @@
 //!   up, promotion only of a caught-up, hooked, staying learner;
 //! - a voter is removed only from a leaving host, a healthy one only once its replacement
 //!   votes, and never while it leads;
-//! - no scaling while machines and etcd members disagree;
+//! - no scaling (a scale-down included) while machines and etcd members disagree, nor while
+//!   an etcd member is down;
 //! - no quorum hook re-added to a host being deleted, none released while its member lives;
 //! - a retired host is powered off only with no member and no hook left;
 //! - a host that guards quorum is never reprovisioned automatically;
@@ -369,8 +370,9 @@ impl<'a> Judge<'a> {
                 }
                 Ok(())
             }
-            ActionKind::RequestHostDeletion { .. } => self.scaling(true),
-            ActionKind::RequestHost { .. } | ActionKind::Rebalance { .. } => self.scaling(false),
+            ActionKind::RequestHostDeletion { .. }
+            | ActionKind::RequestHost { .. }
+            | ActionKind::Rebalance { .. } => self.scaling(),
         }
     }
 

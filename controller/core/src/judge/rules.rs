@@ -34,6 +34,8 @@ pub enum Rule {
     VoterRemoval,
     /// No scaling while machines and members disagree.
     ScalingWhileDisagreeing,
+    /// No scaling while an etcd member is down (in flight and holds counted).
+    ScalingWithMemberDown,
     /// The quorum hook is never re-added to a deleting host, nor released while its member
     /// lives.
     QuorumHook,
@@ -55,7 +57,8 @@ impl Rule {
             Rule::Degraded => ReasonKind::Degraded,
             Rule::OneControlPlaneRemediation
             | Rule::OneMembershipChange
-            | Rule::ScalingWhileDisagreeing => ReasonKind::ControlPlaneBusy,
+            | Rule::ScalingWhileDisagreeing
+            | Rule::ScalingWithMemberDown => ReasonKind::ControlPlaneBusy,
             Rule::ShortCircuit => ReasonKind::ShortCircuit,
             Rule::WorkerConcurrency => ReasonKind::Concurrency,
             Rule::Executor => ReasonKind::Executor,
@@ -91,7 +94,10 @@ impl Rule {
                 "seed 001: no voter removed before its replacement is promoted; DOMAIN §1: move the leader first"
             }
             Rule::ScalingWhileDisagreeing => {
-                "seed 004 preflight: as many control-plane machines as etcd members"
+                "seed 004 preflight: \"an equal number of control plane Machines and members in the etcd cluster\", for scale-up and scale-down"
+            }
+            Rule::ScalingWithMemberDown => {
+                "seed 004: scaling is \"blocked based on Etcd and control plane preflight checks\"; seed 002 step 6: short-circuit unless \"all etcd members are healthy\""
             }
             Rule::QuorumHook => "seed 001: the hook is not re-added once deletion started",
             Rule::Retirement => "seed 001: the machine goes once its member and hook are gone",

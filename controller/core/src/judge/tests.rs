@@ -306,6 +306,51 @@ fn hooks_retirement_reprovisioning_and_scaling() {
     assert_eq!(rules(&s, &[grow]), [Rule::ScalingWhileDisagreeing]);
 }
 
+/// Seed 004: scale-up and scale-down are "blocked based on Etcd and control plane preflight
+/// checks" — "an equal number of control plane Machines and members" (a scale-down too) and,
+/// with seed 002's step 6, "all etcd members are healthy" (in flight and held counted).
+#[test]
+fn seed_004_scaling_is_blocked_unless_machines_equal_members_and_every_member_is_up() {
+    let shrink = action(
+        "control-plane/delete-host/cp-0",
+        ActionKind::RequestHostDeletion {
+            host: "cp-0".into(),
+        },
+    );
+    let grow = action(
+        "control-plane/request-host/4",
+        ActionKind::RequestHost {
+            failure_domain: None,
+        },
+    );
+    let mut s = cluster(3, 1);
+    s.hosts
+        .push(crate::testkit::cp_host("cp-3", None, NOW.0 - 60_000));
+    assert_eq!(
+        rules(&s, std::slice::from_ref(&shrink)),
+        [Rule::ScalingWhileDisagreeing]
+    );
+    find(&mut s, "cp-3").etcd = Some(member(4, false, true));
+    assert_eq!(rules(&s, std::slice::from_ref(&shrink)), []);
+
+    let mut s = cluster(3, 1);
+    find(&mut s, "cp-0").retirement = Some(Retirement {
+        requested_at: NOW,
+        requested_by: None,
+        reason: String::new(),
+    });
+    assert_eq!(rules(&s, std::slice::from_ref(&grow)), []);
+    find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = false;
+    assert_eq!(
+        rules(&s, std::slice::from_ref(&grow)),
+        [Rule::ScalingWithMemberDown]
+    );
+    // A member whose host a remediation may have powered off counts as down.
+    find(&mut s, "cp-1").etcd.as_mut().unwrap().healthy = true;
+    s.remediations = vec![remediation("cp-2", 1, P::PoweringOff, "w-0", true)];
+    assert_eq!(rules(&s, &[grow]), [Rule::ScalingWithMemberDown]);
+}
+
 #[test]
 fn unknown_remediations_and_illegal_steps_are_rejected() {
     let mut s = cluster(3, 1);

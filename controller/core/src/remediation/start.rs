@@ -10,6 +10,8 @@ use metalguard_api::snapshot::{Host, Role};
 use super::{ADMIN_CAUSE, Candidate, Planner, RemediationOutput};
 use crate::health::UnhealthyReason;
 use crate::judge::record_guards_quorum;
+use crate::quorum::quorum;
+use crate::seeds;
 
 impl<'a> Planner<'a> {
     fn candidates(&self) -> Vec<Candidate<'a>> {
@@ -285,6 +287,7 @@ impl<'a> Planner<'a> {
                 continue;
             }
             let guarded = Self::guarded(host);
+            let mut quorum_note: Option<String> = None;
             if guarded {
                 if let Some(other) = cp_running.iter().find(|o| *o != name) {
                     refuse(
@@ -296,9 +299,12 @@ impl<'a> Planner<'a> {
                     );
                     continue;
                 }
-                if let Err((kind, e)) = self.control_plane_gate(host) {
-                    refuse(&mut self.out, kind, e);
-                    continue;
+                match self.control_plane_gate(host) {
+                    Ok(why) => quorum_note = Some(why),
+                    Err((kind, e)) => {
+                        refuse(&mut self.out, kind, e);
+                        continue;
+                    }
                 }
             }
             let executor = match self.choose_executor(host, None) {
@@ -331,6 +337,9 @@ impl<'a> Planner<'a> {
                 "{name}: {}; attempt {attempt}; executor {}",
                 c.cause, executor.name
             );
+            if let Some(note) = quorum_note.filter(|n| !n.is_empty()) {
+                reason = format!("{reason}; {note}");
+            }
             if let Some(f) = &c.forced {
                 reason = format!("{reason}; FORCED past policy gates: {f}");
             }
@@ -350,8 +359,9 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// KCP and quorum rules for starting a control-plane remediation.
-    fn control_plane_gate(&self, host: &Host) -> Result<(), (ReasonKind, String)> {
+    /// KCP and quorum rules for starting a control-plane remediation. Admitted, it says why
+    /// the fence costs no quorum, with the seed (empty for a host without a voter).
+    fn control_plane_gate(&self, host: &Host) -> Result<String, (ReasonKind, String)> {
         let view = self.inp.view;
         let busy = |why: String| Err((ReasonKind::ControlPlaneBusy, why));
         if self.inp.control_plane_degraded {
@@ -378,7 +388,30 @@ impl<'a> Planner<'a> {
                 h.name
             ));
         }
-        view.may_fence(host)
-            .map_err(|e| (ReasonKind::Quorum, e.to_string()))
+        view.may_fence(host).map_err(|e| {
+            (
+                ReasonKind::Quorum,
+                format!("{e} ({})", seeds::REMEDIATION_PRESERVES_QUORUM),
+            )
+        })?;
+        let (healthy, voters) = (view.healthy_voter_count(), view.voter_count());
+        Ok(
+            match view.member_of(&host.name).filter(|m| m.member.is_voter()) {
+                // Seed 004 scenario 2: the machine whose member is the one unhealthy member
+                // goes; its fence takes nothing from quorum.
+                Some(m) if !m.member.healthy => format!(
+                    "its etcd member is already lost, so fencing it costs no quorum ({healthy} of {voters} voters stay healthy, quorum {}; {})",
+                    quorum(voters),
+                    seeds::REMEDIATION_SCENARIO_2
+                ),
+                Some(_) => format!(
+                    "fencing it leaves {} of {voters} voters healthy, quorum {} ({})",
+                    healthy.saturating_sub(1),
+                    quorum(voters),
+                    seeds::REMEDIATION_PRESERVES_QUORUM
+                ),
+                None => String::new(),
+            },
+        )
     }
 }

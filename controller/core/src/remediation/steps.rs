@@ -221,11 +221,12 @@ impl Planner<'_> {
                     "another control-plane host is powered off in this plan".to_owned(),
                 ))
             } else {
-                self.inp
-                    .view
-                    .may_fence(target)
-                    .err()
-                    .map(|e| held(ReasonKind::Quorum, e.to_string()))
+                self.inp.view.may_fence(target).err().map(|e| {
+                    held(
+                        ReasonKind::Quorum,
+                        format!("{e} ({})", crate::seeds::REMEDIATION_PRESERVES_QUORUM),
+                    )
+                })
             };
             if let Some((kind, why)) = refusal {
                 self.out.refuse(name, kind, why);
