@@ -21,7 +21,10 @@ check() { # check NAME CONDITION-COMMAND...
   if "$@"; then say "ok   $name"; passed=$((passed + 1)); else say "FAIL $name"; failed=$((failed + 1)); fi
 }
 
-packaging/build-packages.sh "${PACKAGE_TEST_BUILD_ARGS:---no-musl}"
+# The test build's binaries (profile dev), which the test command builds anyway; set
+# PACKAGE_TEST_BUILD_ARGS="--no-musl" to test the release packages instead.
+# shellcheck disable=SC2086 # word splitting of the arguments is intended
+packaging/build-packages.sh ${PACKAGE_TEST_BUILD_ARGS:---no-musl --profile dev}
 DEB1=$(ls target/debian/metalguard-agent_*_amd64.deb | head -1)
 RPM=$(ls target/generate-rpm/metalguard-agent-*.rpm | head -1)
 CONTROLLER_DEB=$(ls target/debian/metalguard-controller_*_amd64.deb | head -1)

@@ -77,11 +77,19 @@ if $LAB_ONLY; then
   exit 0
 fi
 
+# The cargo tools are built with a light release profile (opt-level 1, no LTO, 16 codegen
+# units, no debug info): each runs for seconds per test run, and building them fully optimized
+# was the larger part of their ~15 minutes on a cold 2-core machine (issue 29,
+# docs/benchmarks.md). Per-package settings of a tool's own manifest still apply.
+cargo_install() {
+  say "cargo: installing $1"
+  CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_LTO=false \
+    CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=false \
+    cargo install --locked "$1"
+}
+
 for tool in cargo-deb cargo-generate-rpm; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    say "cargo: installing $tool"
-    cargo install --locked "$tool"
-  fi
+  command -v "$tool" >/dev/null 2>&1 || cargo_install "$tool"
 done
 
 # kube-apiserver, kube-controller-manager, kubectl, etcd and etcdctl of the pinned releases
@@ -99,8 +107,7 @@ say "etcd: fetching or reusing etcd 3.5 (scripts/etcd35.sh)"
 scripts/etcd35.sh >/dev/null
 
 if ! cargo nextest --version >/dev/null 2>&1; then
-  say "cargo: installing cargo-nextest"
-  cargo install --locked cargo-nextest
+  cargo_install cargo-nextest
 else
   say "cargo: nextest present"
 fi
