@@ -17,6 +17,8 @@ const GROUP_WRITE_OR_OTHERS_ANY: u32 = 0o037;
 const PERMISSION_BITS: u32 = 0o7777;
 /// root's uid.
 const ROOT: u32 = 0;
+/// The system user the packages create for the agent and the controller (`systemd/*.sysusers`).
+pub const SERVICE_USER: &str = "metalguard";
 
 /// What a file may allow besides its owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +71,20 @@ impl Owners {
     /// daemon, or root for a command run through sudo.
     pub fn root_and_me() -> Self {
         Self::root_and(nix::unistd::geteuid().as_raw())
+    }
+
+    /// Who may own what a metalguard service trusts: root and this process's user; when this
+    /// process is root (an operator's `check-config`), also the packages' service user
+    /// [`SERVICE_USER`] when it exists, who owns what the service itself runs with.
+    pub fn service() -> Self {
+        let me = nix::unistd::geteuid();
+        if !me.is_root() {
+            return Self::root_and(me.as_raw());
+        }
+        match nix::unistd::User::from_name(SERVICE_USER) {
+            Ok(Some(user)) => Self::root_and(user.uid.as_raw()),
+            _ => Self::root_and(ROOT),
+        }
     }
 
     /// root and `uid`.

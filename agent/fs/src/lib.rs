@@ -12,5 +12,7 @@
 mod check;
 mod dir;
 
-pub use check::{Access, FileError, Owners, check_dir_and_entries, check_path, judge};
+pub use check::{
+    Access, FileError, Owners, SERVICE_USER, check_dir_and_entries, check_path, judge,
+};
 pub use dir::{MAX_READ_BYTES, ReadFile, SecureDir};
