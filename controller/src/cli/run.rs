@@ -17,14 +17,16 @@ use crate::inventory::Inventory;
 use crate::pki::certs;
 use crate::pki::tls::{KeyModes, TlsFiles, server_config};
 
-/// Every problem with the controller's own secrets and lists: its private keys (and the CA's
-/// if it is kept here) readable by others, the TLS files, the hmac key file, the deny list.
+/// Every problem with the controller's own secrets and lists: `tls_dir`, the CA and the server
+/// certificate writable by others or owned by a stranger, its private keys (and the CA's if
+/// it is kept here) readable by others, the TLS files, the hmac key file, the deny list.
 pub(super) fn check_controller_files(inventory: &Inventory) -> Vec<String> {
     let settings = &inventory.controller;
     let mut problems = Vec::new();
     match &settings.tls_dir {
         Some(dir) => {
             let files = TlsFiles::in_dir(dir, &settings.server_cert_name);
+            problems.extend(files.check_authority(dir).iter().map(|e| chain(e)));
             problems.extend(
                 files
                     .check_key_modes(KeyModes::OwnerOnly)
@@ -213,12 +215,17 @@ pub(super) async fn serve<B: crate::backend::Backend + 'static>(
         cancel.clone(),
     ));
     if let Some(addr) = settings.metrics_listen {
-        let (metrics, cancel) = (metrics.clone(), cancel.clone());
-        tasks.spawn(async move {
-            if let Err(error) = crate::control::metrics::serve(addr, metrics, cancel).await {
-                tracing::error!(%addr, %error, "metrics endpoint failed");
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                tasks.spawn(crate::control::metrics::serve(
+                    listener,
+                    metrics.clone(),
+                    settings.limits.clone(),
+                    cancel.clone(),
+                ));
             }
-        });
+            Err(error) => tracing::error!(%addr, %error, "metrics endpoint failed"),
+        }
     }
     let controller = Controller::new(backend, inventory, hub, metrics);
     let controller = match inventory_path {
