@@ -6,6 +6,7 @@
 //! [`State`], records reports, and applies atomic batches of [`Write`]s that succeed only
 //! while it still leads — so two controllers never both act.
 
+pub mod holds;
 pub mod state;
 
 use std::future::Future;
@@ -82,6 +83,8 @@ pub enum Write {
     /// Record a break-glass hold an agent reported or posted; the batch fails if a record
     /// with its id exists (active or released: a released id is never recorded again).
     CreateHold(StoredHold),
+    /// Delete the record of a hold released longer than `holds::HOLD_RETENTION` ago.
+    DeleteHold(String),
     /// Act on a host's Node (Kubernetes backend only: planned only when [`State::nodes`] is
     /// set). Written after the intent that justifies it and before the phase that records it.
     Node(NodeWrite),

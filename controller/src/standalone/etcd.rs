@@ -476,6 +476,9 @@ impl Backend for EtcdBackend {
                     first_created.get_or_insert_with(|| format!("hold {}", record.hold.id));
                     ops.push(TxnOp::put(key, self.seal(&sub, token, &record)?, None));
                 }
+                Write::DeleteHold(id) => {
+                    ops.push(TxnOp::delete(self.key(&format!("{HOLDS}{id}")), None));
+                }
                 // Never planned here: the standalone state has no Nodes (`State::nodes`).
                 Write::Node(node) => {
                     tracing::warn!(
