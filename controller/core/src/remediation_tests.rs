@@ -393,6 +393,7 @@ fn admin_fence_goes_through_the_gates_unless_forced_and_the_reason_is_recorded()
             requested_by: Some("alice".into()),
             force_reason: None,
             stay_off: false,
+            nonce: None,
         });
     });
     let p = w.step().unwrap();
@@ -433,6 +434,7 @@ fn forced_fence_of_a_control_plane_host_never_skips_the_quorum_guard() {
             requested_by: None,
             force_reason: Some("because".into()),
             stay_off: false,
+            nonce: None,
         });
     });
     let p = w.step().unwrap();
@@ -471,6 +473,7 @@ fn a_stay_off_fence_powers_off_handles_the_node_and_leaves_the_host_off_for_a_pe
             requested_by: Some("alice".into()),
             force_reason: None,
             stay_off: true,
+            nonce: None,
         });
     });
     let rid = "remediation/w-0/1";
@@ -519,6 +522,7 @@ fn without_stay_off_the_same_fence_powers_the_host_back_on() {
             requested_by: Some("alice".into()),
             force_reason: None,
             stay_off: false,
+            nonce: None,
         });
     });
     let rid = "remediation/w-0/1";

@@ -12,8 +12,8 @@ pub mod state;
 use std::future::Future;
 
 pub use state::{
-    ControllerNotes, HoldRelease, OperationKind, StaleSeal, State, StoredHold, StoredOperation,
-    StoredReport,
+    ConsumedFenceRequest, ControllerNotes, HoldRelease, OperationKind, StaleSeal, State,
+    StoredHold, StoredOperation, StoredReport,
 };
 
 use metalguard_api::remediation::Remediation;
@@ -76,6 +76,8 @@ pub enum Write {
     PutRemediation(Remediation),
     /// Remove a host's pending fence request (it became a remediation).
     DeleteFenceRequest(String),
+    /// Record a fence request's nonce as consumed (standalone; the batch fails if it was).
+    ConsumeFenceRequest(ConsumedFenceRequest),
     /// Replace a host's preDrain hook set.
     PutHooks(String, std::collections::BTreeSet<String>),
     /// Replace the leader's notes for people.

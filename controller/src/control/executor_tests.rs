@@ -69,6 +69,11 @@ fn apply(state: &mut State, writes: Vec<Write>) {
             Write::DeleteHold(id) => {
                 state.hold_records.remove(&id);
             }
+            Write::ConsumeFenceRequest(consumed) => {
+                state
+                    .consumed_fence_requests
+                    .insert(consumed.nonce.clone(), consumed);
+            }
             Write::Node(_) | Write::Reseal(_) => {}
         }
     }

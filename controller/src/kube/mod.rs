@@ -427,6 +427,9 @@ impl Backend for KubeBackend {
                 // `status.holds` keeps the newest released holds within its bound
                 // (`holds::trim`): nothing to forget separately.
                 Write::DeleteHold(_) => {}
+                // FenceRequest objects carry no nonce: RBAC is the boundary there, and a served
+                // object's status says so (docs/threat-model.md).
+                Write::ConsumeFenceRequest(_) => {}
                 // Never planned here: GuardedHost status is not sealed (RBAC is the boundary,
                 // docs/threat-model.md), so no record is ever stale.
                 Write::Reseal(stale) => {
