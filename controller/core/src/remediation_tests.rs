@@ -534,3 +534,24 @@ fn without_stay_off_the_same_fence_powers_the_host_back_on() {
     assert!(steps(&w, rid).iter().any(|s| s == "power-on"));
     assert!(!w.snap.remediations.iter().any(|r| r.stay_off));
 }
+
+#[test]
+fn the_largest_max_retry_retries_without_overflowing() {
+    // `max_retry = 4294967295` passed the checks and overflowed `max_retry + 1` at the second
+    // attempt, panicking the leader's task (issue 28).
+    let mut w = world(2, &["cp-0"], |w| {
+        w.policy.remediation.max_retry = u32::MAX;
+        w.bmc_broken.insert("cp-0".into());
+    });
+    run(&mut w, 3);
+    assert!(matches!(phase(&w, "remediation/cp-0/1"), P::Failed { .. }));
+    w.advance(301);
+    run(&mut w, 3);
+    let second = w
+        .snap
+        .remediations
+        .iter()
+        .find(|r| r.id == "remediation/cp-0/2")
+        .unwrap();
+    assert_eq!(second.attempt, 2);
+}

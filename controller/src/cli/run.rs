@@ -239,12 +239,90 @@ pub(super) async fn serve<B: crate::backend::Backend + 'static>(
     tasks.spawn(controller.run(inbox, cancel.clone()));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("sigterm handler could not be installed")?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = sigterm.recv() => {}
-    }
-    tracing::info!("shutting down");
+    let signal = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = sigterm.recv() => {}
+        }
+    };
+    supervise(tasks, signal, cancel).await
+}
+
+/// Runs until `signal`, or until one of `tasks` ends first: a task that panicked (the leader's
+/// loop on an overflow, issue 28) or returned ends the process with an error, so systemd or
+/// the kubelet restarts it, instead of leaving a controller that answers 503 forever. Either
+/// way `cancel` stops the others and they are awaited.
+pub(super) async fn supervise(
+    mut tasks: tokio::task::JoinSet<()>,
+    signal: impl std::future::Future<Output = ()>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let ended = tokio::select! {
+        () = signal => None,
+        Some(ended) = tasks.join_next() => Some(ended),
+    };
     cancel.cancel();
+    match &ended {
+        None => tracing::info!("shutting down"),
+        Some(Err(error)) if error.is_panic() => {
+            tracing::error!(%error, "a controller task panicked; exiting so that it is restarted");
+        }
+        Some(_) => {
+            tracing::error!("a controller task ended on its own; exiting so that it is restarted")
+        }
+    }
     while tasks.join_next().await.is_some() {}
-    Ok(())
+    match ended {
+        None => Ok(()),
+        Some(Err(error)) if error.is_panic() => {
+            anyhow::bail!(
+                "a controller task panicked; the controller exits so that it is restarted"
+            )
+        }
+        Some(_) => anyhow::bail!(
+            "a controller task ended on its own; the controller exits so that it is restarted"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_task_ends_the_process_with_an_error_and_stops_the_others() {
+        let cancel = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let stopped = CancellationToken::new();
+        let (others, done) = (cancel.clone(), stopped.clone());
+        tasks.spawn(async move {
+            others.cancelled().await;
+            done.cancel();
+        });
+        tasks.spawn(async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            #[allow(clippy::panic)]
+            {
+                panic!("attempt overflow");
+            }
+        });
+        let never = std::future::pending::<()>();
+        let outcome = tokio::time::timeout(Duration::from_secs(5), supervise(tasks, never, cancel))
+            .await
+            .expect("the controller kept running with a dead task");
+        let error = outcome.unwrap_err().to_string();
+        assert!(error.contains("panicked"), "{error}");
+        assert!(stopped.is_cancelled(), "the other tasks were stopped");
+    }
+
+    #[tokio::test]
+    async fn a_signal_ends_it_cleanly() {
+        let cancel = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let token = cancel.clone();
+        tasks.spawn(async move { token.cancelled().await });
+        supervise(tasks, async {}, cancel).await.unwrap();
+    }
 }

@@ -183,7 +183,7 @@ impl<'a> Planner<'a> {
                 },
             };
             let forced = c.forced.is_some();
-            if attempt > settings.max_retry + 1 && !forced {
+            if attempt > settings.max_retry.saturating_add(1) && !forced {
                 let l_failed = latest.filter(|l| matches!(l.phase, P::Failed { .. }));
                 let why = format!(
                     "{} attempts failed or did not last {} (maxRetry {})",
