@@ -85,6 +85,7 @@ impl Journal {
     }
 
     /// The files ignored so far (not written by this agent's user), each with why.
+    #[cfg(test)]
     pub fn ignored(&self) -> Vec<(String, String)> {
         self.ignored
             .lock()
