@@ -4,6 +4,8 @@
 //! bounds of `backend::holds`: holds in force per host and per agent, released records
 //! forgotten after their retention.
 
+use metalguard_api::text::escaped;
+
 use super::Controller;
 use crate::api::hub::HoldError;
 use crate::backend::holds::{HOLD_RETENTION, expired_holds, refuse_hold};
@@ -137,11 +139,11 @@ impl<B: Backend> Controller<B> {
 fn log_recorded(record: &StoredHold, via: &str) {
     let hold = &record.hold;
     tracing::warn!(
-        hold = %hold.id,
+        hold = %escaped(&hold.id),
         target = %hold.target,
-        by = %hold.by,
-        reason = %hold.reason,
-        action = %hold.action,
+        by = %escaped(&hold.by),
+        reason = %escaped(&hold.reason),
+        action = %escaped(&hold.action),
         agent = %record.reported_by,
         via,
         "break-glass hold recorded: the host is left alone until `metalguard-controller release` hands it back"
