@@ -86,6 +86,12 @@ pub fn router(hub: Arc<Hub>, guards: &Arc<Guards>, limits: &ApiLimits) -> Router
             HOLDS_PATH,
             post(holds).layer(body(MAX_HOLD_BYTES)).layer(rate),
         )
+        // Before any route's layers: a certificate the hub does not admit is answered 403
+        // before its body is read or parsed (it got a 422 listing the schema first).
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&hub),
+            admit_certificate,
+        ))
         .layer(axum::middleware::from_fn(conn::track_activity))
         .layer(axum::middleware::map_response(guard::json_errors))
         .layer(axum::middleware::from_fn_with_state(
@@ -93,6 +99,24 @@ pub fn router(hub: Arc<Hub>, guards: &Arc<Guards>, limits: &ApiLimits) -> Router
             count_refusals,
         ))
         .with_state(hub)
+}
+
+/// 403 for a request whose certificate the hub does not admit (a host outside the inventory
+/// in force, retired and verified off, or revoked), before anything else reads the request.
+async fn admit_certificate(
+    State(hub): State<Arc<Hub>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let refusal = request
+        .extensions()
+        .get::<PeerHost>()
+        .and_then(|peer| hub.admits(&peer.0).err().map(|why| (peer.0.clone(), why)));
+    if let Some((certificate, why)) = refusal {
+        tracing::warn!(certificate = %certificate.host, serial = %certificate.serial, reason = %why, "agent certificate refused");
+        return refuse(StatusCode::FORBIDDEN, why);
+    }
+    next.run(request).await
 }
 
 /// Counts every error answer by status (`metalguard_controller_api_refusals_total`).
