@@ -24,6 +24,8 @@ pub struct Metrics {
     pub unhealthy_targets: Family<Labels, Gauge>,
     /// 1 per health check whose remediation is short-circuited.
     pub short_circuited: Family<Labels, Gauge>,
+    /// Control-plane hosts waiting behind a failed control-plane remediation.
+    pub control_plane_blocked_by_failed: Gauge,
     /// Remediations per phase.
     pub remediations: Family<Labels, Gauge>,
     /// Fence results by protocol and outcome.
@@ -102,6 +104,7 @@ impl Metrics {
             store_unavailable: Gauge::default(),
             unhealthy_targets: Family::default(),
             short_circuited: Family::default(),
+            control_plane_blocked_by_failed: Gauge::default(),
             remediations: Family::default(),
             fences: Family::default(),
             fence_seconds: Family::new_with_constructor(|| {
@@ -156,6 +159,11 @@ impl Metrics {
             "short_circuited",
             "1 per health check whose remediation is short-circuited",
             metrics.short_circuited.clone(),
+        );
+        registry.register(
+            "control_plane_blocked_by_failed",
+            "Control-plane hosts the plan does not remediate because a failed control-plane remediation holds the one-at-a-time slot until it is retried or a person acts",
+            metrics.control_plane_blocked_by_failed.clone(),
         );
         registry.register(
             "remediations",

@@ -125,7 +125,9 @@ impl<'a> Planner<'a> {
                     ReasonKind::Hold,
                     format!(
                         "held since {} by {} after a break-glass fence ({}); `metalguard-controller release {name}` hands it back",
-                        hold.since, hold.by, hold.reason
+                        hold.since,
+                        metalguard_api::text::escaped(&hold.by),
+                        metalguard_api::text::escaped(&hold.reason)
                     ),
                 );
                 continue;
