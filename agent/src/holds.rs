@@ -241,7 +241,7 @@ impl HoldStore {
 
 /// A hold's file: `*.json`, not a temporary file (those start with a dot).
 fn is_hold_file(name: &str) -> bool {
-    name.ends_with(".json") && !name.starts_with('.')
+    Path::new(name).extension().is_some_and(|e| e == "json") && !name.starts_with('.')
 }
 
 /// A file name for a hold id: safe characters kept, anything else hex-escaped (`/` too).

@@ -71,14 +71,7 @@ pub fn secret(key: &str, path: &Path, problems: &mut Vec<String>) {
 
 /// The error and its causes, one after the other.
 fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    crate::bmc_cmd::chain(err).join(": ")
 }
 
 #[cfg(test)]

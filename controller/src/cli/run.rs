@@ -268,7 +268,7 @@ pub(super) async fn supervise(
             tracing::error!(%error, "a controller task panicked; exiting so that it is restarted");
         }
         Some(_) => {
-            tracing::error!("a controller task ended on its own; exiting so that it is restarted")
+            tracing::error!("a controller task ended on its own; exiting so that it is restarted");
         }
     }
     while tasks.join_next().await.is_some() {}

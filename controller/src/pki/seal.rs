@@ -183,10 +183,13 @@ impl Keys {
             action: "read",
             source,
         };
-        use metalguard_fs::{Access, FileError, Owners};
-        match metalguard_fs::check_path(path, Access::Secret, &Owners::service()) {
+        match metalguard_fs::check_path(
+            path,
+            metalguard_fs::Access::Secret,
+            &metalguard_fs::Owners::service(),
+        ) {
             Ok(_) => {}
-            Err(FileError::Examine { source, .. }) => return Err(read(source)),
+            Err(metalguard_fs::FileError::Examine { source, .. }) => return Err(read(source)),
             Err(source) => {
                 return Err(KeyFileError::Mode {
                     path: path.to_owned(),
