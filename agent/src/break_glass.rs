@@ -97,7 +97,14 @@ pub(crate) fn fence(args: &FenceArgs) -> ExitCode {
         eprintln!("--reason must say why: it is recorded in the hold and the log");
         return ExitCode::from(bmc_cmd::EXIT_CONFIG);
     }
-    let user = invoking_user();
+    if metalguard_api::text::has_control(&args.reason) {
+        eprintln!(
+            "--reason contains a control character: it would reach terminals and logs as it is; write it as plain text"
+        );
+        return ExitCode::from(bmc_cmd::EXIT_CONFIG);
+    }
+    // From the environment: escaped, never refused (the person's fence must go on).
+    let user = metalguard_api::text::escaped(&invoking_user());
     let config = if args.no_hold {
         None
     } else {

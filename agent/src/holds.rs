@@ -5,21 +5,23 @@
 //! every hold in its reports, refuses controller power commands for a held target, and deletes
 //! a hold when the controller answers that a person released it.
 //!
-//! One JSON file per hold (`<id with / escaped>.json`), written atomically: a temporary file
-//! is written and fsynced, given the state directory's owner and group, renamed into place,
-//! and the directory is fsynced. The directory is mode 0750 and each file 0640, owned like
-//! the state directory, so the daemon can read and delete what root wrote. A state directory
-//! that does not exist yet is created (root-owned); systemd's `StateDirectory=` hands it and
-//! everything below it to the daemon's user when the daemon starts.
+//! One JSON file per hold (`<id with / escaped>.json`), written atomically. The CLI usually
+//! runs as root in a directory the daemon's user owns, so nothing here is done through a path
+//! that user could redirect (`metalguard_fs::SecureDir`): the state directory is opened
+//! without following a symlink and refused when it is a symlink or writable by group or
+//! others; `holds` is opened relative to it, likewise, and refused when it is owned by anyone
+//! but root or the state directory's owner; the hold is written to a temporary file with a
+//! random name created exclusively, given mode 0640 and the state directory's owner and group
+//! on its descriptor, fsynced, renamed into place, and the directory fsynced. The directory is
+//! mode 0750, owned like the state directory, so the daemon can read and delete what root
+//! wrote. A state directory that does not exist yet is created (root-owned); systemd's
+//! `StateDirectory=` hands it and everything below it to the daemon's user when the daemon
+//! starts.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write as _;
-use std::os::unix::fs::{
-    DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _,
-};
 use std::path::{Path, PathBuf};
 
 use metalguard_api::snapshot::Hold;
+use metalguard_fs::{FileError, Owners, SecureDir};
 
 /// The directory under the state directory.
 pub const HOLDS_DIR: &str = "holds";
@@ -31,14 +33,14 @@ const FILE_MODE: u32 = 0o640;
 /// What went wrong with the local hold records.
 #[derive(Debug, thiserror::Error)]
 pub enum HoldStoreError {
-    /// The directory could not be created or listed.
+    /// The directory could not be created, opened or listed, or is refused.
     #[error("hold directory {dir} could not be prepared")]
     Dir {
         /// The directory.
         dir: PathBuf,
         /// The cause.
         #[source]
-        source: std::io::Error,
+        source: FileError,
     },
     /// A hold could not be written durably.
     #[error("hold file {path} could not be written")]
@@ -47,7 +49,7 @@ pub enum HoldStoreError {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: std::io::Error,
+        source: FileError,
     },
     /// A hold file could not be read or removed.
     #[error("hold file {path} could not be read or removed")]
@@ -56,7 +58,7 @@ pub enum HoldStoreError {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: std::io::Error,
+        source: FileError,
     },
     /// A hold file does not hold a hold.
     #[error("hold file {path} is not a valid hold")]
@@ -100,8 +102,8 @@ impl HoldStore {
         &self.dir
     }
 
-    fn file(&self, id: &str) -> PathBuf {
-        self.dir.join(format!("{}.json", file_stem(id)))
+    fn file_name(id: &str) -> String {
+        format!("{}.json", file_stem(id))
     }
 
     /// Writes `hold` durably (see the module documentation).
@@ -110,45 +112,46 @@ impl HoldStore {
             dir: self.dir.clone(),
             source,
         };
-        if !self.state_dir.exists() {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(DIR_MODE)
-                .create(&self.state_dir)
-                .map_err(dir_error)?;
+        // The state directory may belong to anyone (the daemon's user), not be a symlink nor
+        // writable by group or others; `holds` belongs to root or that owner.
+        let state = SecureDir::open_or_create(&self.state_dir, DIR_MODE, &Owners::Anyone)
+            .map_err(dir_error)?;
+        let (uid, gid) = state.owner();
+        let mut dir = state
+            .create_child(HOLDS_DIR, DIR_MODE, &Owners::root_and(uid))
+            .map_err(dir_error)?;
+        dir.set_mode(DIR_MODE).map_err(dir_error)?;
+        let me = (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        );
+        let may_give = me.0 == 0;
+        let mut warning = None;
+        if dir.owner() != (uid, gid) {
+            if may_give {
+                dir.set_owner(uid, gid).map_err(dir_error)?;
+            } else {
+                warning = Some(self.ownership_warning(dir.path(), uid, gid));
+            }
         }
-        if !self.dir.exists() {
-            fs::DirBuilder::new()
-                .mode(DIR_MODE)
-                .create(&self.dir)
-                .map_err(dir_error)?;
-        }
-        fs::set_permissions(&self.dir, fs::Permissions::from_mode(DIR_MODE)).map_err(dir_error)?;
-        let mut warning = self.adopt_owner(&self.dir);
-        let path = self.file(&hold.id);
-        let tmp = path.with_extension("json.tmp");
+        let name = Self::file_name(&hold.id);
+        let path = self.dir.join(&name);
         let write_error = |source| HoldStoreError::Write {
             path: path.clone(),
             source,
         };
-        let text =
-            serde_json::to_vec_pretty(hold).map_err(|e| write_error(std::io::Error::other(e)))?;
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(FILE_MODE)
-            .open(&tmp)
-            .map_err(write_error)?;
-        file.write_all(&text).map_err(write_error)?;
-        file.set_permissions(fs::Permissions::from_mode(FILE_MODE))
-            .map_err(write_error)?;
-        file.sync_all().map_err(write_error)?;
-        drop(file);
-        warning = warning.or_else(|| self.adopt_owner(&tmp));
-        fs::rename(&tmp, &path).map_err(write_error)?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
+        let text = serde_json::to_vec_pretty(hold).map_err(|e| {
+            write_error(FileError::Io {
+                path: path.clone(),
+                action: "encoding",
+                source: std::io::Error::other(e),
+            })
+        })?;
+        let give = ((uid, gid) != me && may_give).then_some((uid, gid));
+        if (uid, gid) != me && !may_give {
+            warning = warning.or_else(|| Some(self.ownership_warning(&path, uid, gid)));
+        }
+        dir.write_atomic(&name, &text, FILE_MODE, give)
             .map_err(write_error)?;
         Ok(Recorded {
             path,
@@ -156,55 +159,56 @@ impl HoldStore {
         })
     }
 
-    /// Gives `path` the state directory's owner and group when they differ (they do when
-    /// root runs the CLI and the daemon runs as its own user). A failure is returned as a
-    /// warning: the hold is on disk, the controller may have it, but the daemon may not read it.
-    fn adopt_owner(&self, path: &Path) -> Option<String> {
-        let owner = fs::metadata(&self.state_dir).ok()?;
-        let current = fs::metadata(path).ok()?;
-        if (current.uid(), current.gid()) == (owner.uid(), owner.gid()) {
-            return None;
+    /// What to do about a file this process (not root) could not give to the state
+    /// directory's owner.
+    fn ownership_warning(&self, path: &Path, uid: u32, gid: u32) -> String {
+        format!(
+            "{} could not be given to uid {uid} gid {gid} (the owner of {}, the agent daemon's user): only root may; run this command as root, or chown it by hand",
+            path.display(),
+            self.state_dir.display()
+        )
+    }
+
+    /// The holds directory, opened as [`HoldStore::record`] opens it; `None` when there is none.
+    fn open_dir(&self) -> Result<Option<SecureDir>, HoldStoreError> {
+        let dir_error = |source| HoldStoreError::Dir {
+            dir: self.dir.clone(),
+            source,
+        };
+        let missing = |err: &FileError| matches!(err, FileError::Examine { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
+        let state = match SecureDir::open(&self.state_dir, &Owners::Anyone) {
+            Ok(state) => state,
+            Err(err) if missing(&err) => return Ok(None),
+            Err(err) => return Err(dir_error(err)),
+        };
+        let owners = Owners::root_and(state.owner().0);
+        match state.child(HOLDS_DIR, &owners) {
+            Ok(dir) => Ok(Some(dir)),
+            Err(err) if missing(&err) => Ok(None),
+            Err(err) => Err(dir_error(err)),
         }
-        std::os::unix::fs::chown(path, Some(owner.uid()), Some(owner.gid()))
-            .err()
-            .map(|e| {
-                format!(
-                    "{} could not be given to uid {} gid {} (the owner of {}, the agent daemon's user): {e}; run this command as root, or chown it by hand",
-                    path.display(),
-                    owner.uid(),
-                    owner.gid(),
-                    self.state_dir.display()
-                )
-            })
     }
 
     /// Every hold on record, oldest first. A missing directory means none. A file that does
     /// not decode is reported in the second list (and left alone).
     pub fn list(&self) -> Result<(Vec<Hold>, Vec<HoldStoreError>), HoldStoreError> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok((Vec::new(), Vec::new()));
-            }
-            Err(source) => {
-                return Err(HoldStoreError::Dir {
-                    dir: self.dir.clone(),
-                    source,
-                });
-            }
+        let Some(dir) = self.open_dir()? else {
+            return Ok((Vec::new(), Vec::new()));
         };
+        let names = dir.names().map_err(|source| HoldStoreError::Dir {
+            dir: self.dir.clone(),
+            source,
+        })?;
         let mut holds = Vec::new();
         let mut broken = Vec::new();
-        for entry in entries.filter_map(Result::ok) {
-            let path = entry.path();
-            if path.extension().is_none_or(|e| e != "json") {
-                continue;
-            }
-            match fs::read(&path) {
-                Ok(bytes) => match serde_json::from_slice::<Hold>(&bytes) {
+        for name in names.into_iter().filter(|n| is_hold_file(n)) {
+            let path = self.dir.join(&name);
+            match dir.read(&name) {
+                Ok(Some(file)) => match serde_json::from_slice::<Hold>(&file.bytes) {
                     Ok(hold) => holds.push(hold),
                     Err(source) => broken.push(HoldStoreError::Decode { path, source }),
                 },
+                Ok(None) => {}
                 Err(source) => broken.push(HoldStoreError::Read { path, source }),
             }
         }
@@ -224,13 +228,20 @@ impl HoldStore {
 
     /// Deletes the record of hold `id`; false when there was none.
     pub fn remove(&self, id: &str) -> Result<bool, HoldStoreError> {
-        let path = self.file(id);
-        match fs::remove_file(&path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(source) => Err(HoldStoreError::Read { path, source }),
-        }
+        let Some(dir) = self.open_dir()? else {
+            return Ok(false);
+        };
+        let name = Self::file_name(id);
+        dir.remove(&name).map_err(|source| HoldStoreError::Read {
+            path: self.dir.join(&name),
+            source,
+        })
     }
+}
+
+/// A hold's file: `*.json`, not a temporary file (those start with a dot).
+fn is_hold_file(name: &str) -> bool {
+    Path::new(name).extension().is_some_and(|e| e == "json") && !name.starts_with('.')
 }
 
 /// A file name for a hold id: safe characters kept, anything else hex-escaped (`/` too).
@@ -249,6 +260,9 @@ fn file_stem(id: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+
     use metalguard_api::duration::Timestamp;
 
     use super::*;
@@ -314,7 +328,7 @@ mod tests {
             return;
         }
         // As root (the CLI under sudo) with the daemon's user owning the state directory.
-        let daemon = (65_534, 65_534);
+        let daemon = DAEMON;
         std::os::unix::fs::chown(&dir, Some(daemon.0), Some(daemon.1)).unwrap();
         let recorded = store.record(&hold("cp-2/1", "cp-1", 1)).unwrap();
         assert!(recorded.ownership_warning.is_none(), "{recorded:?}");
@@ -333,5 +347,106 @@ mod tests {
             .record(&hold("a/1", "b", 1))
             .unwrap_err();
         assert!(err.to_string().contains("not-a-dir/holds"), "{err}");
+    }
+
+    /// The daemon's user (nobody) owns the state directory, as systemd's `StateDirectory=`
+    /// makes it; root runs `fence --direct`.
+    const DAEMON: (u32, u32) = (65_534, 65_534);
+
+    fn daemon_state_dir(root: &Path) -> PathBuf {
+        let dir = root.join("state");
+        fs::create_dir(&dir).unwrap();
+        std::os::unix::fs::chown(&dir, Some(DAEMON.0), Some(DAEMON.1)).unwrap();
+        dir
+    }
+
+    fn is_root() -> bool {
+        nix::unistd::geteuid().is_root()
+    }
+
+    #[test]
+    fn a_holds_symlink_planted_by_the_daemons_user_is_refused_and_its_target_untouched() {
+        if !is_root() {
+            eprintln!("skipped: the attack needs root (the CLI's user) and another owner");
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let state = daemon_state_dir(root.path());
+        // The service user's move: `holds` -> a root-owned directory (say /etc).
+        let etc = root.path().join("etc");
+        fs::create_dir(&etc).unwrap();
+        fs::set_permissions(&etc, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(etc.join("passwd"), "root:x:0:0").unwrap();
+        std::os::unix::fs::symlink(&etc, state.join(HOLDS_DIR)).unwrap();
+        let before = fs::metadata(&etc).unwrap();
+
+        let err = HoldStore::new(&state)
+            .record(&hold("cp-2/1", "cp-1", 1))
+            .unwrap_err();
+        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        assert!(
+            chain.contains("holds is a symbolic link; it must be a real directory"),
+            "{chain}"
+        );
+        let after = fs::metadata(&etc).unwrap();
+        assert_eq!(
+            (after.uid(), after.gid()),
+            (0, 0),
+            "not given to the daemon"
+        );
+        assert_eq!(after.mode(), before.mode(), "mode unchanged");
+        let mut names: Vec<_> = fs::read_dir(&etc)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["passwd"], "nothing written into the target");
+        assert_eq!(fs::metadata(etc.join("passwd")).unwrap().uid(), 0);
+        // The daemon's listing refuses it too (a hold there cannot be believed).
+        assert!(HoldStore::new(&state).list().is_err());
+    }
+
+    #[test]
+    fn a_state_directory_that_is_a_symlink_or_writable_by_others_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let real = root.path().join("real");
+        fs::create_dir(&real).unwrap();
+        let link = root.path().join("state");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let err = HoldStore::new(&link)
+            .record(&hold("cp-2/1", "cp-1", 1))
+            .unwrap_err();
+        let cause = std::error::Error::source(&err).unwrap().to_string();
+        assert!(cause.contains("state is a symbolic link"), "{cause}");
+        assert!(fs::read_dir(&real).unwrap().next().is_none());
+
+        fs::set_permissions(&real, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = HoldStore::new(&real)
+            .record(&hold("cp-2/1", "cp-1", 1))
+            .unwrap_err();
+        let cause = std::error::Error::source(&err).unwrap().to_string();
+        assert!(cause.contains("has mode 0777"), "{cause}");
+    }
+
+    #[test]
+    fn a_holds_directory_owned_by_a_stranger_is_refused() {
+        if !is_root() {
+            eprintln!("skipped: needs root to make a directory another user owns");
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let state = daemon_state_dir(root.path());
+        let holds = state.join(HOLDS_DIR);
+        fs::create_dir(&holds).unwrap();
+        std::os::unix::fs::chown(&holds, Some(4242), Some(4242)).unwrap();
+        let err = HoldStore::new(&state)
+            .record(&hold("cp-2/1", "cp-1", 1))
+            .unwrap_err();
+        let cause = std::error::Error::source(&err).unwrap().to_string();
+        assert!(
+            cause.contains("is owned by uid 4242, not by root or uid 65534"),
+            "{cause}"
+        );
+        assert!(fs::read_dir(&holds).unwrap().next().is_none());
     }
 }

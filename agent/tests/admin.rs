@@ -130,3 +130,39 @@ fn fence_without_direct_is_refused_before_touching_the_bmc() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--direct"));
     assert_eq!(bmc.power_state(0).unwrap(), "On");
 }
+
+#[test]
+fn a_reason_with_control_characters_is_refused_before_anything_is_done() {
+    // A raw screen-clear sequence and a forged log line reached the terminal and the log
+    // through the hold's reason (issue 28).
+    let dir = tempfile::tempdir().unwrap();
+    let creds = dir.path().join("bmc.conf");
+    std::fs::write(&creds, "username=admin\npassword=x\n").unwrap();
+    for reason in ["disk\u{1b}[2J", "x\n2026-11-27T03:00:00Z ERROR forged"] {
+        let out = Command::new(AGENT)
+            .args([
+                "fence",
+                "cp-1",
+                "--direct",
+                "--no-hold",
+                "--reason",
+                reason,
+                "--bmc",
+                "redfish+http://127.0.0.1:9",
+                "--credentials",
+            ])
+            .arg(&creds)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(6), "{stderr}");
+        assert!(
+            stderr.contains("--reason contains a control character"),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains('\u{1b}') && !stderr.contains("ERROR forged"),
+            "{stderr}"
+        );
+    }
+}

@@ -472,3 +472,45 @@ fn fence_agent_refuses_impossible_delays_and_never_echoes_stray_stdin_lines() {
     assert!(!run.stderr.contains('\u{1b}'), "{run:?}");
     assert_never_printed(&transcript, "S3cr3t");
 }
+
+#[test]
+fn a_bmc_address_without_slashes_is_refused_without_its_password() {
+    // `redfish+http:/admin:PW@…` and `ipmi:admin:PW@…` parse as URLs without a host; their
+    // refusals quoted the password (issue 28).
+    let mut transcript = String::new();
+    let mut printed = String::new();
+    let dir = tempfile::tempdir().unwrap();
+    let creds = write_creds(dir.path(), "admin", "unused-password", 0o600);
+    for address in [
+        "redfish+http:/admin:Pw-in-the-url@127.0.0.1:9",
+        "ipmi:admin:Pw-in-the-url@127.0.0.1",
+    ] {
+        let run = cli(
+            &["bmc", "status", "--bmc", address, "--credentials", &creds],
+            None,
+            &mut transcript,
+        );
+        assert_ne!(run.code, 0, "{run:?}");
+        assert!(run.stderr.contains("<redacted>@127.0.0.1"), "{run:?}");
+        printed.push_str(&run.stdout);
+        printed.push_str(&run.stderr);
+        let run = cli(
+            &[
+                "fence-agent",
+                "-o",
+                "status",
+                "--bmc",
+                address,
+                "--credentials",
+                &creds,
+            ],
+            None,
+            &mut transcript,
+        );
+        assert_ne!(run.code, 0, "{run:?}");
+        printed.push_str(&run.stdout);
+        printed.push_str(&run.stderr);
+    }
+    // The transcript holds the command lines themselves; only what the CLI printed counts.
+    assert_never_printed(&printed, "Pw-in-the-url");
+}

@@ -9,7 +9,6 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -21,6 +20,7 @@ use serde::Deserialize;
 
 mod api_limits;
 mod etcd_rules;
+pub(crate) mod files;
 pub use etcd_rules::validate as validate_etcd;
 pub(crate) mod checks;
 
@@ -71,7 +71,17 @@ pub enum InventoryError {
         /// What is wrong (names the Secret and key, never a value).
         problem: String,
     },
-    /// A credentials file is missing, unreadable or readable by others.
+    /// A file that carries authority may be written by others, or is owned by a stranger.
+    #[error("{what} is refused")]
+    Unsafe {
+        /// The file's role (`inventory /etc/metalguard/inventory.toml`, `bmc credentials of
+        /// host cp-1`).
+        what: String,
+        /// What is wrong with it.
+        #[source]
+        source: metalguard_fs::FileError,
+    },
+    /// A credentials file is missing or unreadable.
     #[error("bmc credentials file {path} of host {host} {problem}")]
     Credentials {
         /// The host.
@@ -282,6 +292,9 @@ pub struct TrustSetting {
 impl Inventory {
     /// Reads, parses and validates an inventory file.
     pub fn load(path: &Path) -> Result<Self, InventoryError> {
+        if path.exists() {
+            files::check_inventory(path)?;
+        }
         let text = fs::read_to_string(path).map_err(|source| InventoryError::Read {
             path: path.to_owned(),
             source,
@@ -401,8 +414,11 @@ impl BmcSettings {
                     problem,
                 });
         }
-        let username = read_secret_file(host, &self.credentials_dir.join("username"))?;
-        let password = read_secret_file(host, &self.credentials_dir.join("password"))?;
+        if self.credentials_dir.exists() {
+            files::check_credentials_dir(host, &self.credentials_dir)?;
+        }
+        let username = files::read_secret_file(host, &self.credentials_dir.join("username"))?;
+        let password = files::read_secret_file(host, &self.credentials_dir.join("password"))?;
         Ok(BmcCredentials {
             username,
             password: Secret::new(password),
@@ -423,6 +439,9 @@ impl BmcSettings {
             return Ok(BmcTrust::CaPem { pem });
         }
         if let Some(path) = &self.tls.ca_file {
+            if path.exists() {
+                files::check_ca_file(host, path)?;
+            }
             let pem = fs::read_to_string(path).map_err(|e| InventoryError::Credentials {
                 host: host.to_owned(),
                 path: path.clone(),
@@ -434,28 +453,10 @@ impl BmcSettings {
     }
 }
 
-fn read_secret_file(host: &str, path: &Path) -> Result<String, InventoryError> {
-    let problem = |problem: String| InventoryError::Credentials {
-        host: host.to_owned(),
-        path: path.to_owned(),
-        problem,
-    };
-    let meta =
-        fs::metadata(path).map_err(|e| problem(format!("could not be read ({})", e.kind())))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(problem(format!(
-            "has mode {mode:o}; it must not be readable by group or others (chmod 600)"
-        )));
-    }
-    let text = fs::read_to_string(path)
-        .map_err(|e| problem(format!("could not be read ({})", e.kind())))?;
-    Ok(text.trim_end_matches(['\n', '\r']).to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     const MINIMAL: &str = r#"
 [etcd]
@@ -536,7 +537,7 @@ bmc = { address = "ipmi://127.0.0.1:623", credentials_dir = "/nonexistent" }
             tls: TrustSetting::default(),
             from_cluster: None,
         };
-        let err = bmc.credentials("cp-1").unwrap_err().to_string();
+        let err = crate::error::chain(&bmc.credentials("cp-1").unwrap_err());
         assert!(
             err.contains("password") && err.contains("644") && err.contains("cp-1"),
             "{err}"

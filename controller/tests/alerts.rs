@@ -101,7 +101,7 @@ fn dashboard_exprs() -> Vec<String> {
 fn the_shipped_rules_pass_promtool_check_and_their_unit_tests() {
     let (ok, out) = promtool(&repo(), &["check", "rules", RULES]);
     assert!(ok, "{out}");
-    assert!(out.contains("SUCCESS: 7 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 8 rules found"), "{out}");
     let (ok, out) = promtool(
         &repo().join("packaging/prometheus"),
         &["test", "rules", "tests.yaml"],
@@ -172,7 +172,7 @@ fn every_alert_has_a_summary_a_description_and_a_runbook_section() {
         .map(anchor)
         .collect();
     let rules = rules();
-    assert_eq!(rules.len(), 7);
+    assert_eq!(rules.len(), 8);
     for rule in &rules {
         let name = rule["alert"].as_str().unwrap();
         let notes = &rule["annotations"];
@@ -367,6 +367,7 @@ async fn a_real_controller_fires_quorum_at_risk_and_unreachable_bmcs_from_its_ow
         ("MetalguardNoLeader", none.clone()),
         ("MetalguardAgentSilent", none.clone()),
         ("MetalguardHostNeedsPerson", none.clone()),
+        ("MetalguardControlPlaneRemediationBlocked", none.clone()),
         ("MetalguardCheckShortCircuited", none),
     ];
     let tests = json!({

@@ -426,6 +426,106 @@ async fn five_thousand_idle_connections_keep_no_agent_report_out() {
     assert!(started.elapsed() < Duration::from_secs(40));
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_idle_metrics_connections_keeps_no_agent_out_and_each_is_closed_in_time() {
+    use tokio::io::AsyncReadExt as _;
+    // More idle connections than the controller's 1,024 descriptors: before the metrics
+    // endpoint had the agent API's bounds it held every one and agents got "Too many open
+    // files" (issue 28: 21,000 half-open connections locked every agent out).
+    const IDLE_METRICS: usize = 2_000;
+    raise_own_nofile(4_096);
+    let lab = Lab::start();
+    let port = reserve_port().unwrap();
+    let metrics_port = reserve_port().unwrap();
+    // Both limits at 1,024 (the controller cannot raise its soft limit past them).
+    let controller = lab.controller_with_nofile_and(
+        "ctl-a",
+        &port,
+        ("-n", 1_024),
+        &format!(
+            "metrics_listen = \"127.0.0.1:{}\"\n[controller.limits]\nheader_read_timeout = \"2s\"\n",
+            metrics_port.port()
+        ),
+    );
+    let pid = controller.pid().unwrap();
+    let agents = ["cp-1", "w-1", "w-2"];
+    wait_leader(
+        &client(&lab.tls(), Some("w-1")),
+        port.port(),
+        Duration::from_secs(15),
+    )
+    .await;
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port.port()));
+    // One scrape first: the endpoint answers.
+    assert!(scrape(address).await.starts_with("HTTP/1.1 200"));
+    let started = Instant::now();
+    // Bounded: the opener gives up after 20 refused connections in a row (a backlog the
+    // controller no longer accepts from).
+    let held = tokio::task::spawn_blocking(move || {
+        let mut held = Vec::new();
+        let mut failures = 0;
+        while held.len() < IDLE_METRICS && failures <= 20 {
+            match std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)) {
+                Ok(stream) => {
+                    held.push(stream);
+                    failures = 0;
+                }
+                Err(_) => failures += 1,
+            }
+        }
+        held
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "opened {} idle metrics connections in {:?}; controller holds {} files",
+        held.len(),
+        started.elapsed(),
+        open_files(pid)
+    );
+    // While they are held, every agent's report gets through.
+    agents_report(&lab, port.port(), &agents, &controller).await;
+    let files = open_files(pid);
+    assert!(
+        files < 512,
+        "the controller holds {files} files for {} idle metrics connections",
+        held.len()
+    );
+    drop(held);
+    // An idle connection that sends no header is closed after the header-read timeout.
+    let mut idle = tokio::net::TcpStream::connect(address).await.unwrap();
+    let opened = Instant::now();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(10), idle.read(&mut byte)).await;
+    assert!(matches!(read, Ok(Ok(0) | Err(_))), "{read:?}");
+    let waited = opened.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1_500) && waited < Duration::from_secs(5),
+        "closed after {waited:?}"
+    );
+    let answer = scrape(address).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "the endpoint serves again: {answer}"
+    );
+}
+
+/// `GET /metrics` over plain HTTP: the answer's text.
+async fn scrape(address: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    answer
+}
+
 /// `[controller.limits]` lines for a test.
 fn limits(lines: &str) -> String {
     format!("[controller.limits]\n{lines}\n")

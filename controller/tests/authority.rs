@@ -175,6 +175,28 @@ async fn a_certificate_of_a_host_outside_the_inventory_is_refused_on_every_endpo
         post_report(&mallory, port.port(), "mallory", "mallory").await,
         Ok(403)
     );
+    // Refused before its body is read: a body that does not parse gets the 403, not a 422
+    // listing the schema (issue 28).
+    for path in [
+        report_path("mallory"),
+        results_path("mallory"),
+        holds_path("mallory"),
+    ] {
+        let answer = mallory
+            .post(url(port.port(), &path))
+            .header("content-type", "application/json")
+            .body("{\"not\": \"a report\"")
+            .send()
+            .await
+            .unwrap();
+        let status = answer.status().as_u16();
+        let body = answer.text().await.unwrap();
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(
+            body.contains("mallory") && !body.contains("expected"),
+            "{path}: {body}"
+        );
+    }
     let poll = mallory
         .get(url(port.port(), &commands_path("mallory", Duration::ZERO)))
         .send()

@@ -310,7 +310,7 @@ fn check_config_names_the_etcd_file_that_is_wrong() {
     let (ok, _, err, _) = cli(&["check-config", "--inventory", inventory.to_str().unwrap()]);
     assert!(!ok);
     assert!(
-        err.contains(&format!("etcd.key_file {}: has mode 644", loose.display())),
+        err.contains(&format!("etcd.key_file {}: has mode 0644", loose.display())),
         "{err}"
     );
     assert!(

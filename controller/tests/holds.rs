@@ -18,11 +18,22 @@ use metalguard_api::protocol::{HoldAck, ReportAck, holds_path, report_path};
 use metalguard_api::snapshot::Hold;
 use metalguard_e2e::ports::reserve_port;
 
+/// Now, in ms: a hold made before the retention of released holds is not recorded anew.
+fn now_ms() -> u64 {
+    u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
 fn hold(id: &str, target: &str) -> Hold {
     Hold {
         id: id.to_owned(),
         target: target.to_owned(),
-        since: Timestamp(1_000),
+        since: Timestamp(now_ms()),
         by: "alice on w-1".to_owned(),
         reason: "smoke from the PSU".to_owned(),
         action: "off".to_owned(),
@@ -220,4 +231,45 @@ async fn a_hold_is_stored_shown_released_once_and_never_taken_again() {
     assert_eq!(json["holds"]["released"].as_array().unwrap().len(), 2);
     let (ok, text) = cli(&["release", "w-2", "--reason", "again"], &inventory);
     assert!(!ok && text.contains("has no hold"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_certificate_cannot_make_the_store_keep_more_holds_than_its_cap() {
+    use metalguard_api::snapshot::Hold;
+    let lab = Lab::start();
+    let port = reserve_port().unwrap();
+    // The rate limit raised so the test needs no minute per 84 posts.
+    let _controller = lab.controller_with(
+        "c1",
+        &port,
+        "[controller.limits]\nrequests_per_second = 1000\nrequest_burst = 1000\n",
+    );
+    let w1 = client(&lab.tls(), Some("w-1"));
+    wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
+    let base = now_ms();
+    let mut refused = Vec::new();
+    for i in 0..70u64 {
+        let target = ["cp-1", "w-2"][usize::from(i % 2 == 1)];
+        let hold = Hold {
+            since: Timestamp(base + i),
+            ..hold(&format!("w-1/{}", base + i), target)
+        };
+        let (status, body) = post_hold(&w1, port.port(), "w-1", &hold).await;
+        if status != 200 {
+            refused.push((i, status, body));
+        }
+    }
+    // 64 recorded, the rest refused naming the agent's cap; before, every one was a new key.
+    assert_eq!(refused.len(), 6, "{refused:?}");
+    assert!(
+        refused.iter().all(|(_, status, body)| *status == 422
+            && body.contains("agent w-1 brought 64 holds in force already")),
+        "{refused:?}"
+    );
+    let keys = lab
+        .etcd
+        .etcdctl(&["get", "--prefix", "--keys-only", "/metalguard/holds/"])
+        .unwrap();
+    let stored = keys.lines().filter(|l| !l.trim().is_empty()).count();
+    assert_eq!(stored, 64, "{keys}");
 }

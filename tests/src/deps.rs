@@ -37,6 +37,7 @@ pub const RULES: &[(&str, &[&str])] = &[
     ("metalguard-agent", AGENT_FORBIDDEN),
     ("metalguard-bmc", AGENT_FORBIDDEN),
     ("metalguard-etcd", AGENT_FORBIDDEN),
+    ("metalguard-fs", AGENT_FORBIDDEN),
     ("metalguard-e2e", HARNESS_FORBIDDEN),
 ];
 

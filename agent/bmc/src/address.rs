@@ -4,4 +4,5 @@
 
 pub use metalguard_api::bmc::address::{
     AddressError, BmcAddress, DEFAULT_HTTP_PORT, DEFAULT_HTTPS_PORT, DEFAULT_IPMI_PORT, Transport,
+    redact,
 };

@@ -7,13 +7,10 @@
 
 use std::fmt;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use metalguard_fs::{Access, FileError, Owners};
 use zeroize::{Zeroize, Zeroizing};
-
-/// Permission bits that make a secret file readable or writable by someone else.
-const LOOSE_MODE_BITS: u32 = 0o066;
 
 /// Why credentials could not be loaded. Never contains file contents.
 #[derive(Debug, thiserror::Error)]
@@ -27,15 +24,14 @@ pub enum CredentialsError {
         #[source]
         source: std::io::Error,
     },
-    /// The secret file is readable or writable by group or others.
-    #[error(
-        "bmc credentials at {path} have mode {mode:04o}; refusing a file readable or writable by group or others (chmod 600)"
-    )]
+    /// The secret file is accessible by group or others (the rule is `metalguard_fs`'s).
+    #[error("bmc credentials at {path} are refused")]
     LoosePermissions {
         /// The path.
         path: PathBuf,
-        /// The file's permission bits.
-        mode: u32,
+        /// What is wrong with it (its mode).
+        #[source]
+        source: FileError,
     },
     /// A required entry is missing or empty.
     #[error("bmc credentials at {path} have no {field}")]
@@ -153,14 +149,19 @@ fn read_secret(path: &Path, secret: bool) -> Result<Zeroizing<String>, Credentia
         path: path.to_owned(),
         source,
     };
-    // `metadata` follows symlinks, as Kubernetes Secret volumes use them.
-    let metadata = fs::metadata(path).map_err(read_error)?;
-    let mode = metadata.permissions().mode() & 0o7777;
-    if secret && mode & LOOSE_MODE_BITS != 0 {
-        return Err(CredentialsError::LoosePermissions {
-            path: path.to_owned(),
-            mode,
-        });
+    // The check follows symlinks, as Kubernetes Secret volumes use them. The credentials are
+    // named by whoever runs the command (a break-glass fence, a fence agent), so their owner
+    // proves nothing; the controller's `credentials_dir` is checked for its owner too.
+    if secret {
+        metalguard_fs::check_path(path, Access::Secret, &Owners::Anyone).map_err(|source| {
+            match source {
+                FileError::Examine { source, .. } => read_error(source),
+                source => CredentialsError::LoosePermissions {
+                    path: path.to_owned(),
+                    source,
+                },
+            }
+        })?;
     }
     let bytes = Zeroizing::new(fs::read(path).map_err(read_error)?);
     match std::str::from_utf8(&bytes) {
@@ -173,7 +174,7 @@ fn read_secret(path: &Path, secret: bool) -> Result<Zeroizing<String>, Credentia
 
 #[cfg(test)]
 mod tests {
-    use super::{Credentials, CredentialsError};
+    use super::{Credentials, CredentialsError, FileError};
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
@@ -214,11 +215,12 @@ mod tests {
             write(&file, "username=root\npassword=hunter2\n", mode);
             let err = Credentials::load(&file).unwrap_err();
             assert!(
-                matches!(err, CredentialsError::LoosePermissions { mode: m, .. } if m == mode),
+                matches!(err, CredentialsError::LoosePermissions { source: FileError::Mode { mode: m, .. }, .. } if m == mode),
                 "{mode:o}: {err:?}"
             );
-            assert!(err.to_string().contains(&format!("{mode:04o}")));
-            assert!(!err.to_string().contains("hunter2"));
+            let text = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+            assert!(text.contains(&format!("{mode:04o}")), "{text}");
+            assert!(!text.contains("hunter2"));
         }
         write(&dir.path().join("username"), "admin", 0o644);
         write(&dir.path().join("password"), "hunter2", 0o644);

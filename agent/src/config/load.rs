@@ -33,7 +33,8 @@ impl ConfigError {
 /// Reads, merges and validates the configuration rooted at `main`.
 pub fn load(main: &Path) -> Result<Loaded, ConfigError> {
     let loaded = read_merged(main)?;
-    let problems = loaded.config.validate();
+    let mut problems = super::files::check(&loaded);
+    problems.extend(loaded.config.validate());
     if problems.is_empty() {
         Ok(loaded)
     } else {
@@ -47,7 +48,8 @@ pub fn load(main: &Path) -> Result<Loaded, ConfigError> {
 /// elsewhere (a missing probe binary). Files that do not parse are still an error.
 pub fn load_lenient(main: &Path) -> Result<(Loaded, Vec<String>), ConfigError> {
     let loaded = read_merged(main)?;
-    let problems = loaded.config.validate();
+    let mut problems = super::files::check(&loaded);
+    problems.extend(loaded.config.validate());
     Ok((loaded, problems))
 }
 

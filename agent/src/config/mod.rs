@@ -7,6 +7,7 @@
 //! must fail loudly, never be ignored.
 
 mod bounds;
+pub(crate) mod files;
 mod load;
 mod schema;
 mod validate;

@@ -440,26 +440,11 @@ fn check_etcd_tls(etcd: &EtcdConfig, problems: &mut Vec<String>) {
 }
 
 fn check_file(key: &str, path: &Path, problems: &mut Vec<String>) {
-    if let Err(err) = std::fs::metadata(path) {
-        problems.push(format!("{key}: {}: {err}", path.display()));
-    }
+    super::files::authority(key, path, problems);
 }
 
-/// A secret file must exist and be readable by its owner only.
 fn check_secret(key: &str, path: &Path, problems: &mut Vec<String>) {
-    use std::os::unix::fs::PermissionsExt;
-    match std::fs::metadata(path) {
-        Err(err) => problems.push(format!("{key}: {}: {err}", path.display())),
-        Ok(meta) => {
-            let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o077 != 0 {
-                problems.push(format!(
-                    "{key}: {} is readable by group or others (mode {mode:04o}); run chmod 600 on it",
-                    path.display()
-                ));
-            }
-        }
-    }
+    super::files::secret(key, path, problems);
 }
 
 #[cfg(test)]

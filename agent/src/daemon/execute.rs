@@ -17,6 +17,7 @@ use metalguard_api::protocol::{
     BmcTrust, Command, CommandKind, CommandResult, FenceCommand, Outcome, PowerAction, PromotedBy,
     TimelineDirection, TimelineEntry,
 };
+use metalguard_api::text::escaped;
 use metalguard_bmc::{
     Bmc, CallTimeouts, Credentials, Direction, FenceAction, FenceOptions, PowerControl, TlsTrust,
 };
@@ -200,11 +201,11 @@ impl Executor {
                 return rejected(&format!(
                     "{} is held by break-glass hold {} (power {} by {} at {}: {}); this agent does not touch its power until a person runs `metalguard-controller release {}`",
                     command.target,
-                    hold.id,
-                    hold.action,
-                    hold.by,
+                    escaped(&hold.id),
+                    escaped(&hold.action),
+                    escaped(&hold.by),
                     hold.since,
-                    hold.reason,
+                    escaped(&hold.reason),
                     command.target
                 ));
             }

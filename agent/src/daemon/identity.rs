@@ -1,6 +1,6 @@
 //! The agent's TLS identity towards the controller, renewed without a restart: the HTTPS
 //! client is rebuilt from `controller.ca`, `controller.cert` and `controller.key` whenever
-//! one of them changes on disk (modification time, length or inode), so a renewed
+//! one of them changes on disk (modification time, length, inode, mode or owner), so a renewed
 //! certificate copied over the old one is used from the next connection on.
 //!
 //! A change that does not make a usable identity (the certificate copied but not its key
@@ -14,12 +14,19 @@ use std::time::SystemTime;
 
 use crate::config::ControllerConfig;
 
-/// Modification time, length and inode of one file (`None` when it cannot be read).
-type FileStamp = Option<(SystemTime, u64, u64)>;
+/// Modification time, length, inode, mode and owner of one file (`None` when it cannot be
+/// read): a `chmod` or `chown` is a change too, since the files are checked again.
+type FileStamp = Option<(SystemTime, u64, u64, u32, u32)>;
 
 fn stamp(path: &Path) -> FileStamp {
     let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len(), meta.ino()))
+    Some((
+        meta.modified().ok()?,
+        meta.len(),
+        meta.ino(),
+        meta.mode(),
+        meta.uid(),
+    ))
 }
 
 /// The HTTPS client built from the identity files, and what they looked like then.
@@ -91,6 +98,14 @@ fn stamps(config: &ControllerConfig) -> [FileStamp; 3] {
 }
 
 fn build(config: &ControllerConfig) -> Result<reqwest::Client, String> {
+    // Checked again at every change, as `check-config` checks them (crate::config::files).
+    let mut problems = Vec::new();
+    crate::config::files::authority("controller.ca", &config.ca, &mut problems);
+    crate::config::files::authority("controller.cert", &config.cert, &mut problems);
+    crate::config::files::secret("controller.key", &config.key, &mut problems);
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
     let tls =
         crate::client_tls::config("controller", &config.ca, Some((&config.cert, &config.key)))?;
     reqwest::Client::builder()
@@ -161,5 +176,36 @@ mod tests {
         assert_eq!(identity.renewals(), 1, "the renewed pair");
         identity.client();
         assert_eq!(identity.renewals(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_renewed_pair_others_may_write_or_read_is_not_applied() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let first = ServerCert::ca_signed().unwrap();
+        let second = ServerCert::ca_signed().unwrap();
+        write_file(
+            &dir.path().join("ca.crt"),
+            first.ca_pem.as_deref().unwrap().as_bytes(),
+            0o644,
+        )
+        .unwrap();
+        install(dir.path(), &first, &first);
+        let identity = Identity::new(&config(dir.path())).unwrap();
+        install(dir.path(), &second, &second);
+        let set = |name: &str, mode| {
+            std::fs::set_permissions(dir.path().join(name), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        };
+        set("agent.crt", 0o666);
+        identity.client();
+        assert_eq!(identity.renewals(), 0, "a certificate anyone may replace");
+        set("agent.crt", 0o644);
+        set("agent.key", 0o640);
+        identity.client();
+        assert_eq!(identity.renewals(), 0, "a key the group may read");
+        set("agent.key", 0o600);
+        identity.client();
+        assert_eq!(identity.renewals(), 1, "the pair once its modes are right");
     }
 }

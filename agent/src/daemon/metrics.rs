@@ -38,6 +38,7 @@ pub struct AgentMetrics {
     probe_seconds: Family<ProbeLabels, Histogram>,
     insecure_tls: Counter,
     bmc_reachable: Family<BmcLabels, Gauge>,
+    journal_files_ignored: Gauge,
 }
 
 impl AgentMetrics {
@@ -72,6 +73,12 @@ impl AgentMetrics {
             "Whether the latest credential-free check reached the BMC of each host this agent may be asked to fence: 1 reached, 0 not",
             bmc_reachable.clone(),
         );
+        let journal_files_ignored = Gauge::default();
+        registry.register(
+            "journal_files_ignored",
+            "Files in the operation journal this agent did not write (another owner, a symlink): ignored, each logged once",
+            journal_files_ignored.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             probe_healthy,
@@ -79,7 +86,13 @@ impl AgentMetrics {
             probe_seconds,
             insecure_tls,
             bmc_reachable,
+            journal_files_ignored,
         }
+    }
+
+    /// The gauge the operation journal counts its ignored files in.
+    pub fn journal_files_ignored(&self) -> Gauge {
+        self.journal_files_ignored.clone()
     }
 
     /// Records a round of BMC reachability checks, one series per target checked (hosts no

@@ -151,7 +151,7 @@ async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
     if let Some(controller) = &config.controller {
         let executor = match journal::Journal::open(&config.state.dir) {
             Ok(journal) => execute::Executor::new(
-                journal,
+                journal.counting_ignored_in(metrics.journal_files_ignored()),
                 etcd_settings(&config),
                 joiner(&config),
                 &config.state.dir,

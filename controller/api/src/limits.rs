@@ -55,6 +55,12 @@ pub enum LimitError {
         /// The bound.
         max: usize,
     },
+    /// A string holds a control character (a screen-clear sequence, a forged log line).
+    #[error("{field} contains a control character; it would reach terminals and logs as it is")]
+    Control {
+        /// The field, e.g. `reason`.
+        field: String,
+    },
     /// A string is too long.
     #[error("{field} is {len} bytes long; at most {max} are accepted")]
     TooLong {
@@ -155,7 +161,23 @@ pub fn check_report(report: &AgentReport) -> Result<(), LimitError> {
 
 /// Whether a posted hold is within every bound.
 pub fn check_hold(hold: &Hold) -> Result<(), LimitError> {
-    check_hold_fields("", hold)
+    check_hold_fields("", hold)?;
+    // A posted hold is refused whole. A hold in a report is not (the report carries the
+    // host's health); its fields are escaped wherever they are printed.
+    for (field, value) in [
+        ("id", &hold.id),
+        ("target", &hold.target),
+        ("by", &hold.by),
+        ("reason", &hold.reason),
+        ("action", &hold.action),
+    ] {
+        if crate::text::has_control(value) {
+            return Err(LimitError::Control {
+                field: field.to_owned(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn check_hold_fields(prefix: &str, hold: &Hold) -> Result<(), LimitError> {
@@ -308,6 +330,26 @@ mod tests {
         TimelineEntry,
     };
     use crate::snapshot::ConditionStatus;
+
+    #[test]
+    fn a_posted_hold_with_a_control_character_is_refused_naming_the_field() {
+        let hold = |by: &str, reason: &str| Hold {
+            id: "cp-2/1".into(),
+            target: "cp-1".into(),
+            since: Timestamp(1),
+            by: by.into(),
+            reason: reason.into(),
+            action: "off".into(),
+        };
+        assert!(check_hold(&hold("alice on cp-2", "disk noise")).is_ok());
+        let err = check_hold(&hold("alice\u{1b}[2J", "x")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "by contains a control character; it would reach terminals and logs as it is"
+        );
+        let err = check_hold(&hold("alice", "x\n2026-01-01 ERROR forged")).unwrap_err();
+        assert!(err.to_string().starts_with("reason contains"), "{err}");
+    }
 
     fn report() -> AgentReport {
         serde_json::from_str(r#"{"host":"cp-1","agent_version":"0.1.0","sequence":1,"sent_at":5}"#)

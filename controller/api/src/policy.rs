@@ -21,6 +21,9 @@ pub const DEFAULT_MIN_HEALTHY_PERIOD: Duration = Duration::from_secs(3600);
 pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(300);
 /// Default `maxRetry`: 3 retries after the first attempt.
 pub const DEFAULT_MAX_RETRY: u32 = 3;
+/// The most retries a policy may allow (`max_retry`, Kubernetes `maxRetries`): far more than
+/// any host deserves, and far from the integer's end (4294967295 overflowed the planner).
+pub const MAX_MAX_RETRY: u32 = 100;
 /// Default number of worker remediations running at once ("one node at a time", seed 003).
 pub const DEFAULT_MAX_CONCURRENT: u32 = 1;
 /// An agent that has not reported for this long may not execute remediations.

@@ -166,6 +166,11 @@ pub struct FenceRequest {
     /// PowerOff`): the remediation ends needing a person instead of powering the host on.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stay_off: bool,
+    /// A random value the request is made with (standalone: sealed with it). The leader records
+    /// it as consumed when the request becomes a remediation, apart from the remediation, so
+    /// the same request put back from the store's history is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
 }
 
 /// A break-glass hold: a person fenced a host directly through its BMC

@@ -17,7 +17,7 @@ fn needs_escape(c: char) -> bool {
 /// `text` with control characters escaped (`\n`, `\u{1b}`) and cut after `max_chars`
 /// characters of output, ending with `… (N more bytes)` when cut.
 pub fn excerpt(text: &str, max_chars: usize) -> String {
-    let mut out = String::with_capacity(text.len().min(max_chars + 32));
+    let mut out = String::with_capacity(text.len().min(max_chars.saturating_add(32)));
     let mut shown = 0usize;
     for (at, c) in text.char_indices() {
         let piece: String = if needs_escape(c) {
@@ -34,6 +34,18 @@ pub fn excerpt(text: &str, max_chars: usize) -> String {
         out.push_str(&piece);
     }
     out
+}
+
+/// Whether `text` holds a character [`excerpt`] escapes (a control character, an invisible
+/// direction or zero-width mark).
+pub fn has_control(text: &str) -> bool {
+    text.chars().any(needs_escape)
+}
+
+/// `text` whole, with those characters escaped: for printing text that came from elsewhere.
+pub fn escaped(text: &str) -> String {
+    // No character escapes to more than `\u{10ffff}`: ten characters.
+    excerpt(text, text.len().saturating_mul(10))
 }
 
 /// Cuts `text` in place to at most `max_bytes` bytes (at a character boundary), ending with

@@ -218,6 +218,7 @@ fn to_host(i: usize, b: HostBits) -> Host {
             requested_by: Some("admin".into()),
             force_reason: forced.then(|| "test".to_owned()),
             stay_off: false,
+            nonce: None,
         }),
         retirement: b.retiring.then(|| Retirement {
             requested_at: ago(90),

@@ -78,6 +78,7 @@ fn snapshot(desired: u32, hosts: &[HostBits], rems: &[(usize, u8, u8)]) -> Snaps
                 requested_by: None,
                 force_reason: (c & 16 != 0).then(|| "forced".to_owned()),
                 stay_off: false,
+                nonce: None,
             });
         }
         if c & 128 != 0 {

@@ -229,6 +229,7 @@ fn run_history(setup: &Setup, events: &[Event]) -> Result<(), String> {
                         requested_by: Some("prop".into()),
                         force_reason: forced.then(|| "property test".to_owned()),
                         stay_off: false,
+                        nonce: None,
                     });
                 }
             }

@@ -393,6 +393,7 @@ fn admin_fence_goes_through_the_gates_unless_forced_and_the_reason_is_recorded()
             requested_by: Some("alice".into()),
             force_reason: None,
             stay_off: false,
+            nonce: None,
         });
     });
     let p = w.step().unwrap();
@@ -433,6 +434,7 @@ fn forced_fence_of_a_control_plane_host_never_skips_the_quorum_guard() {
             requested_by: None,
             force_reason: Some("because".into()),
             stay_off: false,
+            nonce: None,
         });
     });
     let p = w.step().unwrap();
@@ -471,6 +473,7 @@ fn a_stay_off_fence_powers_off_handles_the_node_and_leaves_the_host_off_for_a_pe
             requested_by: Some("alice".into()),
             force_reason: None,
             stay_off: true,
+            nonce: None,
         });
     });
     let rid = "remediation/w-0/1";
@@ -519,6 +522,7 @@ fn without_stay_off_the_same_fence_powers_the_host_back_on() {
             requested_by: Some("alice".into()),
             force_reason: None,
             stay_off: false,
+            nonce: None,
         });
     });
     let rid = "remediation/w-0/1";
@@ -529,4 +533,25 @@ fn without_stay_off_the_same_fence_powers_the_host_back_on() {
     }
     assert!(steps(&w, rid).iter().any(|s| s == "power-on"));
     assert!(!w.snap.remediations.iter().any(|r| r.stay_off));
+}
+
+#[test]
+fn the_largest_max_retry_retries_without_overflowing() {
+    // `max_retry = 4294967295` passed the checks and overflowed `max_retry + 1` at the second
+    // attempt, panicking the leader's task (issue 28).
+    let mut w = world(2, &["cp-0"], |w| {
+        w.policy.remediation.max_retry = u32::MAX;
+        w.bmc_broken.insert("cp-0".into());
+    });
+    run(&mut w, 3);
+    assert!(matches!(phase(&w, "remediation/cp-0/1"), P::Failed { .. }));
+    w.advance(301);
+    run(&mut w, 3);
+    let second = w
+        .snap
+        .remediations
+        .iter()
+        .find(|r| r.id == "remediation/cp-0/2")
+        .unwrap();
+    assert_eq!(second.attempt, 2);
 }

@@ -5,8 +5,9 @@
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
-/// Descriptors kept for everything but agent connections: etcd clients, the metrics endpoint,
-/// the inventory and credential files, logs.
+/// Descriptors kept for everything but agent connections: etcd clients, the metrics endpoint
+/// (at most `control::metrics::METRICS_MAX_CONNECTIONS` connections), the inventory and
+/// credential files, logs.
 pub const RESERVED_FILES: u64 = 128;
 
 /// The soft limit before and after raising it to the hard limit.
@@ -35,6 +36,15 @@ mod tests {
         let (_, now) = raise_open_files().unwrap();
         let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
         assert_eq!((now, soft), (hard, hard));
+    }
+
+    #[test]
+    fn the_metrics_endpoint_fits_in_the_reserve_with_room_to_spare() {
+        let metrics = crate::control::metrics::METRICS_MAX_CONNECTIONS as u64;
+        assert!(
+            metrics * 2 <= RESERVED_FILES,
+            "{metrics} of {RESERVED_FILES}"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 pub mod conn;
 pub mod guard;
+pub mod http;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +25,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use metalguard_api::limits::{
     MAX_HOLD_BYTES, MAX_REPORT_BYTES, MAX_RESULT_BYTES, check_hold, check_report, check_result,
 };
@@ -38,17 +38,12 @@ use tokio::net::TcpListener;
 use tokio_rustls::LazyConfigAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use self::conn::{Activity, ConnectionSlot, Connections, HandshakeSlot};
+use self::conn::{ConnectionSlot, Connections, HandshakeSlot};
 use self::guard::{BodyBound, Guards};
 use crate::api::hub::{HoldError, Hub, Inbound, ResultError};
 use crate::clock::now;
 use crate::inventory::ApiLimits;
 use crate::pki::revocation::CertIdentity;
-
-/// hyper's read buffer per connection (headers must fit; bodies stream through it).
-const MAX_BUF_SIZE: usize = 64 * 1024;
-/// How often refused connections are logged at most.
-const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The connection's verified client certificate: the host it names, its serial and
 /// fingerprint.
@@ -91,6 +86,12 @@ pub fn router(hub: Arc<Hub>, guards: &Arc<Guards>, limits: &ApiLimits) -> Router
             HOLDS_PATH,
             post(holds).layer(body(MAX_HOLD_BYTES)).layer(rate),
         )
+        // Before any route's layers: a certificate the hub does not admit is answered 403
+        // before its body is read or parsed (it got a 422 listing the schema first).
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&hub),
+            admit_certificate,
+        ))
         .layer(axum::middleware::from_fn(conn::track_activity))
         .layer(axum::middleware::map_response(guard::json_errors))
         .layer(axum::middleware::from_fn_with_state(
@@ -98,6 +99,24 @@ pub fn router(hub: Arc<Hub>, guards: &Arc<Guards>, limits: &ApiLimits) -> Router
             count_refusals,
         ))
         .with_state(hub)
+}
+
+/// 403 for a request whose certificate the hub does not admit (a host outside the inventory
+/// in force, retired and verified off, or revoked), before anything else reads the request.
+async fn admit_certificate(
+    State(hub): State<Arc<Hub>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let refusal = request
+        .extensions()
+        .get::<PeerHost>()
+        .and_then(|peer| hub.admits(&peer.0).err().map(|why| (peer.0.clone(), why)));
+    if let Some((certificate, why)) = refusal {
+        tracing::warn!(certificate = %certificate.host, serial = %certificate.serial, reason = %why, "agent certificate refused");
+        return refuse(StatusCode::FORBIDDEN, why);
+    }
+    next.run(request).await
 }
 
 /// Counts every error answer by status (`metalguard_controller_api_refusals_total`).
@@ -341,34 +360,10 @@ pub async fn serve(
     let app = router(hub, &guards, &limits);
     let connections = Connections::new(&limits, max_connections);
     let limits = Arc::new(limits);
-    let mut refusals_logged: Option<tokio::time::Instant> = None;
-    let mut refused = 0u64;
-    loop {
-        let (tcp, remote) = tokio::select! {
-            () = cancel.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    tracing::warn!(%error, "agent api accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let Some(slot) = connections.admit() else {
-            drop(tcp);
-            refused += 1;
-            if refusals_logged.is_none_or(|at| at.elapsed() >= REFUSAL_LOG_INTERVAL) {
-                tracing::warn!(
-                    refused,
-                    open = connections.open(),
-                    "agent api connections refused: the connection limit is reached"
-                );
-                refusals_logged = Some(tokio::time::Instant::now());
-                refused = 0;
-            }
-            continue;
-        };
+    let mut refusals = http::Refusals::default();
+    while let Some((tcp, remote, slot)) =
+        http::accept_admitted(&listener, &connections, "agent api", &mut refusals, &cancel).await
+    {
         let hello = connections.await_hello();
         tokio::spawn(serve_one(
             tcp,
@@ -456,40 +451,6 @@ async fn serve_one(
         tracing::warn!(%remote, host = %host.host, max = limits.max_connections_per_host, "agent api connection closed: the host holds its share of connections");
         return;
     };
-    let activity = Activity::new();
-    let service = hyper_util::service::TowerToHyperService::new(
-        app.layer(Extension(PeerHost(host)))
-            .layer(Extension(Arc::clone(&activity))),
-    );
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(MAX_BUF_SIZE);
-    let connection = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(connection);
-    let mut closing = false;
-    loop {
-        let idle_until = activity
-            .idle_since()
-            .unwrap_or_else(tokio::time::Instant::now)
-            + limits.idle_timeout;
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(error) = result {
-                    tracing::debug!(%remote, %error, "agent api connection ended with an error");
-                }
-                return;
-            }
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep_until(idle_until), if !closing => {
-                let idle = activity.idle_since().is_some_and(|since| since.elapsed() >= limits.idle_timeout);
-                if idle {
-                    tracing::debug!(%remote, "agent api connection closed after its idle timeout");
-                    connection.as_mut().graceful_shutdown();
-                    closing = true;
-                }
-            }
-        }
-    }
+    let app = app.layer(Extension(PeerHost(host)));
+    http::serve_connection(stream, app, &limits, remote, "agent api", &cancel).await;
 }

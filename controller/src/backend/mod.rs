@@ -6,13 +6,14 @@
 //! [`State`], records reports, and applies atomic batches of [`Write`]s that succeed only
 //! while it still leads — so two controllers never both act.
 
+pub mod holds;
 pub mod state;
 
 use std::future::Future;
 
 pub use state::{
-    ControllerNotes, HoldRelease, OperationKind, StaleSeal, State, StoredHold, StoredOperation,
-    StoredReport,
+    ConsumedFenceRequest, ControllerNotes, HoldRelease, OperationKind, StaleSeal, State,
+    StoredHold, StoredOperation, StoredReport,
 };
 
 use metalguard_api::remediation::Remediation;
@@ -75,6 +76,8 @@ pub enum Write {
     PutRemediation(Remediation),
     /// Remove a host's pending fence request (it became a remediation).
     DeleteFenceRequest(String),
+    /// Record a fence request's nonce as consumed (standalone; the batch fails if it was).
+    ConsumeFenceRequest(ConsumedFenceRequest),
     /// Replace a host's preDrain hook set.
     PutHooks(String, std::collections::BTreeSet<String>),
     /// Replace the leader's notes for people.
@@ -82,6 +85,8 @@ pub enum Write {
     /// Record a break-glass hold an agent reported or posted; the batch fails if a record
     /// with its id exists (active or released: a released id is never recorded again).
     CreateHold(StoredHold),
+    /// Delete the record of a hold released longer than `holds::HOLD_RETENTION` ago.
+    DeleteHold(String),
     /// Act on a host's Node (Kubernetes backend only: planned only when [`State::nodes`] is
     /// set). Written after the intent that justifies it and before the phase that records it.
     Node(NodeWrite),

@@ -114,6 +114,18 @@ impl StoredHold {
     }
 }
 
+/// A fence request the leader turned into a remediation: its nonce, its host, when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumedFenceRequest {
+    /// The request's nonce.
+    pub nonce: String,
+    /// The host it asked to fence.
+    pub host: String,
+    /// When the leader consumed it.
+    pub at: Timestamp,
+}
+
 /// A person's release of a hold (`metalguard-controller release`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -137,6 +149,9 @@ pub struct State {
     pub remediations: BTreeMap<String, Remediation>,
     /// Pending administrator fence requests by host.
     pub fence_requests: BTreeMap<String, FenceRequest>,
+    /// Fence requests that became remediations, by nonce (standalone: kept apart from the
+    /// remediations, so deleting one does not make its request servable again).
+    pub consumed_fence_requests: BTreeMap<String, ConsumedFenceRequest>,
     /// Pending administrator retirement requests by host.
     pub retirements: BTreeMap<String, Retirement>,
     /// preDrain hooks per host.

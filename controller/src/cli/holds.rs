@@ -10,6 +10,7 @@
 use std::fmt::Write as _;
 
 use metalguard_api::duration::Timestamp;
+use metalguard_api::text::escaped;
 
 use crate::backend::{HoldRelease, State, StoredHold};
 
@@ -73,11 +74,11 @@ pub fn describe(record: &StoredHold, recorded: bool, now: Timestamp) -> String {
         "{}: HELD since {:.1}s ago by {} (break-glass power {}: {}); via agent {}, hold {}",
         hold.target,
         now.since(hold.since).as_secs_f64(),
-        hold.by,
-        hold.action,
-        hold.reason,
+        escaped(&hold.by),
+        escaped(&hold.action),
+        escaped(&hold.reason),
         record.reported_by,
-        hold.id,
+        escaped(&hold.id),
     );
     if !recorded {
         line.push_str(" (reported, not stored yet)");
@@ -151,7 +152,12 @@ pub fn released_line(record: &StoredHold) -> String {
     let hold = &record.hold;
     format!(
         "released hold {} of {} (power {} by {}: {}); the controller handles {} like any other host again: if it is off and silent it is remediated (powered on)",
-        hold.id, hold.target, hold.action, hold.by, hold.reason, hold.target
+        escaped(&hold.id),
+        hold.target,
+        escaped(&hold.action),
+        escaped(&hold.by),
+        escaped(&hold.reason),
+        hold.target
     )
 }
 
@@ -198,6 +204,25 @@ mod tests {
         assert_eq!(json["active"][0]["recorded"], true);
         assert!(json["released"].as_array().unwrap().is_empty());
         assert_eq!(render(&State::default(), Timestamp(1)), "");
+    }
+
+    #[test]
+    fn control_characters_in_a_hold_reach_no_terminal_raw() {
+        // A hold reported by an agent (a report is not refused for it) with a screen-clear
+        // sequence and a forged log line in its fields.
+        let mut state = State::default();
+        let mut r = record(hold("cp-2/1000", "cp-1", 1_000));
+        r.hold.by = "mallory\u{1b}[2J".into();
+        r.hold.reason = "x\nERROR forged line".into();
+        state.hold_records.insert(r.hold.id.clone(), r.clone());
+        for text in [render(&state, Timestamp(3_500)), released_line(&r)] {
+            assert!(!text.contains('\u{1b}'), "{text:?}");
+            assert!(!text.contains("\nERROR"), "a forged line: {text:?}");
+            assert!(
+                text.contains("mallory\\u{1b}[2J") && text.contains("x\\nERROR"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -236,12 +236,16 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 "host {host} is not in the inventory"
             );
             let mut backend = connect(&inventory, "cli".to_owned())?;
-            let request = FenceRequest {
-                requested_at: now(),
-                requested_by: Some(format!("{} (cli): {reason}", invoker())),
-                force_reason: force.then(|| reason.clone()),
-                stay_off: power_off,
-            };
+            let request =
+                FenceRequest {
+                    requested_at: now(),
+                    requested_by: Some(format!("{} (cli): {reason}", invoker())),
+                    force_reason: force.then(|| reason.clone()),
+                    stay_off: power_off,
+                    nonce: Some(crate::standalone::etcd::new_nonce().map_err(|e| {
+                        anyhow::anyhow!("no random nonce for the fence request: {e}")
+                    })?),
+                };
             backend.request_fence(&host, &request).await?;
             println!("fence of {host} requested; the leader plans it on its next round");
             // The same decision the leader will make, computed here from the stored state.

@@ -17,14 +17,16 @@ use crate::inventory::Inventory;
 use crate::pki::certs;
 use crate::pki::tls::{KeyModes, TlsFiles, server_config};
 
-/// Every problem with the controller's own secrets and lists: its private keys (and the CA's
-/// if it is kept here) readable by others, the TLS files, the hmac key file, the deny list.
+/// Every problem with the controller's own secrets and lists: `tls_dir`, the CA and the server
+/// certificate writable by others or owned by a stranger, its private keys (and the CA's if
+/// it is kept here) readable by others, the TLS files, the hmac key file, the deny list.
 pub(super) fn check_controller_files(inventory: &Inventory) -> Vec<String> {
     let settings = &inventory.controller;
     let mut problems = Vec::new();
     match &settings.tls_dir {
         Some(dir) => {
             let files = TlsFiles::in_dir(dir, &settings.server_cert_name);
+            problems.extend(files.check_authority(dir).iter().map(|e| chain(e)));
             problems.extend(
                 files
                     .check_key_modes(KeyModes::OwnerOnly)
@@ -213,12 +215,17 @@ pub(super) async fn serve<B: crate::backend::Backend + 'static>(
         cancel.clone(),
     ));
     if let Some(addr) = settings.metrics_listen {
-        let (metrics, cancel) = (metrics.clone(), cancel.clone());
-        tasks.spawn(async move {
-            if let Err(error) = crate::control::metrics::serve(addr, metrics, cancel).await {
-                tracing::error!(%addr, %error, "metrics endpoint failed");
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                tasks.spawn(crate::control::metrics::serve(
+                    listener,
+                    metrics.clone(),
+                    settings.limits.clone(),
+                    cancel.clone(),
+                ));
             }
-        });
+            Err(error) => tracing::error!(%addr, %error, "metrics endpoint failed"),
+        }
     }
     let controller = Controller::new(backend, inventory, hub, metrics);
     let controller = match inventory_path {
@@ -232,12 +239,90 @@ pub(super) async fn serve<B: crate::backend::Backend + 'static>(
     tasks.spawn(controller.run(inbox, cancel.clone()));
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("sigterm handler could not be installed")?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = sigterm.recv() => {}
-    }
-    tracing::info!("shutting down");
+    let signal = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = sigterm.recv() => {}
+        }
+    };
+    supervise(tasks, signal, cancel).await
+}
+
+/// Runs until `signal`, or until one of `tasks` ends first: a task that panicked (the leader's
+/// loop on an overflow, issue 28) or returned ends the process with an error, so systemd or
+/// the kubelet restarts it, instead of leaving a controller that answers 503 forever. Either
+/// way `cancel` stops the others and they are awaited.
+pub(super) async fn supervise(
+    mut tasks: tokio::task::JoinSet<()>,
+    signal: impl std::future::Future<Output = ()>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let ended = tokio::select! {
+        () = signal => None,
+        Some(ended) = tasks.join_next() => Some(ended),
+    };
     cancel.cancel();
+    match &ended {
+        None => tracing::info!("shutting down"),
+        Some(Err(error)) if error.is_panic() => {
+            tracing::error!(%error, "a controller task panicked; exiting so that it is restarted");
+        }
+        Some(_) => {
+            tracing::error!("a controller task ended on its own; exiting so that it is restarted");
+        }
+    }
     while tasks.join_next().await.is_some() {}
-    Ok(())
+    match ended {
+        None => Ok(()),
+        Some(Err(error)) if error.is_panic() => {
+            anyhow::bail!(
+                "a controller task panicked; the controller exits so that it is restarted"
+            )
+        }
+        Some(_) => anyhow::bail!(
+            "a controller task ended on its own; the controller exits so that it is restarted"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_task_ends_the_process_with_an_error_and_stops_the_others() {
+        let cancel = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let stopped = CancellationToken::new();
+        let (others, done) = (cancel.clone(), stopped.clone());
+        tasks.spawn(async move {
+            others.cancelled().await;
+            done.cancel();
+        });
+        tasks.spawn(async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            #[allow(clippy::panic)]
+            {
+                panic!("attempt overflow");
+            }
+        });
+        let never = std::future::pending::<()>();
+        let outcome = tokio::time::timeout(Duration::from_secs(5), supervise(tasks, never, cancel))
+            .await
+            .expect("the controller kept running with a dead task");
+        let error = outcome.unwrap_err().to_string();
+        assert!(error.contains("panicked"), "{error}");
+        assert!(stopped.is_cancelled(), "the other tasks were stopped");
+    }
+
+    #[tokio::test]
+    async fn a_signal_ends_it_cleanly() {
+        let cancel = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let token = cancel.clone();
+        tasks.spawn(async move { token.cancelled().await });
+        supervise(tasks, async {}, cancel).await.unwrap();
+    }
 }

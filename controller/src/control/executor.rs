@@ -35,8 +35,17 @@ pub fn writes_for(action: &Action, state: &State, now: Timestamp) -> Option<Vec<
                 return None;
             }
             let mut writes = vec![Write::PutRemediation(remediation.clone())];
-            if state.fence_requests.contains_key(&remediation.target) {
+            if let Some(request) = state.fence_requests.get(&remediation.target) {
                 writes.push(Write::DeleteFenceRequest(remediation.target.clone()));
+                if let Some(nonce) = &request.nonce {
+                    writes.push(Write::ConsumeFenceRequest(
+                        crate::backend::ConsumedFenceRequest {
+                            nonce: nonce.clone(),
+                            host: remediation.target.clone(),
+                            at: now,
+                        },
+                    ));
+                }
             }
             Some(writes)
         }

@@ -66,6 +66,14 @@ fn apply(state: &mut State, writes: Vec<Write>) {
             Write::CreateHold(record) => {
                 state.hold_records.insert(record.hold.id.clone(), record);
             }
+            Write::DeleteHold(id) => {
+                state.hold_records.remove(&id);
+            }
+            Write::ConsumeFenceRequest(consumed) => {
+                state
+                    .consumed_fence_requests
+                    .insert(consumed.nonce.clone(), consumed);
+            }
             Write::Node(_) | Write::Reseal(_) => {}
         }
     }

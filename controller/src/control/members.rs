@@ -116,6 +116,7 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
                 requested_by: Some("mallory".into()),
                 force_reason: Some("testing".into()),
                 stay_off: false,
+                nonce: None,
             },
         );
         state

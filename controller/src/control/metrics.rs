@@ -1,6 +1,5 @@
 //! Prometheus metrics, on an explicit registry, for what an operator alerts on.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::routing::get;
@@ -25,6 +24,8 @@ pub struct Metrics {
     pub unhealthy_targets: Family<Labels, Gauge>,
     /// 1 per health check whose remediation is short-circuited.
     pub short_circuited: Family<Labels, Gauge>,
+    /// Control-plane hosts waiting behind a failed control-plane remediation.
+    pub control_plane_blocked_by_failed: Gauge,
     /// Remediations per phase.
     pub remediations: Family<Labels, Gauge>,
     /// Fence results by protocol and outcome.
@@ -103,6 +104,7 @@ impl Metrics {
             store_unavailable: Gauge::default(),
             unhealthy_targets: Family::default(),
             short_circuited: Family::default(),
+            control_plane_blocked_by_failed: Gauge::default(),
             remediations: Family::default(),
             fences: Family::default(),
             fence_seconds: Family::new_with_constructor(|| {
@@ -157,6 +159,11 @@ impl Metrics {
             "short_circuited",
             "1 per health check whose remediation is short-circuited",
             metrics.short_circuited.clone(),
+        );
+        registry.register(
+            "control_plane_blocked_by_failed",
+            "Control-plane hosts the plan does not remediate because a failed control-plane remediation holds the one-at-a-time slot until it is retried or a person acts",
+            metrics.control_plane_blocked_by_failed.clone(),
         );
         registry.register(
             "remediations",
@@ -350,17 +357,30 @@ pub fn label(key: &str, value: &str) -> Labels {
     vec![(key.to_owned(), value.to_owned())]
 }
 
-/// Serves `/metrics` on `addr` (plain HTTP, bind it to a local address) until `cancel`.
+/// Connections the metrics endpoint serves at once (a scraper or two need a handful); part of
+/// the descriptors kept out of the agent API's budget (`api::rlimit::RESERVED_FILES`).
+pub const METRICS_MAX_CONNECTIONS: usize = 32;
+
+/// Serves `/metrics` on `listener` (plain HTTP, bind it to a local address) until `cancel`,
+/// with the agent API's header-read and idle timeouts and at most
+/// [`METRICS_MAX_CONNECTIONS`] connections: a flood of idle connections to it cannot take the
+/// descriptors the agent API needs.
 pub async fn serve(
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
+    limits: crate::inventory::ApiLimits,
     cancel: CancellationToken,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+) {
     let app = axum::Router::new().route("/metrics", get(move || async move { metrics.render() }));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await
+    crate::api::server::http::serve_plain(
+        listener,
+        app,
+        limits,
+        METRICS_MAX_CONNECTIONS,
+        "metrics",
+        cancel,
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -36,6 +36,16 @@ pub fn needs(plan: &Plan) -> Vec<String> {
         .collect()
 }
 
+/// A line for people when a failed control-plane remediation holds the one-at-a-time slot
+/// while other control-plane hosts wait behind it (`status`, under "needs a person").
+pub fn control_plane_blocked(state: &State, plan: &Plan) -> Option<String> {
+    let (failed, waiting) = crate::control::service::gauges::control_plane_blocked(state, plan)?;
+    Some(format!(
+        "failed control-plane remediation {} blocks every other control-plane remediation ({waiting} host(s) wait): one runs at a time until it is retried or a person acts; look at why it failed, then cancel it or fix the cause (docs/runbooks.md, MetalguardControlPlaneRemediationBlocked)",
+        failed.join(", ")
+    ))
+}
+
 /// How far the retirement of `host` has come, in one line.
 pub fn retirement_progress(
     inventory: &Inventory,
@@ -113,6 +123,63 @@ mod tests {
             kind,
             reason: "2 hosts stay, desired 3 (replacement)".into(),
         }
+    }
+
+    #[test]
+    fn a_failed_control_plane_remediation_that_blocks_the_others_is_said_and_counted() {
+        use metalguard_api::plan::{ReasonKind, Refusal};
+        use metalguard_api::policy::{NodeHandling, Strategy};
+        use metalguard_api::remediation::{Remediation, RemediationPhase};
+        // cp-1's remediation failed (its host then recovered, so it is never retried); cp-2
+        // and cp-3 are unhealthy and refused: one control-plane remediation at a time.
+        let failed = Remediation {
+            id: "remediation/cp-1/1".into(),
+            target: "cp-1".into(),
+            seq: 1,
+            attempt: 1,
+            executor: "cp-2".into(),
+            strategy: Strategy::default(),
+            node_handling: NodeHandling::default(),
+            phase: RemediationPhase::Failed {
+                reason: "bmc refused the password".into(),
+            },
+            started_at: Timestamp(1),
+            phase_since: Timestamp(1),
+            control_plane: true,
+            cause: "unhealthy".into(),
+            forced: None,
+            cancel_requested: None,
+            backup: None,
+            powered_on_at: None,
+            stay_off: false,
+        };
+        let mut state = State::default();
+        state.remediations.insert(failed.id.clone(), failed);
+        let busy = |host: &str| {
+            Refusal {
+            refused: "remediating".into(),
+            subject: host.into(),
+            reason: "one control-plane remediation at a time (cp-1's is in progress or awaits its retry)".into(),
+            kind: ReasonKind::ControlPlaneBusy,
+        }
+        };
+        let plan = Plan {
+            refusals: vec![busy("cp-2"), busy("cp-3")],
+            ..Plan::default()
+        };
+        let line = control_plane_blocked(&state, &plan).unwrap();
+        assert!(
+            line.starts_with("failed control-plane remediation remediation/cp-1/1 blocks every other control-plane remediation (2 host(s) wait)"),
+            "{line}"
+        );
+        let (blockers, waiting) =
+            crate::control::service::gauges::control_plane_blocked(&state, &plan).unwrap();
+        assert_eq!(
+            (blockers, waiting),
+            (vec!["remediation/cp-1/1".to_owned()], 2)
+        );
+        // Nothing waits: nothing to say.
+        assert!(control_plane_blocked(&state, &Plan::default()).is_none());
     }
 
     #[test]

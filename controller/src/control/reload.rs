@@ -1,7 +1,9 @@
 //! Notices changes of the inventory file while the controller runs.
 //!
-//! Checked on every plan tick: the file's modification time and length first, its text only
-//! when they changed, and a new inventory only when the text changed. A new text that does not
+//! Checked on every plan tick: the file's modification time, length, mode and owner first; its
+//! owner and mode against the rule of `check-config` (a file others may write is rejected
+//! whatever it says); its text only when they changed, and a new inventory only when the text
+//! changed. A new text that does not
 //! parse or validate is rejected with the precise error and the previous inventory stays in
 //! use; the same rejected text is reported once. Hosts, the control-plane spec and the policy
 //! take effect at once; the `controller` and `etcd` sections only at the next start (a change
@@ -32,7 +34,7 @@ pub enum Reload {
 #[derive(Debug)]
 pub struct InventoryFile {
     path: PathBuf,
-    stamp: Option<(SystemTime, u64)>,
+    stamp: Option<(SystemTime, u64, u32, u32)>,
     text: String,
     /// Increases with every accepted text; 1 for the one read at start.
     pub generation: u64,
@@ -55,9 +57,11 @@ impl InventoryFile {
         file
     }
 
-    fn read_stamp(&self) -> Option<(SystemTime, u64)> {
+    /// Modification time, length, mode and owner: a `chmod` or `chown` is checked again too.
+    fn read_stamp(&self) -> Option<(SystemTime, u64, u32, u32)> {
+        use std::os::unix::fs::MetadataExt as _;
         let meta = std::fs::metadata(&self.path).ok()?;
-        Some((meta.modified().ok()?, meta.len()))
+        Some((meta.modified().ok()?, meta.len(), meta.mode(), meta.uid()))
     }
 
     /// Checks the file against `current` (the inventory in use).
@@ -67,10 +71,15 @@ impl InventoryFile {
             return Reload::Unchanged;
         }
         self.stamp = stamp;
-        let loaded = std::fs::read_to_string(&self.path)
-            .map_err(|source| crate::inventory::InventoryError::Read {
-                path: self.path.clone(),
-                source,
+        // Owner and mode first: a file others may write is not applied, whatever it says.
+        let loaded = crate::inventory::files::check_inventory(&self.path)
+            .and_then(|()| {
+                std::fs::read_to_string(&self.path).map_err(|source| {
+                    crate::inventory::InventoryError::Read {
+                        path: self.path.clone(),
+                        source,
+                    }
+                })
             })
             .and_then(|text| {
                 if text == self.text {
@@ -222,5 +231,38 @@ role = "control-plane"
             assert!(!error.contains("hunter2"), "{error}");
             assert_eq!(file.generation, 1, "the previous inventory stays in use");
         }
+    }
+
+    #[test]
+    fn a_change_to_an_inventory_others_may_write_is_rejected_until_its_mode_is_fixed() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inventory.toml");
+        write(&path, BASE, 0);
+        let current = Inventory::load(&path).unwrap();
+        let mut file = InventoryFile::new(&path);
+        // A local user who may write it points a BMC at their listener.
+        let redirected = format!(
+            "{BASE}\n[[hosts]]\nname = \"cp-4\"\nrole = \"control-plane\"\n\
+             bmc = {{ address = \"redfish+https://127.0.0.1:9\", credentials_dir = \"/c\" }}\n"
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        write(&path, &redirected, 1);
+        let Reload::Rejected(error) = file.check(&current) else {
+            panic!("applied")
+        };
+        assert!(
+            error.contains("inventory.toml has mode 0666") && error.contains("chmod go-w"),
+            "{error}"
+        );
+        assert_eq!(file.generation, 1);
+        let err = Inventory::load(&path).unwrap_err();
+        assert!(
+            crate::error::chain(&err).contains("has mode 0666"),
+            "at start too"
+        );
+        // The operator fixes the mode: the (reviewed) text applies.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(file.check(&current), Reload::Accepted { .. }));
     }
 }

@@ -33,7 +33,7 @@ use crate::control::reload::InventoryFile;
 use crate::inventory::Inventory;
 use crate::pki::revocation::{CertIdentity, DenyListFile};
 
-mod gauges;
+pub(crate) mod gauges;
 mod holds;
 mod report_store;
 mod reserved;

@@ -161,6 +161,13 @@ fn check_policy(policy: &metalguard_api::policy::Policy) -> Result<(), String> {
         }
     }
     let remediation = &policy.remediation;
+    if remediation.max_retry > metalguard_api::policy::MAX_MAX_RETRY {
+        return Err(format!(
+            "policy.remediation.max_retry is {}; at most {} retries may be allowed",
+            remediation.max_retry,
+            metalguard_api::policy::MAX_MAX_RETRY
+        ));
+    }
     bounded(
         "policy.remediation.retry_period",
         remediation.retry_period,
@@ -264,6 +271,18 @@ executor_heartbeat_timeout = "1m"
             ),
         );
         Inventory::parse(Path::new("inv.toml"), &pinned).unwrap();
+    }
+
+    #[test]
+    fn max_retry_past_the_bound_is_refused_naming_the_key() {
+        let text = format!("{BASE}max_retry = 4294967295\n");
+        let error = refused(&text);
+        assert!(
+            error.contains("policy.remediation.max_retry is 4294967295; at most 100"),
+            "{error}"
+        );
+        let text = format!("{BASE}max_retry = 100\n");
+        Inventory::parse(Path::new("inv.toml"), &text).unwrap();
     }
 
     #[test]

@@ -81,6 +81,12 @@ pub fn remediation_settings(check: &HostHealthCheck) -> Result<RemediationSettin
             settings.node_handling = action.into();
         }
         if let Some(retries) = r.max_retries {
+            if retries > metalguard_api::policy::MAX_MAX_RETRY {
+                return Err(format!(
+                    "HostHealthCheck {name}: remediation.maxRetries is {retries}; at most {} retries may be allowed",
+                    metalguard_api::policy::MAX_MAX_RETRY
+                ));
+            }
             settings.max_retry = retries;
         }
         if let Some(p) = &r.retry_period {
@@ -115,6 +121,18 @@ mod tests {
             "kind": "HostHealthCheck", "metadata": {"name": "cp", "namespace": "mg"},
             "spec": {"selector": {}, "remediation": remediation}}))
         .unwrap()
+    }
+
+    #[test]
+    fn max_retries_past_the_bound_is_refused_naming_the_check() {
+        let error =
+            remediation_settings(&check(&json!({"maxRetries": 4_294_967_295_u32}))).unwrap_err();
+        assert!(
+            error.contains("HostHealthCheck cp: remediation.maxRetries is 4294967295"),
+            "{error}"
+        );
+        let top = metalguard_api::policy::MAX_MAX_RETRY;
+        assert!(remediation_settings(&check(&json!({"maxRetries": top}))).is_ok());
     }
 
     #[test]

@@ -15,8 +15,9 @@ use metalguard_api::snapshot::Hold;
 use super::{FIELD_MANAGER, KubeBackend, observe, record};
 use crate::backend::{BackendError, HoldRelease, StoredHold};
 
-/// Entries `status.holds` keeps (its schema's `maxItems`).
-pub const MAX_HOLDS: usize = 64;
+/// Entries `status.holds` keeps (its schema's `maxItems`): the per-host bound both backends
+/// apply to holds in force.
+pub const MAX_HOLDS: usize = crate::backend::holds::MAX_HOLDS_PER_TARGET;
 
 /// A stored hold as a `status.holds` entry.
 pub fn hold_status(r: &StoredHold) -> HoldStatus {

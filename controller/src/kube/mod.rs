@@ -424,6 +424,11 @@ impl Backend for KubeBackend {
                 Write::PutNotes(notes) => self.notes = Some(notes.clone()),
                 Write::Node(node) => self.node_write(node.clone()).await?,
                 Write::CreateHold(record) => self.create_hold(record).await?,
+                // `status.holds` keeps the newest released holds within its bound
+                // (`holds::trim`): nothing to forget separately. FenceRequest objects carry no
+                // nonce: RBAC is the boundary there, and a served object's status says so
+                // (docs/threat-model.md).
+                Write::DeleteHold(_) | Write::ConsumeFenceRequest(_) => {}
                 // Never planned here: GuardedHost status is not sealed (RBAC is the boundary,
                 // docs/threat-model.md), so no record is ever stale.
                 Write::Reseal(stale) => {

@@ -381,6 +381,7 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
                 requested_by: Some(requested_by(request)),
                 force_reason: request.spec.force.then(|| request.spec.reason.clone()),
                 stay_off: request.spec.action == FenceAction::PowerOff,
+                nonce: None,
             }
         });
     }

@@ -36,6 +36,16 @@ pub enum DenyListError {
         #[source]
         source: std::io::Error,
     },
+    /// Others than its owner may write the file, or a stranger owns it: whoever may write it
+    /// decides which certificates are cut off (the rule is `metalguard_fs`'s).
+    #[error("revoked certificates file {path} is refused")]
+    Unsafe {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: metalguard_fs::FileError,
+    },
     /// A line is neither `serial HEX` nor `sha256 HEX`.
     #[error(
         "revoked certificates file {path} line {line}: expected `serial HEX` or `sha256 HEX`, found {found:?}"
@@ -132,8 +142,19 @@ impl DenyList {
         Ok(list)
     }
 
-    /// Reads and parses `path`.
+    /// Reads and parses `path`, refused when others than root or the service user may
+    /// write it (at start and at every reload).
     pub fn load(path: &Path) -> Result<Self, DenyListError> {
+        use metalguard_fs::{Access, FileError, Owners};
+        match metalguard_fs::check_path(path, Access::Authority, &Owners::service()) {
+            Ok(_) | Err(FileError::Examine { .. }) => {}
+            Err(source) => {
+                return Err(DenyListError::Unsafe {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        }
         let text = std::fs::read_to_string(path).map_err(|source| DenyListError::Read {
             path: path.to_owned(),
             source,
@@ -170,7 +191,7 @@ pub fn refused(revoked: &Revoked, cert: &CertIdentity) -> Option<String> {
         .refuses(cert)
 }
 
-/// A deny list file, re-read when its modification time or length changes.
+/// A deny list file, re-read when its modification time, length, mode or owner changes.
 #[derive(Debug)]
 pub struct DenyListFile {
     path: PathBuf,
@@ -185,8 +206,8 @@ enum Seen {
     Never,
     /// Missing or unreadable metadata.
     Missing,
-    /// Its modification time and length.
-    At(std::time::SystemTime, u64),
+    /// Its modification time, length, mode and owner.
+    At(std::time::SystemTime, u64, u32, u32),
 }
 
 /// What a check of the deny list file found.
@@ -211,9 +232,10 @@ impl DenyListFile {
 
     /// Re-reads the file into `revoked` when it changed.
     pub fn check(&mut self, revoked: &Revoked) -> DenyListReload {
+        use std::os::unix::fs::MetadataExt as _;
         let seen = std::fs::metadata(&self.path)
             .ok()
-            .and_then(|m| Some(Seen::At(m.modified().ok()?, m.len())))
+            .and_then(|m| Some(Seen::At(m.modified().ok()?, m.len(), m.mode(), m.uid())))
             .unwrap_or(Seen::Missing);
         if self.seen == seen {
             return DenyListReload::Unchanged;
@@ -357,5 +379,28 @@ mod tests {
         };
         assert!(error.to_string().contains("line 2"), "{error}");
         assert_eq!(revoked.read().unwrap().len(), 1, "the previous list stays");
+    }
+
+    #[test]
+    fn a_deny_list_others_may_write_is_refused_at_start_and_at_reload() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("revoked.txt");
+        std::fs::write(&path, "serial 0a:0b\n").unwrap();
+        let revoked = Revoked::default();
+        let mut file = DenyListFile::new(&path);
+        assert!(matches!(file.check(&revoked), DenyListReload::Loaded(1)));
+        // A local user who may write it cuts off a healthy host's certificate.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        std::fs::write(&path, "serial 0a:0b\nserial 0c:0d\n").unwrap();
+        let DenyListReload::Rejected(error) = file.check(&revoked) else {
+            panic!("a list others may write was applied")
+        };
+        let text = crate::error::chain(&error);
+        assert!(text.contains("revoked.txt has mode 0666"), "{text}");
+        assert_eq!(revoked.read().unwrap().len(), 1, "the previous list stays");
+        assert!(DenyList::load(&path).is_err(), "refused at start too");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(file.check(&revoked), DenyListReload::Loaded(2)));
     }
 }

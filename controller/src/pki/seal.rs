@@ -16,7 +16,7 @@
 use std::fmt::Write as _;
 use std::fs;
 use std::io::Write as _;
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use hmac::{Hmac, Mac as _};
@@ -46,15 +46,15 @@ pub enum KeyFileError {
         #[source]
         source: std::io::Error,
     },
-    /// Group or others may read or write the file.
-    #[error(
-        "hmac key file {path} has mode {mode:o}; it must not be accessible by group or others (chmod 600)"
-    )]
+    /// Group or others may access the file, or a stranger owns it (the rule is
+    /// `metalguard_fs`'s).
+    #[error("hmac key file {path} is refused")]
     Mode {
         /// The file.
         path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
+        /// What is wrong with it.
+        #[source]
+        source: metalguard_fs::FileError,
     },
     /// A line is not a key (the line number only: never its text).
     #[error("hmac key file {path} line {line} is not a key of 64 hex digits")]
@@ -183,13 +183,19 @@ impl Keys {
             action: "read",
             source,
         };
-        let meta = fs::metadata(path).map_err(read)?;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(KeyFileError::Mode {
-                path: path.to_owned(),
-                mode,
-            });
+        match metalguard_fs::check_path(
+            path,
+            metalguard_fs::Access::Secret,
+            &metalguard_fs::Owners::service(),
+        ) {
+            Ok(_) => {}
+            Err(metalguard_fs::FileError::Examine { source, .. }) => return Err(read(source)),
+            Err(source) => {
+                return Err(KeyFileError::Mode {
+                    path: path.to_owned(),
+                    source,
+                });
+            }
         }
         let text = fs::read_to_string(path).map_err(read)?;
         Self::parse(path, &text)

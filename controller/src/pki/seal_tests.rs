@@ -1,6 +1,7 @@
 //! Unit tests of [`super`] (seal.rs).
 
 use serde_json::json;
+use std::os::unix::fs::PermissionsExt as _;
 
 use super::*;
 
@@ -151,7 +152,7 @@ fn a_key_file_others_may_read_is_refused_and_its_text_never_echoed() {
     create_file(&path).unwrap();
     assert!(create_file(&path).is_err(), "never replaced");
     fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
-    let err = Keys::load(&path).unwrap_err().to_string();
+    let err = crate::error::chain(&Keys::load(&path).unwrap_err());
     assert!(err.contains("640") && err.contains(KEY_FILE), "{err}");
     fs::write(&path, "# c\nnot-a-key-secret\n").unwrap();
     fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();

@@ -3,10 +3,10 @@
 //! certificate, and the rule on the controller's private keys (nobody but their owner may read
 //! them).
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use metalguard_fs::{Access, Owners, check_path};
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject as _;
@@ -30,19 +30,10 @@ pub enum TlsError {
     /// rustls refused the certificate, key or protocol versions.
     #[error("tls server configuration was refused")]
     Config(#[source] rustls::Error),
-    /// A private key that others than its owner may read (or that cannot be inspected).
-    #[error("private key {path} has mode {mode:o}; {rule} (chmod 600)")]
-    KeyMode {
-        /// The key file.
-        path: PathBuf,
-        /// Its permission bits.
-        mode: u32,
-        /// What is allowed.
-        rule: &'static str,
-    },
-    /// A private key file could not be inspected.
-    #[error("private key {0} could not be inspected")]
-    KeyMeta(PathBuf, #[source] std::io::Error),
+    /// A TLS file or directory others than its owner may write (a key: read), owned by a
+    /// stranger, or that cannot be inspected (the rule is `metalguard_fs`'s).
+    #[error("tls file {0} is refused")]
+    Unsafe(PathBuf, #[source] metalguard_fs::FileError),
 }
 
 /// Who besides the owner may read the controller's private keys.
@@ -86,43 +77,35 @@ impl TlsFiles {
     /// Every private key present that breaks `rule`: the controller's key (which must exist)
     /// and the CA's key when it is in the directory.
     pub fn check_key_modes(&self, rule: KeyModes) -> Vec<TlsError> {
+        let access = match rule {
+            KeyModes::OwnerOnly => Access::Secret,
+            KeyModes::OwnerAndGroup => Access::GroupReadableSecret,
+        };
         let mut problems = Vec::new();
         for (path, required) in [(&self.key, true), (&self.ca_key, false)] {
-            match std::fs::metadata(path) {
-                Ok(meta) => {
-                    if let Err(e) = check_mode(path, meta.permissions().mode() & 0o777, rule) {
-                        problems.push(e);
-                    }
-                }
-                Err(e) if required || e.kind() != std::io::ErrorKind::NotFound => {
-                    problems.push(TlsError::KeyMeta(path.clone(), e));
-                }
-                Err(_) => {}
+            if !required && !path.exists() {
+                continue;
+            }
+            if let Err(e) = check_path(path, access, &Owners::service()) {
+                problems.push(TlsError::Unsafe(path.clone(), e));
             }
         }
         problems
     }
-}
 
-fn check_mode(path: &Path, mode: u32, rule: KeyModes) -> Result<(), TlsError> {
-    let (forbidden, text) = match rule {
-        KeyModes::OwnerOnly => (
-            0o077,
-            "it must not be readable or writable by group or others",
-        ),
-        KeyModes::OwnerAndGroup => (
-            0o037,
-            "it must not be writable by group nor accessible by others",
-        ),
-    };
-    if mode & forbidden == 0 {
-        Ok(())
-    } else {
-        Err(TlsError::KeyMode {
-            path: path.to_owned(),
-            mode,
-            rule: text,
-        })
+    /// Every problem with the files that decide whom the agent API trusts, on the controller's
+    /// own hosts: `dir` (whoever may write it may swap any file) and the CA and server
+    /// certificates, each not writable by group or others and owned by root or the service
+    /// user. (Not for a Kubernetes Secret volume, whose directory the kubelet lays out.)
+    pub fn check_authority(&self, dir: &Path) -> Vec<TlsError> {
+        [dir, self.ca.as_path(), self.cert.as_path()]
+            .into_iter()
+            .filter_map(|path| {
+                check_path(path, Access::Authority, &Owners::service())
+                    .err()
+                    .map(|e| TlsError::Unsafe(path.to_owned(), e))
+            })
+            .collect()
     }
 }
 
@@ -194,6 +177,7 @@ pub fn peer_host(cert: &CertificateDer<'_>) -> Option<String> {
 mod tests {
     use super::*;
     use crate::pki::certs::{Usage, init_ca, issue};
+    use std::os::unix::fs::PermissionsExt as _;
 
     use crate::pki::certs::Validity;
 
@@ -244,7 +228,7 @@ mod tests {
         chmod(&files.key, 0o644);
         chmod(&files.ca_key, 0o640);
         let problems = files.check_key_modes(KeyModes::OwnerOnly);
-        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        let text: Vec<String> = problems.iter().map(|e| crate::error::chain(e)).collect();
         assert_eq!(text.len(), 2, "{text:?}");
         assert!(
             text[0].contains("controller-key.pem") && text[0].contains("644"),
@@ -267,5 +251,35 @@ mod tests {
             files.check_key_modes(KeyModes::OwnerOnly).is_empty(),
             "no CA key here: fine"
         );
+    }
+
+    #[test]
+    fn a_tls_dir_or_certificate_others_may_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        init_ca(dir.path(), Validity::default()).unwrap();
+        issue(
+            dir.path(),
+            "controller",
+            Usage::Server,
+            &[],
+            Validity::default(),
+        )
+        .unwrap();
+        let files = TlsFiles::in_dir(dir.path(), "controller");
+        let chmod = |path: &Path, mode| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        chmod(dir.path(), 0o755);
+        assert!(files.check_authority(dir.path()).is_empty());
+        chmod(dir.path(), 0o777);
+        chmod(&files.ca, 0o664);
+        let text: Vec<String> = files
+            .check_authority(dir.path())
+            .iter()
+            .map(|e| crate::error::chain(e))
+            .collect();
+        assert_eq!(text.len(), 2, "{text:?}");
+        assert!(text[0].contains("has mode 0777"), "{text:?}");
+        assert!(text[1].contains("ca.pem has mode 0664"), "{text:?}");
     }
 }

@@ -16,7 +16,6 @@
 //! configuration error rather than a certificate error at run time.
 
 use std::fmt;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -376,29 +375,38 @@ fn common_name(der: &CertificateDer<'_>) -> Option<String> {
 }
 
 fn read_file(key: &'static str, path: &Path) -> Result<Vec<u8>, AccessError> {
-    std::fs::read(path).map_err(|e| AccessError {
-        key,
-        path: path.to_owned(),
-        problem: format!("could not be read ({})", e.kind()),
-    })
+    checked_read(key, path, metalguard_fs::Access::Authority)
 }
 
 /// Reads a secret, refusing a file that group or others may read.
 fn read_secret(key: &'static str, path: &Path) -> Result<Vec<u8>, AccessError> {
+    checked_read(key, path, metalguard_fs::Access::Secret)
+}
+
+/// Reads `path` once `metalguard_fs`'s rule for `access` allows it: not writable (a secret:
+/// not accessible) by group or others, owned by root or the service user.
+fn checked_read(
+    key: &'static str,
+    path: &Path,
+    access: metalguard_fs::Access,
+) -> Result<Vec<u8>, AccessError> {
+    use metalguard_fs::{FileError, Owners};
     let problem = |problem: String| AccessError {
         key,
         path: path.to_owned(),
         problem,
     };
-    let meta = std::fs::metadata(path)
-        .map_err(|e| problem(format!("could not be read ({})", e.kind())))?;
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(problem(format!(
-            "has mode {mode:o}; it must not be readable by group or others (chmod 600)"
-        )));
+    match metalguard_fs::check_path(path, access, &Owners::service()) {
+        Ok(_) => {}
+        Err(FileError::Examine { source, .. }) => {
+            return Err(problem(format!("could not be read ({})", source.kind())));
+        }
+        Err(FileError::Mode { mode, rule, .. }) => {
+            return Err(problem(format!("has mode {mode:04o}: {rule}")));
+        }
+        Err(other) => return Err(problem(crate::error::chain(&other))),
     }
-    read_file(key, path)
+    std::fs::read(path).map_err(|e| problem(format!("could not be read ({})", e.kind())))
 }
 
 fn read_password(path: &Path) -> Result<String, AccessError> {

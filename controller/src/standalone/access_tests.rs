@@ -5,6 +5,7 @@ use crate::inventory::validate_etcd as validate;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
+use std::os::unix::fs::PermissionsExt as _;
 
 fn settings(endpoints: &[&str]) -> EtcdSettings {
     EtcdSettings {
@@ -137,7 +138,7 @@ fn each_bad_file_is_named_with_what_is_wrong() {
         "{text}"
     );
     assert!(
-        text.contains("etcd.key_file") && text.contains("mode 644"),
+        text.contains("etcd.key_file") && text.contains("mode 0644"),
         "{text}"
     );
     assert!(!text.contains("PRIVATE KEY"), "{text}");
@@ -191,7 +192,7 @@ fn the_password_file_is_a_secret_and_never_echoed() {
     s.password_file = Some(write(dir.path(), "password", "hunter2\n", 0o640));
     let err = EtcdAccess::load(&s).unwrap_err().to_string();
     assert!(
-        err.contains("etcd.password_file") && err.contains("mode 640"),
+        err.contains("etcd.password_file") && err.contains("mode 0640"),
         "{err}"
     );
     assert!(!err.contains("hunter2"));

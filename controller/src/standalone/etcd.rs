@@ -8,8 +8,9 @@
 //! so a successor takes over within the lease time to live.
 //!
 //! Keys: `leader`, `reports/HOST`, `operations/ID`, `remediations/ID`,
-//! `fence-requests/HOST`, `retirements/HOST`, `holds/ID` (ID = `<agent host>/<ms>`, so the key
-//! has two segments), `hooks/HOST`, `notes`, all JSON. Every value
+//! `fence-requests/HOST`, `consumed-fence-requests/NONCE` ([`replay`]), `retirements/HOST`,
+//! `holds/ID` (ID = `<agent host>/<ms>`, so the key has two segments), `hooks/HOST`, `notes`,
+//! all JSON. Every value
 //! but the leader key's is sealed ([`crate::pki::seal`]): written with an HMAC made with the
 //! controllers' key and this writer's fencing token, and read only if the seal holds. A value
 //! that does not open (written by hand, altered, sealed with an unknown key) is left out of
@@ -29,7 +30,10 @@ use crate::backend::{Backend, BackendError, Leadership, State, StoredHold, Store
 use crate::pki::seal::KeyFile;
 
 /// Sub-keys under the prefix.
+mod replay;
 mod requests;
+
+pub use replay::new_nonce;
 
 const LEADER: &str = "leader";
 const REPORTS: &str = "reports/";
@@ -87,6 +91,7 @@ pub fn kind_of(sub: &str) -> &'static str {
         (RETIREMENTS, "retirement"),
         (HOOKS, "hooks"),
         (HOLDS, "hold"),
+        (replay::CONSUMED, "consumed-fence-request"),
         (NOTES, "notes"),
     ]
     .into_iter()
@@ -124,6 +129,11 @@ fn place(
         state
             .hooks
             .insert(host.to_owned(), serde_json::from_value(value)?);
+    } else if sub.starts_with(replay::CONSUMED) {
+        let consumed: crate::backend::ConsumedFenceRequest = serde_json::from_value(value)?;
+        state
+            .consumed_fence_requests
+            .insert(consumed.nonce.clone(), consumed);
     } else if sub.starts_with(HOLDS) {
         let record: StoredHold = serde_json::from_value(value)?;
         state.hold_records.insert(record.hold.id.clone(), record);
@@ -362,6 +372,7 @@ impl Backend for EtcdBackend {
                 }),
             }
         }
+        replay::refuse_replays(&mut state, crate::clock::now());
         state.refresh_holds();
         Ok(state)
     }
@@ -475,6 +486,15 @@ impl Backend for EtcdBackend {
                     compares.push(Compare::version(key.clone(), CompareOp::Equal, 0));
                     first_created.get_or_insert_with(|| format!("hold {}", record.hold.id));
                     ops.push(TxnOp::put(key, self.seal(&sub, token, &record)?, None));
+                }
+                Write::ConsumeFenceRequest(consumed) => {
+                    let sub = format!("{}{}", replay::CONSUMED, consumed.nonce);
+                    let key = self.key(&sub);
+                    compares.push(Compare::version(key.clone(), CompareOp::Equal, 0));
+                    ops.push(TxnOp::put(key, self.seal(&sub, token, &consumed)?, None));
+                }
+                Write::DeleteHold(id) => {
+                    ops.push(TxnOp::delete(self.key(&format!("{HOLDS}{id}")), None));
                 }
                 // Never planned here: the standalone state has no Nodes (`State::nodes`).
                 Write::Node(node) => {

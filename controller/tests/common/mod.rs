@@ -155,12 +155,25 @@ bmc = {{ address = "ipmi://127.0.0.1:2623", credentials_dir = "{creds}" }}
     /// The controller started with the open-file soft limit at `nofile` (a login shell's or an
     /// old init's default of 1024), whatever this test process raised its own to.
     pub fn controller_with_nofile(&self, name: &str, port: &PortLease, nofile: u64) -> Proc {
-        let inventory = self.inventory(name, port.port());
+        self.controller_with_nofile_and(name, port, ("-Sn", nofile), "")
+    }
+
+    /// [`Lab::controller_with_nofile`] with `ulimit`'s option (`-Sn`: the soft limit, which the
+    /// controller raises to the hard one; `-n`: both) and `extra` lines in its `[controller]`
+    /// section.
+    pub fn controller_with_nofile_and(
+        &self,
+        name: &str,
+        port: &PortLease,
+        (option, nofile): (&str, u64),
+        extra: &str,
+    ) -> Proc {
+        let inventory = self.inventory_with(name, port.port(), extra);
         let mut command = Command::new("sh");
         command
             .args([
                 "-c",
-                &format!("ulimit -Sn {nofile} && exec \"$0\" \"$@\""),
+                &format!("ulimit {option} {nofile} && exec \"$0\" \"$@\""),
                 BIN,
                 "run",
                 "--inventory",

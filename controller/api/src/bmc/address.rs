@@ -26,7 +26,8 @@ pub const DEFAULT_HTTP_PORT: u16 = 80;
 /// Default IPMI RMCP+ UDP port.
 pub const DEFAULT_IPMI_PORT: u16 = 623;
 
-/// Why a BMC address was refused. Messages quote the address only when it holds no credentials.
+/// Why a BMC address was refused. Messages quote the address only through [`redact`]: never
+/// a user, a password, a query or a fragment, whatever the address's form.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AddressError {
     /// The text is not a URL.
@@ -163,7 +164,7 @@ impl FromStr for BmcAddress {
                 host: host.unwrap_or_default(),
             });
         }
-        let address = crate::text::excerpt(text, crate::text::EXCERPT_CHARS);
+        let address = redact(text);
         let transport = match url.scheme() {
             "redfish+https"
             | "redfish"
@@ -179,7 +180,7 @@ impl FromStr for BmcAddress {
             other => {
                 return Err(AddressError::Scheme {
                     address,
-                    scheme: crate::text::excerpt(other, crate::text::EXCERPT_CHARS),
+                    scheme: redact(other),
                 });
             }
         };
@@ -197,14 +198,14 @@ impl FromStr for BmcAddress {
             (Transport::Ipmi, other) => {
                 return Err(AddressError::Path {
                     address,
-                    path: crate::text::excerpt(other, crate::text::EXCERPT_CHARS),
+                    path: redact(other),
                 });
             }
             (_, other) if other.starts_with("/redfish/v1/") => Some(other.to_owned()),
             (_, other) => {
                 return Err(AddressError::Path {
                     address,
-                    path: crate::text::excerpt(other, crate::text::EXCERPT_CHARS),
+                    path: redact(other),
                 });
             }
         };
@@ -217,16 +218,35 @@ impl FromStr for BmcAddress {
     }
 }
 
-/// Drops anything that looks like userinfo from an unparseable address before quoting it.
-fn redact(text: &str) -> String {
-    match (text.find("://"), text.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let kept = format!("{}://<redacted>@{}", &text[..scheme_end], &text[at + 1..]);
-            crate::text::excerpt(&kept, crate::text::EXCERPT_CHARS)
+/// What an error may quote of an address: everything between the scheme and the last `@` (a
+/// user and password, whatever the spelling: `scheme://u:p@h`, `scheme:/u:p@h`, `scheme:u:p@h`)
+/// replaced, a query or fragment after it dropped, cut to [`crate::text::EXCERPT_CHARS`]
+/// characters with control characters escaped. The password of `redfish+http:/admin:PW@…`
+/// was quoted by the errors of an address that parses but has no host (issue 28).
+pub fn redact(text: &str) -> String {
+    let kept = match text.rfind('@') {
+        Some(at) => {
+            let rest = &text[at + 1..];
+            match text[..at].find(':') {
+                Some(colon) => {
+                    let slashes = if text[colon..].starts_with("://") {
+                        "//"
+                    } else {
+                        ""
+                    };
+                    format!("{}:{slashes}<redacted>@{rest}", &text[..colon])
+                }
+                None => format!("<redacted>@{rest}"),
+            }
         }
-        (None, Some(_)) => "<redacted>".to_owned(),
-        _ => crate::text::excerpt(text, crate::text::EXCERPT_CHARS),
-    }
+        None => text.to_owned(),
+    };
+    // A query or fragment may carry a token; it is never quoted.
+    let kept = match kept.find(['?', '#']) {
+        Some(cut) => format!("{}<query dropped>", &kept[..cut]),
+        None => kept,
+    };
+    crate::text::excerpt(&kept, crate::text::EXCERPT_CHARS)
 }
 
 #[cfg(test)]
@@ -264,6 +284,30 @@ mod tests {
         assert_eq!(a.port, 623);
         assert_eq!(a.host_port(), "[fd00::5]:623");
         assert_eq!(parse("ipmi://10.0.0.5:6230").port, 6230);
+    }
+
+    #[test]
+    fn an_address_without_slashes_is_refused_without_its_password() {
+        // Both parse as URLs without a host; their errors quoted the password (issue 28).
+        for (text, quoted) in [
+            (
+                "redfish+http:/admin:hunter2@10.0.0.5",
+                "redfish+http:<redacted>@10.0.0.5",
+            ),
+            ("ipmi:admin:hunter2@10.0.0.5", "ipmi:<redacted>@10.0.0.5"),
+            ("ipmi:admin:p@ss@word@10.0.0.5", "ipmi:<redacted>@10.0.0.5"),
+        ] {
+            let err = text.parse::<BmcAddress>().unwrap_err().to_string();
+            assert!(
+                !err.contains("hunter2") && !err.contains("word"),
+                "{text}: {err}"
+            );
+            assert!(err.contains(quoted), "{text}: {err}");
+        }
+        assert_eq!(
+            super::redact("ipmi://u:hunter2@bmc#hunter2"),
+            "ipmi://<redacted>@bmc<query dropped>"
+        );
     }
 
     #[test]

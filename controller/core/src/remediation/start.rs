@@ -127,7 +127,9 @@ impl<'a> Planner<'a> {
                     ReasonKind::Hold,
                     format!(
                         "held since {} by {} after a break-glass fence ({}); `metalguard-controller release {name}` hands it back",
-                        hold.since, hold.by, hold.reason
+                        hold.since,
+                        metalguard_api::text::escaped(&hold.by),
+                        metalguard_api::text::escaped(&hold.reason)
                     ),
                 );
                 continue;
@@ -185,7 +187,7 @@ impl<'a> Planner<'a> {
                 },
             };
             let forced = c.forced.is_some();
-            if attempt > settings.max_retry + 1 && !forced {
+            if attempt > settings.max_retry.saturating_add(1) && !forced {
                 let l_failed = latest.filter(|l| matches!(l.phase, P::Failed { .. }));
                 let why = format!(
                     "{} attempts failed or did not last {} (maxRetry {})",

@@ -76,6 +76,41 @@ pub(crate) fn count_refusals(plan: &Plan) -> BTreeMap<&'static str, usize> {
     kinds
 }
 
+/// Control-plane hosts that wait behind a failed control-plane remediation: the latest
+/// remediation of each blocker host (its id) that failed, and how many control-plane hosts the
+/// plan refused because one control-plane remediation runs at a time. A failed one holds that
+/// slot until it is retried or a person acts, and while it does no other control-plane host is
+/// remediated (issue 28: nothing said so). Empty when nothing waits.
+pub(crate) fn control_plane_blocked(state: &State, plan: &Plan) -> Option<(Vec<String>, usize)> {
+    let waiting = plan
+        .refusals
+        .iter()
+        .filter(|r| r.kind == metalguard_api::plan::ReasonKind::ControlPlaneBusy)
+        .count();
+    if waiting == 0 {
+        return None;
+    }
+    let mut latest: BTreeMap<&str, &metalguard_api::remediation::Remediation> = BTreeMap::new();
+    for r in state.remediations.values() {
+        let entry = latest.entry(r.target.as_str()).or_insert(r);
+        if r.seq > entry.seq {
+            *entry = r;
+        }
+    }
+    let failed: Vec<String> = latest
+        .values()
+        .filter(|r| {
+            r.control_plane
+                && matches!(
+                    r.phase,
+                    metalguard_api::remediation::RemediationPhase::Failed { .. }
+                )
+        })
+        .map(|r| r.id.clone())
+        .collect();
+    (!failed.is_empty()).then_some((failed, waiting))
+}
+
 fn gauge(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
@@ -143,6 +178,9 @@ pub(crate) fn record(
             .get_or_create(&label("host", &host))
             .set(gauge(agents));
     }
+    metrics.control_plane_blocked_by_failed.set(gauge(
+        control_plane_blocked(state, plan).map_or(0, |(_, n)| n),
+    ));
     metrics.refusals.clear();
     for (kind, count) in count_refusals(plan) {
         metrics

@@ -1,11 +1,19 @@
 //! Break-glass holds reaching the controller loop: posted by the agent CLI (`Inbound::Hold`)
 //! or carried in reports. Both are stored as [`StoredHold`] records (leader-guarded, created
-//! once per id); a released id is never taken again.
+//! once per id); a released id is never taken again while its record is kept. Within the
+//! bounds of `backend::holds`: holds in force per host and per agent, released records
+//! forgotten after their retention.
+
+use metalguard_api::text::escaped;
 
 use super::Controller;
 use crate::api::hub::HoldError;
+use crate::backend::holds::{HOLD_RETENTION, expired_holds, refuse_hold};
 use crate::backend::{Backend, StoredHold, Write};
 use crate::clock::now;
+
+/// Hold ids remembered for logging once.
+const MAX_WARNED_HOLDS: usize = 4096;
 
 impl<B: Backend> Controller<B> {
     /// Logs, once per id, a reported hold whose id says another host made it (it is ignored).
@@ -53,6 +61,10 @@ impl<B: Backend> Controller<B> {
             recorded_at: now(),
             released: None,
         };
+        if let Some(why) = refuse_hold(&state.hold_records, &record, record.recorded_at) {
+            tracing::warn!(hold = %record.hold.id, target = %record.hold.target, agent = %host, reason = %why, "posted hold not recorded");
+            return Err(HoldError::Invalid(why));
+        }
         self.backend
             .apply(vec![Write::CreateHold(record.clone())])
             .await
@@ -65,10 +77,22 @@ impl<B: Backend> Controller<B> {
     /// it wrote one (the next round plans with it; it is honoured meanwhile anyway).
     pub(super) async fn record_reported_holds(&mut self, state: &crate::backend::State) -> bool {
         let mut wrote = false;
+        // Ids warned about are remembered to log each once; a flood of new ids must not grow
+        // the memory without bound either (then some are logged again).
+        if self.holds_warned.len() > MAX_WARNED_HOLDS {
+            self.holds_warned.clear();
+        }
+        let mut records = state.hold_records.clone();
         for record in state.unrecorded_holds() {
             if self.inventory.host(&record.hold.target).is_none() {
                 if self.holds_warned.insert(record.hold.id.clone()) {
                     tracing::warn!(hold = %record.hold.id, target = %record.hold.target, agent = %record.reported_by, "reported hold not recorded: its target is not an inventory host");
+                }
+                continue;
+            }
+            if let Some(why) = refuse_hold(&records, &record, now()) {
+                if self.holds_warned.insert(record.hold.id.clone()) {
+                    tracing::warn!(hold = %record.hold.id, target = %record.hold.target, agent = %record.reported_by, reason = %why, "reported hold not recorded");
                 }
                 continue;
             }
@@ -79,6 +103,7 @@ impl<B: Backend> Controller<B> {
             {
                 Ok(()) => {
                     log_recorded(&record, "reported");
+                    records.insert(record.hold.id.clone(), record);
                     wrote = true;
                 }
                 Err(error) => {
@@ -86,7 +111,27 @@ impl<B: Backend> Controller<B> {
                 }
             }
         }
-        wrote
+        wrote | self.forget_expired_holds(state).await
+    }
+
+    /// Deletes the records of holds released longer than [`HOLD_RETENTION`] ago; true when it
+    /// deleted one.
+    async fn forget_expired_holds(&mut self, state: &crate::backend::State) -> bool {
+        let expired = expired_holds(&state.hold_records, now());
+        if expired.is_empty() {
+            return false;
+        }
+        let writes = expired.iter().cloned().map(Write::DeleteHold).collect();
+        match self.backend.apply(writes).await {
+            Ok(()) => {
+                tracing::info!(holds = ?expired, retention = %humantime::format_duration(HOLD_RETENTION), "released holds forgotten after their retention");
+                true
+            }
+            Err(error) => {
+                tracing::warn!(error = %crate::error::chain(&error), "released holds not forgotten yet");
+                false
+            }
+        }
     }
 }
 
@@ -94,11 +139,11 @@ impl<B: Backend> Controller<B> {
 fn log_recorded(record: &StoredHold, via: &str) {
     let hold = &record.hold;
     tracing::warn!(
-        hold = %hold.id,
+        hold = %escaped(&hold.id),
         target = %hold.target,
-        by = %hold.by,
-        reason = %hold.reason,
-        action = %hold.action,
+        by = %escaped(&hold.by),
+        reason = %escaped(&hold.reason),
+        action = %escaped(&hold.action),
         agent = %record.reported_by,
         via,
         "break-glass hold recorded: the host is left alone until `metalguard-controller release` hands it back"

@@ -209,7 +209,10 @@ impl<B: Backend> Controller<B> {
             identity: self.identity.clone(),
             inventory_generation: self.file.as_ref().map_or(1, |f| f.generation),
             inventory_error: self.file.as_ref().and_then(|f| f.error.clone()),
-            needs: crate::control::notes::needs(plan),
+            needs: crate::control::notes::needs(plan)
+                .into_iter()
+                .chain(crate::control::notes::control_plane_blocked(state, plan))
+                .collect(),
             waiting,
         };
         let before = state.notes.clone().unwrap_or_default();
