@@ -20,6 +20,7 @@ pub fn stored_report(host: &str, at: u64, etcd: Option<EtcdView>) -> StoredRepor
             bmc_reachability: vec![],
             unacknowledged_results: vec![],
             holds: vec![],
+            seen_term: 0,
         },
         received_at: Timestamp(at),
     }
@@ -61,5 +62,6 @@ pub fn decommission_op(
         requested_by: None,
         executed_by: None,
         result: None,
+        term: 0,
     }
 }

@@ -211,6 +211,7 @@ async fn a_certificate_of_a_host_outside_the_inventory_is_refused_on_every_endpo
         timeline: Vec::new(),
         error: None,
         promoted_by: None,
+        term: 0,
     };
     let posted = mallory
         .post(url(port.port(), &results_path("mallory")))

@@ -95,6 +95,41 @@ async fn a_controller_killed_after_persisting_intent_re_offers_the_same_fence_an
         1,
         "no second operation was created"
     );
+    // Leadership terms: the new leadership offers the same intent under its own, newer term.
+    assert!(command.term > 0, "{command:?}");
+    let term = again.commands[0].term;
+    assert!(term > command.term, "{} after {}", term, command.term);
+    // An agent that refused the older leadership's offer says so; nothing is recorded and
+    // the current offer stands.
+    let refusal = CommandResult {
+        operation_id: command.operation_id.clone(),
+        outcome: Outcome::Rejected,
+        started_at: Timestamp(1),
+        finished_at: Timestamp(1),
+        timeline: Vec::new(),
+        error: Some(format!(
+            "command of leadership term {} refused",
+            command.term
+        )),
+        promoted_by: None,
+        term: command.term,
+    };
+    let ack: ResultAck = executor
+        .post(url(port.port(), &results_path(agent)))
+        .json(&refusal)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(!ack.first, "{ack:?}");
+    let still = poll(&executor, port.port(), agent, Duration::from_secs(1)).await;
+    assert_eq!(
+        still.commands.len(),
+        1,
+        "the offer was withdrawn: {still:?}"
+    );
 
     // The agent reports the (single) execution; a retried post is recognised as a retry.
     let result = CommandResult {
@@ -105,6 +140,7 @@ async fn a_controller_killed_after_persisting_intent_re_offers_the_same_fence_an
         timeline: Vec::new(),
         error: None,
         promoted_by: None,
+        term,
     };
     for first_post in [true, false] {
         let ack: ResultAck = executor

@@ -19,6 +19,8 @@ use serde_json::json;
 
 const LEASE: &str =
     "/apis/coordination.k8s.io/v1/namespaces/metalguard-system/leases/metalguard-controller";
+/// The Lease annotation that counts leaderships (`controller/src/kube/term.rs`).
+const TERM: &str = "metalguard.io/leader-term";
 
 #[test]
 fn a_lost_lease_stops_every_decision_and_a_regained_one_resumes_the_remediation() {
@@ -27,10 +29,13 @@ fn a_lost_lease_stops_every_decision_and_a_regained_one_resumes_the_remediation(
     lab.start_controller("controller-0");
     lab.wait_leading("w-1", Duration::from_secs(60));
     let off = "remediation/w-3/1/power-off";
-    lab.agents.wait_offered(off, Duration::from_secs(30));
+    let offered = lab.agents.wait_offered(off, Duration::from_secs(30));
     let lease = lab.admin().get(LEASE).unwrap();
     assert_eq!(lease["spec"]["holderIdentity"], "controller-0");
     assert_eq!(lease["metadata"]["namespace"], NS);
+    // The leadership began term 1 on the Lease, and its commands carry it.
+    assert_eq!(lease["metadata"]["annotations"][TERM], "1", "{lease}");
+    assert_eq!(offered.command.term, 1, "{:?}", offered.command);
 
     // Another controller holds the Lease now (elected while this one was cut off).
     let taken = SystemTime::now();
@@ -104,8 +109,13 @@ fn a_lost_lease_stops_every_decision_and_a_regained_one_resumes_the_remediation(
     lab.wait("Node w-3 deleted", Duration::from_secs(20), |lab| {
         lab.node("w-3").is_none()
     });
-    lab.agents
+    let on = lab
+        .agents
         .wait_offered("remediation/w-3/1/power-on", Duration::from_secs(20));
+    // The leadership regained is a new one: term 2 on the Lease and in its commands.
+    let lease = lab.admin().get(LEASE).unwrap();
+    assert_eq!(lease["metadata"]["annotations"][TERM], "2", "{lease}");
+    assert_eq!(on.command.term, 2, "{:?}", on.command);
     let power_offs: Vec<String> = lab
         .agents
         .offered()

@@ -104,6 +104,7 @@ impl Agent {
             timeline: Vec::new(),
             error: None,
             promoted_by: None,
+            term: 0,
         };
         let ack: ResultAck = self
             .client

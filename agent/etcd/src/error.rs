@@ -154,6 +154,13 @@ pub enum EtcdError {
     /// The endpoints list was empty.
     #[error("no etcd endpoints configured")]
     NoEndpoints,
+    /// The member list seen by the probes and the one read after a linearizable read differ
+    /// (a membership change in between), or no healthy voter served that read.
+    #[error("etcd's membership could not be confirmed by a linearizable read: {detail}")]
+    MembershipUnconfirmed {
+        /// What differed or failed.
+        detail: String,
+    },
     /// The safety gate refused a membership change.
     #[error("membership change refused by the safety gate")]
     Refused(#[from] crate::gate::Refusal),

@@ -22,6 +22,7 @@ pub mod join;
 pub mod leader;
 pub mod observe;
 pub mod ops;
+pub mod power_gate;
 pub mod view;
 
 pub use client::{ClientSettings, TlsFiles};

@@ -115,6 +115,78 @@ fn probe_matches(probe: &Probe, member: &ListedMember) -> bool {
             .any(|u| u.trim_end_matches('/') == endpoint)
 }
 
+/// Observes the cluster like [`observe`], then confirms its membership as of a
+/// linearizable read: through the leader (or, failing it, another healthy voter) a quorum
+/// read, then that member's member list, which must list the same members. etcd's member
+/// list call is never linearizable on its own (DOMAIN.md §1); after a quorum read served by
+/// a member, that member has applied every membership change committed before the read.
+/// For decisions that must not rest on a stale membership: the executing agent's quorum
+/// check before it cuts a host's power.
+pub async fn observe_confirmed(settings: &ClientSettings) -> Result<ClusterView, EtcdError> {
+    let view = observe(settings).await?;
+    let mut servers: Vec<&MemberView> = view.leader().into_iter().collect();
+    servers.extend(
+        view.voters()
+            .filter(|v| v.healthy() && Some(v.id) != view.summary.leader),
+    );
+    let mut failures = Vec::new();
+    for server in servers {
+        let Some(endpoint) = server.client_urls.first() else {
+            continue;
+        };
+        match Box::pin(confirmed_member_ids(settings, endpoint)).await {
+            Ok(mut ids) => {
+                ids.sort_unstable();
+                let seen: Vec<u64> = view.members.iter().map(|m| m.id).collect();
+                if ids == seen {
+                    return Ok(view);
+                }
+                return Err(EtcdError::MembershipUnconfirmed {
+                    detail: format!(
+                        "the probes saw members {seen:x?}, {endpoint} lists {ids:x?} after a quorum read"
+                    ),
+                });
+            }
+            Err(err) => failures.push(format!("{endpoint}: {}", error_chain(&err))),
+        }
+    }
+    Err(EtcdError::MembershipUnconfirmed {
+        detail: if failures.is_empty() {
+            "no healthy voter to read through".to_owned()
+        } else {
+            failures.join("; ")
+        },
+    })
+}
+
+/// A linearizable (quorum) read through `endpoint`, then the member ids it lists.
+async fn confirmed_member_ids(
+    settings: &ClientSettings,
+    endpoint: &str,
+) -> Result<Vec<u64>, EtcdError> {
+    let timeout = settings.probe_timeout;
+    let client = settings.connect_one(endpoint, timeout).await?;
+    let mut kv = client.kv_client();
+    let options = etcd_client::GetOptions::new().with_count_only();
+    bounded(
+        "linearizable read",
+        endpoint,
+        timeout,
+        kv.get(CONFIRM_KEY, Some(options)),
+    )
+    .await?;
+    let mut cluster = client.cluster_client();
+    let listed = bounded("member list", endpoint, timeout, cluster.member_list()).await?;
+    Ok(listed
+        .members()
+        .iter()
+        .map(etcd_client::Member::id)
+        .collect())
+}
+
+/// The key of the confirming read: its value does not matter, only that a quorum served it.
+const CONFIRM_KEY: &str = "/metalguard/membership-check";
+
 /// Asks exactly one endpoint for its status (no member list), under the probe timeout: the
 /// agent's `EtcdNoSpace` probe reads the alarms of the local member this way.
 pub async fn endpoint_status(settings: &ClientSettings, endpoint: &str) -> Probe {

@@ -295,6 +295,13 @@ async fn remove_unboxed(settings: &ClientSettings, id: u64) -> Result<Removed, E
             return Ok(Removed::AlreadyGone);
         }
     }
+    // The decision rests on a membership confirmed by a quorum read, not on member lists
+    // that may lag (etcd's member list is never linearizable on its own).
+    view = crate::observe::observe_confirmed(settings).await?;
+    if view.member(id).is_none() {
+        return Ok(Removed::AlreadyGone);
+    }
+    gate::may_remove(&view, id)?;
     // Only a leader that answers can hand over; a dead leader is replaced by an election.
     let moved_leader =
         view.summary.leader == Some(id) && view.member(id).is_some_and(MemberView::reachable);

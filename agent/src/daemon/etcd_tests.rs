@@ -35,6 +35,7 @@ fn command(op: &str, kind: CommandKind) -> Command {
         operation_id: OperationId(op.into()),
         issued_at: Timestamp(0),
         kind,
+        term: 0,
     }
 }
 
@@ -95,6 +96,7 @@ fn executor(state: &Path, cluster: &EtcdCluster, joiner: Option<Joiner>) -> Exec
         joiner,
         state,
     )
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,4 +287,102 @@ async fn move_leader_moves_leadership_and_refuses_an_unknown_member() {
         "{error}"
     );
     assert_eq!(leader_by_etcdctl(&cluster), Some(target));
+}
+
+/// A fence command for `target`'s BMC (one Redfish system per host in this test).
+fn power_off(
+    op: &str,
+    target: &str,
+    bmc: &metalguard_e2e::redfish::RedfishBmc,
+    term: u64,
+) -> Command {
+    use metalguard_api::protocol::{BmcCredentials, BmcTrust, FenceCommand, PowerAction, Secret};
+    Command {
+        term,
+        ..command(
+            op,
+            CommandKind::Fence(FenceCommand {
+                target: target.into(),
+                action: PowerAction::Off,
+                bmc_address: format!(
+                    "redfish+http://127.0.0.1:{}{}",
+                    bmc.port(),
+                    bmc.system_path(0)
+                ),
+                tls: BmcTrust::SystemRoots,
+                credentials: BmcCredentials {
+                    username: bmc.username().into(),
+                    password: Secret::new(bmc.password()),
+                },
+                etcd_member: None,
+                forced: None,
+            }),
+        )
+    }
+}
+
+/// The executor checks quorum itself on real etcd, whatever the controller asks: with one of
+/// three voters hung, cutting a healthy member's host is refused with the counts and the BMC
+/// never touched; the hung member's host may be cut (two healthy voters remain); a person's
+/// forced fence is the only override.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_executing_agent_refuses_a_power_off_that_would_leave_fewer_healthy_voters_than_quorum()
+{
+    use metalguard_e2e::redfish::{RedfishBmc, RedfishOptions};
+    let mut cluster = EtcdCluster::start_plain_http(3).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let executor = executor(state.path(), &cluster, None);
+    let names: Vec<String> = (0..3)
+        .map(|i| cluster.member(i).name().to_owned())
+        .collect();
+    let bmcs: Vec<RedfishBmc> = (0..3)
+        .map(|_| RedfishBmc::start(RedfishOptions::default()).unwrap())
+        .collect();
+    cluster.hang(0).unwrap();
+
+    // The controller (buggy, stale, lied to) asks to cut a healthy voter's host: refused.
+    let refused = executor
+        .handle(power_off("op-1", &names[1], &bmcs[1], 3))
+        .await
+        .unwrap();
+    let timeline = timeline_text(&refused);
+    assert_eq!(refused.outcome, Outcome::Rejected, "{timeline}");
+    let error = refused.error.clone().unwrap();
+    assert!(
+        error.contains(&format!(
+            "powering off {} would leave fewer healthy voters than quorum",
+            names[1]
+        )) && error.contains("1 healthy voters besides the target's member")
+            && error.contains("of 3 voters; quorum 2"),
+        "{error}"
+    );
+    assert_eq!(bmcs[1].power_state(0).unwrap(), "On", "the BMC was touched");
+
+    // The hung member's host: two healthy voters remain, so the power goes off.
+    let cut = executor
+        .handle(power_off("op-2", &names[0], &bmcs[0], 3))
+        .await
+        .unwrap();
+    let timeline = timeline_text(&cut);
+    assert_eq!(cut.outcome, Outcome::Succeeded, "{timeline}");
+    assert!(
+        timeline
+            .contains("quorum checked by this agent: 2 healthy voters besides the target's member"),
+        "{timeline}"
+    );
+    assert_eq!(bmcs[0].power_state(0).unwrap(), "Off");
+
+    // A person forced it: the check is skipped, and the result says so.
+    let mut forced = power_off("op-3", &names[1], &bmcs[1], 3);
+    if let CommandKind::Fence(fence) = &mut forced.kind {
+        fence.forced = Some(metalguard_api::protocol::ForcedBy {
+            by: "alice".into(),
+            reason: "replacing the board".into(),
+        });
+    }
+    let forced = executor.handle(forced).await.unwrap();
+    let timeline = timeline_text(&forced);
+    assert_eq!(forced.outcome, Outcome::Succeeded, "{timeline}");
+    assert!(timeline.contains("quorum check skipped"), "{timeline}");
+    cluster.resume(0).unwrap();
 }

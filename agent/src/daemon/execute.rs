@@ -28,6 +28,7 @@ use metalguard_etcd::ops::Promoted;
 use super::join::Joiner;
 use super::journal::{Claim, Journal, interrupted_result};
 use super::probes::now_ms;
+use super::terms::{Admission, Terms};
 
 /// What running a command produced: its outcome, timeline and error.
 pub type Run = (Outcome, Vec<TimelineEntry>, Option<String>);
@@ -48,18 +49,21 @@ pub struct Executor {
     ca_dir: PathBuf,
     fence: FenceOptions,
     holds: crate::holds::HoldStore,
+    terms: Terms,
 }
 
 impl Executor {
-    /// An executor recording into `journal`; etcd commands need `etcd` settings, the join
-    /// go-ahead also a `joiner` (`[etcd.join]`).
+    /// An executor recording into `journal` (where the leadership term is kept too); etcd
+    /// commands need `etcd` settings, the join go-ahead also a `joiner` (`[etcd.join]`).
+    /// Fails when the kept term cannot be read.
     pub fn new(
         journal: Journal,
         etcd: Option<ClientSettings>,
         joiner: Option<Joiner>,
         state_dir: &std::path::Path,
-    ) -> Self {
-        Self {
+    ) -> std::io::Result<Self> {
+        let terms = Terms::load(journal.dir())?;
+        Ok(Self {
             journal,
             etcd,
             joiner: joiner.map(Arc::new),
@@ -67,7 +71,13 @@ impl Executor {
             ca_dir: state_dir.join("bmc-ca"),
             fence: FenceOptions::default(),
             holds: crate::holds::HoldStore::new(state_dir),
-        }
+            terms,
+        })
+    }
+
+    /// The highest leadership term seen (kept across restarts).
+    pub fn terms(&self) -> &Terms {
+        &self.terms
     }
 
     /// The break-glass holds recorded on this host.
@@ -127,8 +137,31 @@ impl Executor {
     }
 
     /// Runs `command` unless this operation id was seen before; returns the result to report.
+    ///
+    /// A command of an older leadership term than this agent has seen is refused first: the
+    /// refusal (outcome `rejected`, naming both terms) is returned to be reported and is not
+    /// written to the journal, so the operation stays open for the current leadership's offer.
     pub async fn handle(&self, command: Command) -> std::io::Result<CommandResult> {
         let op = command.operation_id.clone();
+        match self.terms.admit(command.term) {
+            Ok(()) => {}
+            Err(Admission::Older(older)) => {
+                tracing::warn!(operation = %op, kind = command.kind.name(), offered = older.offered, seen = older.seen, "command of an older leadership refused");
+                let now = Timestamp(now_ms());
+                let (outcome, timeline, error) = rejected(&older.to_string());
+                return Ok(CommandResult {
+                    operation_id: op,
+                    outcome,
+                    started_at: now,
+                    finished_at: now,
+                    timeline,
+                    error,
+                    promoted_by: None,
+                    term: command.term,
+                });
+            }
+            Err(Admission::Unrecorded(err)) => return Err(std::io::Error::other(err)),
+        }
         match self.journal.claim(&op)? {
             Claim::Finished(result) => {
                 tracing::info!(operation = %op, "command already executed; reporting its result again");
@@ -152,8 +185,9 @@ impl Executor {
 
     /// Runs a claimed command and records its result.
     async fn execute(&self, command: Command) -> std::io::Result<CommandResult> {
-        tracing::info!(operation = %command.operation_id, kind = command.kind.name(), "executing command");
+        tracing::info!(operation = %command.operation_id, kind = command.kind.name(), term = command.term, "executing command");
         let started_at = Timestamp(now_ms());
+        let term = command.term;
         let ((outcome, timeline, error), promoted_by) = match command.kind {
             CommandKind::EtcdPromote { member_id } => Box::pin(self.run_promote(member_id)).await,
             ref kind => (Box::pin(self.run(kind)).await, None),
@@ -166,6 +200,7 @@ impl Executor {
             timeline,
             error,
             promoted_by,
+            term,
         };
         tracing::info!(operation = %result.operation_id, outcome = result.outcome.name(), error = ?result.error, "command finished");
         self.journal.finish(&result)?;
@@ -218,6 +253,17 @@ impl Executor {
                 ));
             }
         }
+        // The last line of defence against any controller bug: this agent counts etcd's
+        // healthy voters itself before it cuts a host's power.
+        let checked = match command.action {
+            PowerAction::Off | PowerAction::Reboot => {
+                match super::power_check::check_power_cut(command, self.etcd.as_ref()).await {
+                    Ok(counted) => Some(counted),
+                    Err(refusal) => return rejected(&refusal),
+                }
+            }
+            PowerAction::On => None,
+        };
         let address = match command.bmc_address.parse::<metalguard_bmc::BmcAddress>() {
             Ok(address) => address,
             Err(err) => return rejected(&format!("bmc address of {}: {err}", command.target)),
@@ -246,11 +292,14 @@ impl Executor {
         };
         let outcome = metalguard_bmc::fence(&mut bmc, action, &self.fence).await;
         let _ = bmc.close().await;
-        let timeline = outcome
-            .timeline
-            .entries()
-            .iter()
-            .map(|e| TimelineEntry {
+        let checked = checked.map(|what| TimelineEntry {
+            elapsed_ms: 0,
+            direction: TimelineDirection::Note,
+            what,
+        });
+        let timeline = checked
+            .into_iter()
+            .chain(outcome.timeline.entries().iter().map(|e| TimelineEntry {
                 elapsed_ms: u64::try_from(e.elapsed.as_millis()).unwrap_or(u64::MAX),
                 direction: match e.direction {
                     Direction::Sent => TimelineDirection::Sent,
@@ -258,7 +307,7 @@ impl Executor {
                     Direction::Note => TimelineDirection::Note,
                 },
                 what: e.what.clone(),
-            })
+            }))
             .collect();
         let error = outcome
             .status
@@ -489,19 +538,94 @@ mod tests {
                     username: "admin".into(),
                     password: Secret::new("pw"),
                 },
+                etcd_member: None,
+                forced: None,
             }),
+            term: 0,
         }
+    }
+
+    fn executor_in(state: &std::path::Path) -> Executor {
+        Executor::new(Journal::open(state).unwrap(), None, None, state).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_command_of_an_older_term_is_refused_unjournaled_and_the_term_survives_a_restart() {
+        let state = tempfile::tempdir().unwrap();
+        let executor = executor_in(state.path());
+        let mut newer = fence_of("cp-3", "op-9");
+        newer.term = 12;
+        // Term 12 is admitted (and the fence fails at the BMC: nobody listens).
+        let ran = executor.handle(newer).await.unwrap();
+        assert_eq!((ran.outcome, ran.term), (Outcome::Failed, 12), "{ran:?}");
+        // A restarted agent still knows term 12 and refuses term 11 before any BMC traffic.
+        let restarted = executor_in(state.path());
+        assert_eq!(restarted.terms().highest(), 12);
+        let mut older = fence_of("cp-1", "op-10");
+        older.term = 11;
+        let refused = restarted.handle(older.clone()).await.unwrap();
+        assert_eq!(refused.outcome, Outcome::Rejected, "{refused:?}");
+        assert_eq!(refused.term, 11);
+        let error = refused.error.unwrap();
+        assert!(
+            error.contains("term 11 refused") && error.contains("seen term 12"),
+            "{error}"
+        );
+        // Not journaled: the same operation offered by the current leadership runs.
+        older.term = 12;
+        let offered_again = restarted.handle(older).await.unwrap();
+        assert_eq!(offered_again.outcome, Outcome::Failed, "{offered_again:?}");
+        // A command without a term (a controller that predates terms) is refused too now.
+        let mut untermed = fence_of("cp-1", "op-11");
+        untermed.term = 0;
+        assert_eq!(
+            restarted.handle(untermed).await.unwrap().outcome,
+            Outcome::Rejected
+        );
+    }
+
+    #[tokio::test]
+    async fn an_agent_without_etcd_access_refuses_to_cut_a_member_hosts_power() {
+        let state = tempfile::tempdir().unwrap();
+        let executor = executor_in(state.path());
+        let mut command = fence_of("cp-1", "op-1");
+        if let CommandKind::Fence(fence) = &mut command.kind {
+            fence.etcd_member = Some(0xabc);
+        }
+        let refused = executor.handle(command).await.unwrap();
+        assert_eq!(refused.outcome, Outcome::Rejected, "{refused:?}");
+        assert!(
+            refused
+                .error
+                .as_deref()
+                .unwrap_or("")
+                .contains("holds member abc"),
+            "{refused:?}"
+        );
+        // Forced by a person: the check is skipped, said so, and the fence goes ahead.
+        let mut forced = fence_of("cp-1", "op-2");
+        if let CommandKind::Fence(fence) = &mut forced.kind {
+            fence.etcd_member = Some(0xabc);
+            fence.forced = Some(metalguard_api::protocol::ForcedBy {
+                by: "alice".into(),
+                reason: "disk controller wedged".into(),
+            });
+        }
+        let ran = executor.handle(forced).await.unwrap();
+        assert_eq!(ran.outcome, Outcome::Failed, "{ran:?}");
+        assert!(
+            ran.timeline[0]
+                .what
+                .contains("forced by alice (disk controller wedged)"),
+            "{:?}",
+            ran.timeline
+        );
     }
 
     #[tokio::test]
     async fn a_power_command_for_a_host_held_here_is_refused_before_any_bmc_traffic() {
         let state = tempfile::tempdir().unwrap();
-        let executor = Executor::new(
-            Journal::open(state.path()).unwrap(),
-            None,
-            None,
-            state.path(),
-        );
+        let executor = executor_in(state.path());
         executor
             .holds()
             .record(&Hold {

@@ -77,6 +77,11 @@ impl Journal {
         })
     }
 
+    /// The journal's directory (the leadership term is kept there too).
+    pub fn dir(&self) -> Arc<SecureDir> {
+        Arc::clone(&self.dir)
+    }
+
     /// Counts the ignored files in `gauge` (the agent's metrics).
     #[must_use]
     pub fn counting_ignored_in(mut self, gauge: Gauge) -> Self {
@@ -222,6 +227,7 @@ pub fn interrupted_result(op: &OperationId, now: Timestamp) -> CommandResult {
         }],
         error: Some(what.to_owned()),
         promoted_by: None,
+        term: 0,
     }
 }
 
@@ -252,6 +258,7 @@ mod tests {
             timeline: Vec::new(),
             error: None,
             promoted_by: None,
+            term: 0,
         }
     }
 

@@ -371,6 +371,7 @@ pub async fn report_loop(
                 .map(|r| r.operation_id)
                 .collect(),
             holds,
+            seen_term: executor.terms().highest(),
         };
         let cut = metalguard_api::limits::fit_report(&mut report);
         if cut && !reported_cut {
@@ -382,6 +383,9 @@ pub async fn report_loop(
         let wait = match link.report(&report).await {
             Ok(ack) => {
                 backoff.reset();
+                if let Err(err) = executor.terms().observe(ack.term) {
+                    tracing::error!(term = ack.term, error = %err, "the controller's leadership term could not be recorded");
+                }
                 reach.set_targets(ack.bmc_targets);
                 // The controller withholds fences of a released host from this agent until a
                 // report no longer carries its hold: that report goes out at once.

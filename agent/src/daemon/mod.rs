@@ -17,7 +17,9 @@ mod local_http;
 pub(crate) mod logging;
 pub mod metrics;
 pub mod notify;
+mod power_check;
 pub mod probes;
+mod terms;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -149,13 +151,15 @@ async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
     }
 
     if let Some(controller) = &config.controller {
-        let executor = match journal::Journal::open(&config.state.dir) {
-            Ok(journal) => execute::Executor::new(
+        let executor = match journal::Journal::open(&config.state.dir).and_then(|journal| {
+            execute::Executor::new(
                 journal.counting_ignored_in(metrics.journal_files_ignored()),
                 etcd_settings(&config),
                 joiner(&config),
                 &config.state.dir,
-            ),
+            )
+        }) {
+            Ok(executor) => executor,
             Err(err) => {
                 tracing::error!(dir = %config.state.dir.display(), error = %err, "cannot open the operation journal; refusing to start");
                 cancel.cancel();

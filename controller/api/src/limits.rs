@@ -445,6 +445,7 @@ mod tests {
             timeline: (0..1_000).map(entry).collect(),
             error: Some("e".repeat(100_000)),
             promoted_by: None,
+            term: 0,
         };
         assert!(check_result(&result).is_err());
         assert!(fit_result(&mut result));

@@ -56,20 +56,38 @@ pub const HOST_PLACEHOLDER: &str = "{host}";
 /// a controller that predates it ignores the parameter.
 pub const BMC_TARGETS_PARAM: &str = "bmc_targets";
 
+/// The query parameter of [`REPORT_PATH`] and [`COMMANDS_PATH`] by which an agent says it
+/// knows leadership terms (`=true`): the controller then puts its term in
+/// [`ReportAck::term`] and [`Command::term`]. Agents that predate terms refuse those fields
+/// (`deny_unknown_fields`), so only agents that ask get them; a controller that predates
+/// them ignores the parameter and its commands read as term 0.
+pub const TERMS_PARAM: &str = "terms";
+
+/// Whether `term` is zero: "no term", left out of the JSON.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+pub fn no_term(term: &u64) -> bool {
+    *term == 0
+}
+
 /// [`REPORT_PATH`] for `host`.
 pub fn report_path(host: &str) -> String {
     REPORT_PATH.replace(HOST_PLACEHOLDER, host)
 }
 
-/// [`REPORT_PATH`] for `host`, asking for the BMC targets in the answer ([`BMC_TARGETS_PARAM`]).
+/// [`REPORT_PATH`] for `host`, asking for the BMC targets ([`BMC_TARGETS_PARAM`]) and the
+/// leadership term ([`TERMS_PARAM`]) in the answer.
 pub fn report_path_with_bmc_targets(host: &str) -> String {
-    format!("{}?{BMC_TARGETS_PARAM}=true", report_path(host))
+    format!(
+        "{}?{BMC_TARGETS_PARAM}=true&{TERMS_PARAM}=true",
+        report_path(host)
+    )
 }
 
-/// [`COMMANDS_PATH`] for `host` with a long-poll of `wait` (whole seconds, rounded down).
+/// [`COMMANDS_PATH`] for `host` with a long-poll of `wait` (whole seconds, rounded down),
+/// asking for each command's leadership term ([`TERMS_PARAM`]).
 pub fn commands_path(host: &str, wait: Duration) -> String {
     format!(
-        "{}?{WAIT_PARAM}={}",
+        "{}?{WAIT_PARAM}={}&{TERMS_PARAM}=true",
         COMMANDS_PATH.replace(HOST_PLACEHOLDER, host),
         wait.as_secs()
     )
@@ -144,6 +162,12 @@ pub struct AgentReport {
     /// (`deny_unknown_fields`), so it keeps accepting reports until a hold exists.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub holds: Vec<Hold>,
+    /// The highest leadership term this agent has seen (in a command or an answer), kept
+    /// across its restarts. A controller whose own term is lower has been superseded and
+    /// stops acting at once. Left out while zero (a controller that predates terms refuses
+    /// unknown fields; an agent sees a term only from a controller that knows them).
+    #[serde(default, skip_serializing_if = "no_term")]
+    pub seen_term: u64,
 }
 
 /// Condition types an agent may not report: Kubernetes' own Node conditions. `Ready` is the
@@ -293,6 +317,10 @@ pub struct ReportAck {
     /// so agents that predate the field (and carry none) never see it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub released_holds: Vec<String>,
+    /// The answering leader's term, for agents that asked ([`TERMS_PARAM`]): the agent keeps
+    /// the highest it has seen and refuses commands from older terms.
+    #[serde(default, skip_serializing_if = "no_term")]
+    pub term: u64,
 }
 
 /// The controller's answer to a posted [`Hold`].
@@ -338,6 +366,24 @@ pub struct Command {
     pub issued_at: Timestamp,
     /// What to do.
     pub kind: CommandKind,
+    /// The term of the leadership offering this command (a fencing token: it only grows from
+    /// one leadership to the next). The agent refuses a command whose term is below the
+    /// highest it has seen. Sent only to agents that ask ([`TERMS_PARAM`]); 0 from a
+    /// controller that predates terms.
+    #[serde(default, skip_serializing_if = "no_term")]
+    pub term: u64,
+}
+
+impl Command {
+    /// Leaves out the term and the fields that came with terms (the fence's etcd member and
+    /// forced marker), for an agent that predates them.
+    pub fn strip_terms(&mut self) {
+        self.term = 0;
+        if let CommandKind::Fence(fence) = &mut self.kind {
+            fence.etcd_member = None;
+            fence.forced = None;
+        }
+    }
 }
 
 /// What a command asks for.
@@ -397,6 +443,26 @@ pub struct FenceCommand {
     pub tls: BmcTrust,
     /// Credentials for the BMC.
     pub credentials: BmcCredentials,
+    /// The target's etcd member as the controller knows it (from the target's own agent), so
+    /// the executing agent can check quorum itself before a power-off or reboot; the agent
+    /// also finds the target's member by name. Sent with terms ([`TERMS_PARAM`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_member: Option<u64>,
+    /// Set when a person forced this fence past every gate (`fence --force` with a reason):
+    /// the only thing that overrides the executing agent's own quorum check, and recorded
+    /// in its result as such.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced: Option<ForcedBy>,
+}
+
+/// Who forced a fence, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForcedBy {
+    /// Who asked (the identity recorded with the request).
+    pub by: String,
+    /// The reason they gave.
+    pub reason: String,
 }
 
 /// A power action.
@@ -465,6 +531,10 @@ pub struct CommandResult {
     /// mode, or a person with etcdctl). `None` for every other command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub promoted_by: Option<PromotedBy>,
+    /// The term of the command that was executed (0: none), so a leader knows which
+    /// leadership's command produced this result.
+    #[serde(default, skip_serializing_if = "no_term")]
+    pub term: u64,
 }
 
 /// Who promoted a learner, as the promotion command found out.
@@ -581,7 +651,10 @@ mod tests {
                     username: "admin".into(),
                     password: Secret::new("hunter2"),
                 },
+                etcd_member: None,
+                forced: None,
             }),
+            term: 0,
         }
     }
 
@@ -606,13 +679,13 @@ mod tests {
         assert_eq!(report_path("cp-1"), "/v1/hosts/cp-1/report");
         assert_eq!(
             commands_path("cp-1", Duration::from_millis(30_900)),
-            "/v1/hosts/cp-1/commands?wait=30"
+            "/v1/hosts/cp-1/commands?wait=30&terms=true"
         );
         assert_eq!(results_path("cp-1"), "/v1/hosts/cp-1/results");
         assert_eq!(holds_path("cp-1"), "/v1/hosts/cp-1/holds");
         assert_eq!(
             report_path_with_bmc_targets("cp-1"),
-            "/v1/hosts/cp-1/report?bmc_targets=true"
+            "/v1/hosts/cp-1/report?bmc_targets=true&terms=true"
         );
         assert!(REPORT_PATH.starts_with(&format!("/{API_VERSION}/")));
     }
@@ -670,6 +743,7 @@ mod tests {
             received_at: Timestamp(2),
             bmc_targets: Vec::new(),
             released_holds: Vec::new(),
+            term: 0,
         };
         assert_eq!(
             serde_json::to_string(&ack).unwrap(),

@@ -90,6 +90,8 @@ struct Queue {
 pub struct Hub {
     /// Leadership is valid until this instant (the lease certainly holds until then).
     leader_until: Mutex<Option<Instant>>,
+    /// The term of the leadership under way (0 while not leading).
+    term: std::sync::atomic::AtomicU64,
     queues: Mutex<HashMap<String, Queue>>,
     inbox: mpsc::Sender<Inbound>,
     /// Every inventory BMC without credentials, answered to each report (less the reporter's).
@@ -121,6 +123,7 @@ impl Hub {
         let (tx, rx) = mpsc::channel(1024);
         let hub = Self {
             leader_until: Mutex::new(None),
+            term: std::sync::atomic::AtomicU64::new(0),
             queues: Mutex::new(HashMap::new()),
             inbox: tx,
             bmc_targets: Mutex::new(Vec::new()),
@@ -158,6 +161,22 @@ impl Hub {
     pub fn set_leader_until(&self, until: Option<Instant>) {
         let was = std::mem::replace(&mut *self.leader_until(), until).is_some();
         if was && until.is_none() {
+            self.term.store(0, std::sync::atomic::Ordering::SeqCst);
+            self.publish(&BTreeMap::new());
+        }
+    }
+
+    /// The term of the leadership under way (0 while not leading): answered to agents that
+    /// know terms with every report.
+    pub fn term(&self) -> u64 {
+        self.term.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Records the term of the leadership under way. A new term withdraws every command
+    /// published before it: the new leadership offers its own after its first round.
+    pub fn set_term(&self, term: u64) {
+        let before = self.term.swap(term, std::sync::atomic::Ordering::SeqCst);
+        if before != term {
             self.publish(&BTreeMap::new());
         }
     }
@@ -372,6 +391,7 @@ mod tests {
             operation_id: OperationId(id.into()),
             issued_at: Timestamp(0),
             kind: CommandKind::EtcdPromote { member_id: 1 },
+            term: 0,
         }
     }
 

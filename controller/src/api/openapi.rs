@@ -9,7 +9,7 @@
 
 use metalguard_api::protocol::{
     API_VERSION, BMC_TARGETS_PARAM, COMMANDS_PATH, HOLDS_PATH, MAX_WAIT, REPORT_PATH, RESULTS_PATH,
-    WAIT_PARAM,
+    TERMS_PARAM, WAIT_PARAM,
 };
 use serde_json::{Map, Value, json};
 
@@ -67,6 +67,8 @@ fn schemas() -> Value {
         ("bmc_address", string()),
         ("tls", reference("BmcTrust")),
         ("credentials", reference("BmcCredentials")),
+        ("etcd_member", nullable(&integer())),
+        ("forced", nullable(&reference("ForcedBy"))),
     ];
     json!({
         "AgentReport": object(&[
@@ -80,6 +82,7 @@ fn schemas() -> Value {
             ("bmc_reachability", array(&reference("BmcReachability"))),
             ("unacknowledged_results", array(&string())),
             ("holds", array(&reference("Hold"))),
+            ("seen_term", integer()),
         ], &["host", "agent_version", "sequence", "sent_at"]),
         "Hold": object(&[
             ("id", string()),
@@ -127,6 +130,7 @@ fn schemas() -> Value {
             ("received_at", timestamp()),
             ("bmc_targets", array(&reference("BmcTarget"))),
             ("released_holds", array(&string())),
+            ("term", integer()),
         ], &["sequence", "received_at"]),
         "BmcTarget": object(&[
             ("host", string()),
@@ -140,7 +144,12 @@ fn schemas() -> Value {
             ("operation_id", string()),
             ("issued_at", timestamp()),
             ("kind", reference("CommandKind")),
+            ("term", integer()),
         ], &["operation_id", "issued_at", "kind"]),
+        "ForcedBy": object(&[
+            ("by", string()),
+            ("reason", string()),
+        ], &["by", "reason"]),
         "CommandKind": { "oneOf": [
             tagged("type", "fence", &fence_fields,
                 &["target", "action", "bmc_address", "credentials"]),
@@ -168,6 +177,7 @@ fn schemas() -> Value {
             ("timeline", array(&reference("TimelineEntry"))),
             ("error", nullable(&string())),
             ("promoted_by", one_of_strings(&["metalguard", "outside"])),
+            ("term", integer()),
         ], &["operation_id", "outcome", "started_at", "finished_at"]),
         "TimelineEntry": object(&[
             ("elapsed_ms", integer()),
@@ -289,6 +299,10 @@ pub fn document() -> Value {
                     "name": BMC_TARGETS_PARAM, "in": "query", "required": false,
                     "description": "true: answer with bmc_targets (agents that predate it refuse unknown fields)",
                     "schema": { "type": "boolean" },
+                }, {
+                    "name": TERMS_PARAM, "in": "query", "required": false,
+                    "description": "true: the agent knows leadership terms (the answer carries the leader's term; commands carry theirs)",
+                    "schema": { "type": "boolean" },
                 }],
                 "requestBody": json_body("AgentReport"),
                 "responses": report_responses,
@@ -300,6 +314,10 @@ pub fn document() -> Value {
                     "name": WAIT_PARAM, "in": "query", "required": false,
                     "description": format!("seconds to wait for a command (at most {})", MAX_WAIT.as_secs()),
                     "schema": { "type": "integer", "minimum": 0 },
+                }, {
+                    "name": TERMS_PARAM, "in": "query", "required": false,
+                    "description": "true: the agent knows leadership terms (the answer carries the leader's term; commands carry theirs)",
+                    "schema": { "type": "boolean" },
                 }],
                 "responses": with_errors(json!({ "200": ok("CommandBatch", "pending commands; empty when the wait ran out") })),
             }},
@@ -419,6 +437,7 @@ mod tests {
             operation_id: OperationId("op".into()),
             issued_at: Timestamp(1),
             kind,
+            term: 0,
         }
     }
 
@@ -460,6 +479,7 @@ mod tests {
             }],
             unacknowledged_results: vec![OperationId("x".into())],
             holds: vec![hold()],
+            seen_term: 0,
         };
         check("AgentReport", &report);
         check("Hold", &hold());
@@ -481,6 +501,7 @@ mod tests {
                     tls: BmcTrust::Fingerprint { sha256: "f".into() },
                 }],
                 released_holds: vec!["cp-1/5".into()],
+                term: 0,
             },
         );
         let trusts = [
@@ -501,6 +522,8 @@ mod tests {
                         username: "u".into(),
                         password: Secret::new("p"),
                     },
+                    etcd_member: None,
+                    forced: None,
                 }))
             })
             .collect();
@@ -523,6 +546,7 @@ mod tests {
                 }],
                 error: Some("e".into()),
                 promoted_by: None,
+                term: 0,
             },
         );
         check(
@@ -535,6 +559,7 @@ mod tests {
                 timeline: Vec::new(),
                 error: None,
                 promoted_by: Some(PromotedBy::Outside),
+                term: 0,
             },
         );
         check(

@@ -199,6 +199,8 @@ async fn report(
             Vec::new()
         },
         released_holds: hub.released_among(&report),
+        // Only to agents that know terms (older ones refuse the field).
+        term: if query.terms { hub.term() } else { 0 },
     };
     if !hub
         .send(Inbound::Report {
@@ -221,6 +223,9 @@ struct ReportQuery {
     /// The agent asks for the BMC targets in the answer (`BMC_TARGETS_PARAM`).
     #[serde(default)]
     bmc_targets: bool,
+    /// The agent knows leadership terms (`TERMS_PARAM`).
+    #[serde(default)]
+    terms: bool,
 }
 
 /// The long-poll query.
@@ -229,6 +234,11 @@ struct WaitQuery {
     /// Seconds to wait for a command; 0 or absent answers at once.
     #[serde(default)]
     wait: u64,
+    /// The agent knows leadership terms (`TERMS_PARAM`): commands keep their term and the
+    /// fields that came with it; without it they are left out (an agent that predates them
+    /// refuses unknown fields).
+    #[serde(default)]
+    terms: bool,
 }
 
 async fn commands(
@@ -241,7 +251,12 @@ async fn commands(
         return *refusal;
     }
     let wait = Duration::from_secs(query.wait).min(MAX_WAIT);
-    let commands = hub.poll(&host, wait).await;
+    let mut commands = hub.poll(&host, wait).await;
+    if !query.terms {
+        commands
+            .iter_mut()
+            .for_each(metalguard_api::protocol::Command::strip_terms);
+    }
     Json(CommandBatch { commands }).into_response()
 }
 

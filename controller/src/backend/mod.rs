@@ -56,8 +56,14 @@ pub enum BackendError {
 /// This controller's standing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Leadership {
-    /// This controller leads and may act.
-    Leader,
+    /// This controller leads and may act, in leadership `term`: a number that only grows from
+    /// one leadership to the next (standalone: the leader key's create revision, also the
+    /// fencing token of every write; Kubernetes: a counter the leader increments on its
+    /// Lease when its leadership begins). Every command carries it; agents refuse older ones.
+    Leader {
+        /// The leadership's term.
+        term: u64,
+    },
     /// Another controller leads (its identity, if known).
     Follower {
         /// The current leader's identity.

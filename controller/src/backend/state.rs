@@ -81,6 +81,9 @@ pub struct StoredOperation {
     /// The agent's result, once received.
     #[serde(default)]
     pub result: Option<CommandResult>,
+    /// The term of the leadership that persisted this intent (0: before terms).
+    #[serde(default, skip_serializing_if = "metalguard_api::protocol::no_term")]
+    pub term: u64,
 }
 
 impl StoredOperation {

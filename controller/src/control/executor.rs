@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::{Action, ActionKind, Plan, RemediationStep};
 use metalguard_api::protocol::{
-    Command, CommandKind, CommandResult, FenceCommand, Outcome, PowerAction, ResultAck,
+    Command, CommandKind, CommandResult, FenceCommand, ForcedBy, Outcome, PowerAction, ResultAck,
 };
 use metalguard_api::remediation::{NodeBackup, Remediation, RemediationPhase};
 use metalguard_api::snapshot::QUORUM_HOOK;
@@ -78,6 +78,7 @@ pub fn writes_for(action: &Action, state: &State, now: Timestamp) -> Option<Vec<
                 }),
                 executed_by: None,
                 result: None,
+                term: 0,
             })])
         }
         ActionKind::AddQuorumHook { host } | ActionKind::RemoveQuorumHook { host } => {
@@ -138,6 +139,7 @@ fn remediate(
                 requested_by: Some(remediation.cause.clone()),
                 executed_by: None,
                 result: None,
+                term: 0,
             };
             let phase = advance(remediation, step.resulting_phase(), now)?;
             Some(vec![Write::CreateOperation(op), phase])
@@ -259,7 +261,15 @@ pub fn withheld(inventory: &Inventory, state: &State, op: &StoredOperation) -> O
 /// read from the inventory's files now; an operation whose BMC cannot be described is left
 /// out (and logged) rather than sent half-built. An operation [`withheld`] is left out too
 /// (`status` says why).
-pub fn pending_commands(inventory: &Inventory, state: &State) -> BTreeMap<String, Vec<Command>> {
+///
+/// Every command carries `term`, the leadership offering it. A fence carries what the
+/// executing agent needs for its own quorum check: the target's etcd member as the target's
+/// own agent last reported it, and, for a person's forced fence, who forced it and why.
+pub fn pending_commands(
+    inventory: &Inventory,
+    state: &State,
+    term: u64,
+) -> BTreeMap<String, Vec<Command>> {
     let mut pending: BTreeMap<String, Vec<Command>> = BTreeMap::new();
     for op in state.operations.values().filter(|op| op.in_flight()) {
         if let Some(why) = withheld(inventory, state, op) {
@@ -282,6 +292,8 @@ pub fn pending_commands(inventory: &Inventory, state: &State) -> BTreeMap<String
                         bmc_address: bmc.address.clone(),
                         tls,
                         credentials,
+                        etcd_member: reported_member(state, target),
+                        forced: forced_by(state, op),
                     }),
                     Err(error) => {
                         tracing::warn!(operation = %op.id, %error, "fence command could not be built");
@@ -304,19 +316,49 @@ pub fn pending_commands(inventory: &Inventory, state: &State) -> BTreeMap<String
             operation_id: op.id.clone(),
             issued_at: op.created_at,
             kind,
+            term,
         });
     }
     pending
 }
 
+/// The etcd member `host`'s own agent last reported as its local member.
+fn reported_member(state: &State, host: &str) -> Option<u64> {
+    state
+        .reports
+        .get(host)?
+        .report
+        .etcd
+        .as_ref()?
+        .local_member_id
+}
+
+/// Who forced the fence `op` belongs to, and why: a forced remediation's recorded reason and
+/// the requester recorded with the operation.
+fn forced_by(state: &State, op: &StoredOperation) -> Option<ForcedBy> {
+    let remediation = state.remediations.get(op.remediation_id.as_ref()?)?;
+    let reason = remediation.forced.clone()?;
+    Some(ForcedBy {
+        by: op
+            .requested_by
+            .clone()
+            .unwrap_or_else(|| "an administrator".to_owned()),
+        reason,
+    })
+}
+
 /// What to persist for a result from `host` (whose client certificate `certificate`
 /// describes, recorded as who executed it), and the answer: `Ok((None, ack))` for a retry of
-/// an already recorded result.
+/// an already recorded result, and for an agent's refusal of a command offered by a
+/// leadership older than `term` (the current one): nothing was done, and the current
+/// leadership's offer of the same operation stands. A result of any other kind is a fact
+/// about the hosts and is recorded whatever term offered its command.
 pub fn record_result(
     state: &State,
     host: &str,
     certificate: &str,
     result: CommandResult,
+    term: u64,
 ) -> Result<(Option<Write>, ResultAck), String> {
     let Some(op) = state.operations.get(&result.operation_id) else {
         return Err(format!("operation {} is unknown", result.operation_id));
@@ -333,6 +375,16 @@ pub fn record_result(
     };
     if op.result.is_some() {
         return Ok((None, ack));
+    }
+    if result.outcome == Outcome::Rejected && result.term != 0 && result.term < term {
+        tracing::info!(operation = %op.id, offered = result.term, term, "an agent refused this operation as offered by an older leadership; the current offer stands");
+        return Ok((
+            None,
+            ResultAck {
+                first: false,
+                ..ack
+            },
+        ));
     }
     let mut done = op.clone();
     done.result = Some(result);

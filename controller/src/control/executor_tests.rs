@@ -88,6 +88,7 @@ fn result(id: &OperationId, outcome: Outcome) -> CommandResult {
         timeline: Vec::new(),
         error: (outcome != Outcome::Succeeded).then(|| "bmc said no".to_owned()),
         promoted_by: None,
+        term: 0,
     }
 }
 
@@ -130,6 +131,7 @@ fn verification_waits_for_the_result_and_follows_its_outcome() {
             "w-1",
             "w-1 (certificate serial 01)",
             result(&off.id, outcome),
+            7,
         )
         .unwrap();
         assert!(ack.first);
@@ -161,6 +163,7 @@ fn results_are_accepted_once_and_only_from_the_executing_agent() {
         "w-2",
         "w-2 (certificate serial 02)",
         result(&off.id, Outcome::Succeeded),
+        7,
     )
     .unwrap_err();
     assert!(err.contains("w-1") && err.contains("w-2"), "{err}");
@@ -170,7 +173,8 @@ fn results_are_accepted_once_and_only_from_the_executing_agent() {
             &state,
             "w-1",
             "w-1 (certificate serial 01)",
-            result(&unknown, Outcome::Succeeded)
+            result(&unknown, Outcome::Succeeded),
+            7,
         )
         .is_err()
     );
@@ -179,6 +183,7 @@ fn results_are_accepted_once_and_only_from_the_executing_agent() {
         "w-1",
         "w-1 (certificate serial 01)",
         result(&off.id, Outcome::Succeeded),
+        7,
     )
     .unwrap();
     apply(&mut state, vec![write.unwrap()]);
@@ -187,6 +192,7 @@ fn results_are_accepted_once_and_only_from_the_executing_agent() {
         "w-1",
         "w-1 (certificate serial 01)",
         result(&off.id, Outcome::Failed),
+        7,
     )
     .unwrap();
     assert!(again.is_none() && !ack.first);
@@ -197,8 +203,8 @@ fn results_are_accepted_once_and_only_from_the_executing_agent() {
     );
 }
 
-#[test]
-fn a_fence_of_a_held_host_is_not_offered_until_it_is_released() {
+/// Two workers, `w-2` with a BMC whose credentials are in the returned directory.
+fn inventory_with_a_bmc_for_w2() -> (tempfile::TempDir, Inventory) {
     use std::os::unix::fs::PermissionsExt as _;
     let credentials = tempfile::tempdir().unwrap();
     for (name, value) in [("username", "admin"), ("password", "pw")] {
@@ -215,12 +221,18 @@ fn a_fence_of_a_held_host_is_not_offered_until_it_is_released() {
         credentials.path().display()
     );
     let inventory = Inventory::parse(std::path::Path::new("i.toml"), &text).unwrap();
+    (credentials, inventory)
+}
+
+#[test]
+fn a_fence_of_a_held_host_is_not_offered_until_it_is_released() {
+    let (_credentials, inventory) = inventory_with_a_bmc_for_w2();
     let mut state = state_with(remediation(RemediationPhase::Gated));
     let off = action(RemediationStep::PowerOff);
     let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
     apply(&mut state, writes);
     let offered = |state: &State| -> Vec<OperationId> {
-        pending_commands(&inventory, state)
+        pending_commands(&inventory, state, 7)
             .get("w-1")
             .map(|cs| cs.iter().map(|c| c.operation_id.clone()).collect())
             .unwrap_or_default()
@@ -327,6 +339,7 @@ fn a_retired_hosts_power_off_is_one_fence_operation_created_once() {
         "cp-2",
         "cp-2 (certificate serial 03)",
         result(&off.id, Outcome::Failed),
+        7,
     )
     .unwrap();
     apply(&mut state, vec![write.unwrap()]);
@@ -367,6 +380,7 @@ fn fence(id: &str, agent: &str, target: &str) -> StoredOperation {
         requested_by: None,
         executed_by: None,
         result: None,
+        term: 0,
     }
 }
 
@@ -389,7 +403,7 @@ fn an_operation_for_an_agent_or_a_target_outside_the_inventory_is_never_offered(
     ] {
         state.operations.insert(op.id.clone(), op);
     }
-    let pending = pending_commands(&inventory, &state);
+    let pending = pending_commands(&inventory, &state, 7);
     let offered: Vec<(&str, &str)> = pending
         .iter()
         .flat_map(|(host, commands)| {
@@ -429,6 +443,7 @@ fn who_asked_is_kept_with_the_operation_and_who_executed_it_with_its_result() {
         "w-1",
         "w-1 (certificate serial 0a)",
         result(&off.id, Outcome::Succeeded),
+        7,
     )
     .unwrap();
     apply(&mut state, vec![write.unwrap()]);
@@ -436,4 +451,37 @@ fn who_asked_is_kept_with_the_operation_and_who_executed_it_with_its_result() {
         state.operations[&off.id].executed_by.as_deref(),
         Some("w-1 (certificate serial 0a)")
     );
+}
+
+#[test]
+fn an_agents_refusal_of_an_older_terms_offer_is_not_recorded_but_any_other_result_is() {
+    let mut state = state_with(remediation(RemediationPhase::Gated));
+    let off = action(RemediationStep::PowerOff);
+    let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
+    apply(&mut state, writes);
+    let refusal = CommandResult {
+        term: 6,
+        ..result(&off.id, Outcome::Rejected)
+    };
+    // Offered by term 6, refused by the agent; this leader leads in term 7: nothing was done,
+    // and the current offer of the same operation stands.
+    let (write, ack) = record_result(&state, "w-1", "w-1 (serial 01)", refusal.clone(), 7).unwrap();
+    assert!(write.is_none() && !ack.first, "{ack:?}");
+    // Every command carries the leader's term.
+    let (_credentials, inventory) = inventory_with_a_bmc_for_w2();
+    let offered = pending_commands(&inventory, &state, 7);
+    assert!(
+        !offered.is_empty() && offered.values().flatten().all(|c| c.term == 7),
+        "{offered:?}"
+    );
+    // A refusal in the current term is a result like any other.
+    let (write, _) = record_result(&state, "w-1", "w-1 (serial 01)", refusal, 6).unwrap();
+    assert!(write.is_some());
+    // A fact from an older term (the power went off) is recorded.
+    let done = CommandResult {
+        term: 6,
+        ..result(&off.id, Outcome::Succeeded)
+    };
+    let (write, _) = record_result(&state, "w-1", "w-1 (serial 01)", done, 7).unwrap();
+    assert!(write.is_some());
 }

@@ -148,6 +148,7 @@ pub fn next_for(action: &Action, state: &State, now: Timestamp, heartbeat: Durat
         requested_by: None,
         executed_by: None,
         result: None,
+        term: 0,
     })])
 }
 
@@ -273,7 +274,9 @@ mod tests {
                 timeline: vec![],
                 error: None,
                 promoted_by,
+                term: 0,
             }),
+            term: 0,
         }
     }
 
@@ -439,6 +442,7 @@ mod tests {
             timeline: vec![],
             error: Some("not in sync".into()),
             promoted_by: None,
+            term: 0,
         });
         state.operations.insert(failed.id.clone(), failed.clone());
         assert!(
@@ -520,6 +524,7 @@ mod tests {
                 timeline: vec![],
                 error: Some("not in sync".into()),
                 promoted_by: None,
+                term: 0,
             });
             state.operations.insert(op.id.clone(), op);
             at += 3_000;

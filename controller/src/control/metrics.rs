@@ -18,6 +18,8 @@ pub struct Metrics {
     registry: Registry,
     /// 1 while this controller leads.
     pub leader: Gauge,
+    /// The term of the leadership under way (kept after it ends: the last term led).
+    pub leader_term: Gauge,
     /// 1 while the store is unreachable (the controller cannot act).
     pub store_unavailable: Gauge,
     /// Unhealthy targets per health check.
@@ -101,6 +103,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("metalguard_controller");
         let metrics = Self {
             leader: Gauge::default(),
+            leader_term: Gauge::default(),
             store_unavailable: Gauge::default(),
             unhealthy_targets: Family::default(),
             short_circuited: Family::default(),
@@ -144,6 +147,11 @@ impl Metrics {
             "leader",
             "1 while this controller leads",
             metrics.leader.clone(),
+        );
+        registry.register(
+            "leader_term",
+            "The term of the leadership this controller leads or last led",
+            metrics.leader_term.clone(),
         );
         registry.register(
             "store_unavailable",

@@ -253,6 +253,7 @@ role = "control-plane"
             timeline: Vec::new(),
             error: None,
             promoted_by: None,
+            term: 0,
         });
         state.operations.insert(id, op);
         assert_eq!(

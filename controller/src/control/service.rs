@@ -38,6 +38,7 @@ mod holds;
 mod report_store;
 mod reserved;
 mod round;
+mod terms;
 mod upkeep;
 
 use report_store::ReportStore;
@@ -89,6 +90,8 @@ pub struct Controller<B> {
     /// The etcd learners seen at the last round, by member id, with their host (to notice one
     /// promoted outside metalguard).
     learners_seen: BTreeMap<u64, String>,
+    /// When an agent's newer term last made this controller ask the store (`terms.rs`).
+    term_rechecked: Option<tokio::time::Instant>,
 }
 
 impl<B: Backend> Controller<B> {
@@ -110,6 +113,7 @@ impl<B: Backend> Controller<B> {
             deny_list: None,
             rejected_seen: BTreeSet::new(),
             learners_seen: BTreeMap::new(),
+            term_rechecked: None,
         }
     }
 
@@ -256,7 +260,7 @@ impl<B: Backend> Controller<B> {
                 })
             });
         match outcome {
-            Ok(Leadership::Leader) => {
+            Ok(Leadership::Leader { term }) => {
                 self.metrics.store_unavailable.set(0);
                 let since = leading_since(self.leader_since, self.hub.is_leader(), now());
                 if self.leader_since.is_some_and(|before| before != since) {
@@ -267,6 +271,7 @@ impl<B: Backend> Controller<B> {
                 self.leader_since = Some(since);
                 self.renewed_at = Some(round_started);
                 self.set_leader(true);
+                self.note_term(term);
             }
             Ok(Leadership::Follower { holder }) => {
                 self.metrics.store_unavailable.set(0);
@@ -320,6 +325,7 @@ impl<B: Backend> Controller<B> {
                 report,
                 received_at,
             } => {
+                Box::pin(self.recheck_term(report.seen_term, &report.host)).await;
                 self.note_reserved_conditions(&report);
                 self.note_foreign_holds(&report);
                 self.take_report(StoredReport {
@@ -334,7 +340,15 @@ impl<B: Backend> Controller<B> {
                 result,
                 reply,
             } => {
-                let answer = self.persist_result(&host, &certificate, result).await;
+                Box::pin(self.recheck_term(result.term, &host)).await;
+                let answer = if result.term > self.hub.term() {
+                    Err(ResultError::Unavailable(format!(
+                        "the result comes from a command of term {}, newer than this controller's: it does not lead",
+                        result.term
+                    )))
+                } else {
+                    self.persist_result(&host, &certificate, result).await
+                };
                 let _ = reply.send(answer);
             }
             Inbound::Hold { host, hold, reply } => {
@@ -378,8 +392,14 @@ impl<B: Backend> Controller<B> {
             .get(&result.operation_id)
             .filter(|op| matches!(op.kind, crate::backend::OperationKind::EtcdPromote { .. }))
             .map(|op| op.created_at);
-        let (write, ack) = executor::record_result(&state, host, &certificate.describe(), result)
-            .map_err(ResultError::Rejected)?;
+        let (write, ack) = executor::record_result(
+            &state,
+            host,
+            &certificate.describe(),
+            result,
+            self.hub.term(),
+        )
+        .map_err(ResultError::Rejected)?;
         if let Some(write) = write {
             self.backend
                 .apply(vec![write])

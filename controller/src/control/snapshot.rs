@@ -508,6 +508,7 @@ role = "control-plane"
             timeline: vec![],
             error: None,
             promoted_by: None,
+            term: 0,
         });
         state.operations.insert(id, op);
         let s = build(&inventory, &state, Timestamp(1), Timestamp(10));

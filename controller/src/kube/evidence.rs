@@ -128,7 +128,9 @@ mod tests {
                 timeline: Vec::new(),
                 error: None,
                 promoted_by: None,
+                term: 0,
             }),
+            term: 0,
         };
         let ready = crate::kube::world::node_status(&node("2023-11-14T22:13:00Z"));
         State {

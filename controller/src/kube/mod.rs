@@ -33,6 +33,7 @@ pub mod observe;
 pub mod record;
 pub mod run;
 pub mod status;
+mod term;
 #[cfg(test)]
 mod tests;
 mod verdict;
@@ -114,6 +115,8 @@ pub struct KubeBackend {
     check_verdicts: BTreeMap<String, String>,
     /// Until when the Lease read back makes this controller leader.
     leading_until: Option<tokio::time::Instant>,
+    /// The term of the leadership under way ([`Leadership::Leader`]).
+    term: Option<u64>,
     /// Dropping it makes kube-lease-manager release the Lease.
     lease_flag: Option<tokio::sync::watch::Receiver<bool>>,
     /// The control plane as last written, until the watch shows it.
@@ -139,6 +142,7 @@ impl KubeBackend {
             announced: BTreeSet::new(),
             check_verdicts: BTreeMap::new(),
             leading_until: None,
+            term: None,
             lease_flag: None,
             written_control_plane: None,
             pod_labelled: None,
@@ -313,7 +317,10 @@ impl Backend for KubeBackend {
             .get_opt(&self.settings.lease_name)
             .await
             .map_err(|e| Self::unavailable(format!("Lease {}", self.settings.lease_name), e))?;
-        let spec = lease.and_then(|l| l.spec);
+        let (meta, spec) = match lease {
+            Some(l) => (Some(l.metadata), l.spec),
+            None => (None, None),
+        };
         let holder = spec.as_ref().and_then(|s| s.holder_identity.clone());
         let expires = spec.as_ref().and_then(|s| {
             let renewed = s.renew_time.as_ref()?.0;
@@ -331,12 +338,26 @@ impl Backend for KubeBackend {
             remaining,
         ) {
             (true, Some(left)) if left > LEASE_MARGIN => {
+                let continuing = self.term.filter(|_| self.is_leading());
+                let term = if let Some(term) = continuing {
+                    term
+                } else if let Some(term) = self.begin_term(&api, meta.as_ref()).await? {
+                    term
+                } else {
+                    // Someone wrote the Lease since we read it: judge again next round.
+                    self.leading_until = None;
+                    self.term = None;
+                    self.label_pod(false).await;
+                    return Ok(Leadership::Follower { holder });
+                };
+                self.term = Some(term);
                 self.leading_until = Some(tokio::time::Instant::now() + left - LEASE_MARGIN);
                 self.label_pod(true).await;
-                Ok(Leadership::Leader)
+                Ok(Leadership::Leader { term })
             }
             _ => {
                 self.leading_until = None;
+                self.term = None;
                 self.label_pod(false).await;
                 Ok(Leadership::Follower { holder })
             }

@@ -146,6 +146,7 @@ pub fn operation_status(op: &StoredOperation) -> OperationStatus {
             error: r.error.clone(),
             promoted_by: r.promoted_by.map(|by| by.name().to_owned()),
         }),
+        term: (op.term != 0).then_some(op.term),
     }
 }
 
@@ -187,6 +188,7 @@ pub fn operation(s: &OperationStatus) -> Result<StoredOperation, String> {
                 .as_deref()
                 .map(parse_name::<PromotedBy>)
                 .transpose()?,
+            term: 0,
         }),
     };
     Ok(StoredOperation {
@@ -199,6 +201,7 @@ pub fn operation(s: &OperationStatus) -> Result<StoredOperation, String> {
         requested_by: None,
         executed_by: None,
         result,
+        term: s.term.unwrap_or(0),
     })
 }
 
@@ -256,7 +259,9 @@ mod tests {
                 timeline: Vec::new(),
                 error: None,
                 promoted_by: None,
+                term: 0,
             }),
+            term: 0,
         };
         assert_eq!(operation(&operation_status(&op)), Ok(op));
         let remove = StoredOperation {
@@ -271,6 +276,7 @@ mod tests {
             requested_by: None,
             executed_by: None,
             result: None,
+            term: 0,
         };
         let status = operation_status(&remove);
         assert_eq!(status.member_id.as_deref(), Some("deadbeef"));
@@ -293,7 +299,9 @@ mod tests {
                 timeline: Vec::new(),
                 error: None,
                 promoted_by: Some(PromotedBy::Outside),
+                term: 0,
             }),
+            term: 0,
         };
         let mut status = operation_status(&promote);
         let result = status.result.as_mut().unwrap();
@@ -318,6 +326,7 @@ mod tests {
             requested_by: None,
             executed_by: None,
             result: None,
+            term: 0,
         });
         s.type_ = "etcd-explode".into();
         assert_eq!(

@@ -73,7 +73,9 @@ fn fence(target: &str, action: PowerAction, outcome: Outcome, at: u64) -> Stored
             timeline: vec![],
             error: None,
             promoted_by: None,
+            term: 0,
         }),
+        term: 0,
     }
 }
 

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use super::term::TERM_ANNOTATION;
 use http::{Request, Response};
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::{Node, Secret};
@@ -38,6 +39,8 @@ struct Seen {
 struct Server {
     objects: BTreeMap<String, Value>,
     lease_holder: String,
+    /// The term annotation on the Lease (`kube/term.rs`).
+    lease_term: Value,
     version: u64,
     seen: Vec<Seen>,
     /// Status applies of `GuardedHost`s that leave their records (remediation, operations)
@@ -77,11 +80,15 @@ impl Server {
         self.version += 1;
         let version = self.version.to_string();
         if path.ends_with("/leases/metalguard-controller") {
+            if method == "PATCH" {
+                self.lease_term = body["metadata"]["annotations"][TERM_ANNOTATION].clone();
+            }
             let renew = k8s_openapi::jiff::Timestamp::now().to_string();
             return (
                 200,
                 json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": "metalguard-controller", "namespace": NS, "resourceVersion": "1"},
+                    "metadata": {"name": "metalguard-controller", "namespace": NS, "resourceVersion": "1",
+                        "annotations": {TERM_ANNOTATION: self.lease_term}},
                     "spec": {"holderIdentity": self.lease_holder, "leaseDurationSeconds": 15, "renewTime": renew}}),
             );
         }
@@ -271,6 +278,7 @@ impl Lab {
         let client = Client::new(svc, NS);
         let server = Arc::new(Mutex::new(Server {
             lease_holder: ME.to_owned(),
+            lease_term: json!("0"),
             ..Server::default()
         }));
         tokio::spawn(serve(handle, server.clone()));
@@ -394,6 +402,7 @@ impl Lab {
                     timeline: Vec::new(),
                     error: None,
                     promoted_by: None,
+                    term: 0,
                 },
                 reply,
             })
@@ -456,6 +465,22 @@ const APPLY: &str = "?&force=true&fieldManager=metalguard-controller";
 const LEASE: &str =
     "GET /apis/coordination.k8s.io/v1/namespaces/metalguard-system/leases/metalguard-controller";
 const EVENT: &str = "POST /apis/events.k8s.io/v1/namespaces/metalguard-system/events?";
+/// The first leading round begins a term on the Lease (`kube/term.rs`).
+const LEASE_TERM: &str = "PATCH /apis/coordination.k8s.io/v1/namespaces/metalguard-system/leases/metalguard-controller?&fieldManager=metalguard-controller";
+
+/// The calls of a first leading round, without the term it began on the Lease: asserts the
+/// term's patch came right after the Lease was read, and removes it.
+fn begun_term(mut seen: Vec<(String, Value)>) -> Vec<(String, Value)> {
+    let at = seen.iter().position(|(c, _)| c == LEASE_TERM);
+    assert!(
+        at.is_some_and(|i| i > 0 && seen[i - 1].0 == LEASE),
+        "no term begun after the Lease was read: {:?}",
+        calls(&seen)
+    );
+    let (_, patch) = seen.remove(at.unwrap_or_default());
+    assert_eq!(patch["metadata"]["annotations"][TERM_ANNOTATION], "1");
+    seen
+}
 
 /// Asserts the calls exactly, printing all of them on a mismatch.
 fn assert_calls(seen: &[(String, Value)], expected: &[String]) {
@@ -512,7 +537,7 @@ async fn an_unhealthy_node_is_fenced_deleted_and_restored_request_by_request() {
     lab.report("w-1").await;
     lab.report("w-2").await;
     lab.round().await;
-    let seen = lab.take();
+    let seen = begun_term(lab.take());
     assert_calls(
         &seen,
         &[
@@ -558,7 +583,7 @@ async fn an_unhealthy_node_is_fenced_deleted_and_restored_request_by_request() {
         json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "GuardedHost", "status": {
             "operations": [{"id": "remediation/w-3/1/power-off", "agent": "w-1", "type": "fence",
                 "target": "w-3", "power": "off", "remediationId": "remediation/w-3/1",
-                "step": "power-off", "createTime": "<time>"}],
+                "step": "power-off", "createTime": "<time>", "term": 1}],
             "remediation": {"id": "remediation/w-3/1", "phase": "PoweringOff", "attempt": 1,
                 "executor": "w-1", "cause": "Ready=False for at least 5m (check workers)",
                 "startTime": "<time>", "phaseTransitionTime": "<time>", "seq": 1,
@@ -699,7 +724,7 @@ async fn a_short_circuit_touches_no_node_and_says_why() {
         observed[1].1["status"].get("power").is_none(),
         "never observed"
     );
-    let seen = lab.take();
+    let seen = begun_term(lab.take());
     assert_calls(
         &seen,
         &[
@@ -760,7 +785,7 @@ async fn an_admin_fence_request_is_processed_once_with_its_timeline() {
     lab.report("w-1").await;
     let _ = lab.take();
     lab.round().await;
-    let seen = lab.take();
+    let seen = begun_term(lab.take());
     let fence_status = format!(
         "PATCH /apis/metalguard.io/v1alpha1/namespaces/{NS}/fencerequests/fence-w-2/status{APPLY}"
     );

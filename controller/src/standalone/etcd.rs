@@ -236,7 +236,9 @@ impl EtcdBackend {
                 .first()
                 .is_some_and(|kv| kv.create_revision() == token)
             {
-                return Ok(Some(Leadership::Leader));
+                return Ok(Some(Leadership::Leader {
+                    term: u64::try_from(token).unwrap_or(0),
+                }));
             }
         }
         tracing::warn!(identity = %self.identity, "leader lease lost");
@@ -286,7 +288,9 @@ impl Backend for EtcdBackend {
                 id: grant.id(),
                 token,
             });
-            return Ok(Leadership::Leader);
+            return Ok(Leadership::Leader {
+                term: u64::try_from(token).unwrap_or(0),
+            });
         }
         // Not ours: give the unused lease back at once.
         let id = grant.id();

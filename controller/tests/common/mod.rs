@@ -262,6 +262,7 @@ pub fn report(host: &str, sequence: u64) -> AgentReport {
         bmc_reachability: Vec::new(),
         unacknowledged_results: Vec::new(),
         holds: Vec::new(),
+        seen_term: 0,
     }
 }
 

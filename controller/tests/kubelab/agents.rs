@@ -308,6 +308,7 @@ impl Agents {
             timeline: Vec::new(),
             error: (outcome != Outcome::Succeeded).then(|| "the test said so".to_owned()),
             promoted_by: None,
+            term: 0,
         };
         self.clients[&offered.agent]
             .post(format!("{}{}", self.url, results_path(&offered.agent)))
@@ -415,5 +416,6 @@ fn report(host: &str, sequence: u64, all: &[String], voter: Option<&str>) -> Age
             .collect(),
         unacknowledged_results: Vec::new(),
         holds: Vec::new(),
+        seen_term: 0,
     }
 }

@@ -408,6 +408,10 @@ pub struct OperationStatus {
     /// The agent's verified result, once received.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<OperationResult>,
+    /// The term of the leadership that wrote this intent (its Lease's
+    /// `metalguard.io/leader-term` then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
 }
 
 /// The result an agent posted for an operation.

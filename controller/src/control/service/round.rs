@@ -65,8 +65,11 @@ impl<B: Backend> Controller<B> {
             );
             if !changed {
                 if self.hub.is_leader() {
-                    self.hub
-                        .publish(&executor::pending_commands(&self.inventory, &state));
+                    self.hub.publish(&executor::pending_commands(
+                        &self.inventory,
+                        &state,
+                        self.hub.term(),
+                    ));
                     self.reseal(&state).await;
                 }
                 return;
@@ -156,9 +159,16 @@ impl<B: Backend> Controller<B> {
                     }
                 },
             };
-            let Some(writes) = writes else {
+            let Some(mut writes) = writes else {
                 continue;
             };
+            // Every intent carries the term of the leadership that persisted it.
+            let term = self.hub.term();
+            for write in &mut writes {
+                if let Write::CreateOperation(op) = write {
+                    op.term = term;
+                }
+            }
             let creates = writes
                 .iter()
                 .any(|w| matches!(w, Write::CreateOperation(_)));
