@@ -353,9 +353,17 @@ fn retire_declares_on_the_resource_and_the_controller_acts_only_as_the_guard_all
                 && note.contains("still in the cluster")
         })
     });
-    // Rounds go by: cp-2 stays off (nothing powers it on), nothing is done to cp-1.
+    // Rounds go by: cp-2 stays off (nothing powers it on), nothing is done to cp-1. (Before
+    // it was retired, cp-2, a control-plane host without a member, was offered a learner join:
+    // seed 004 scales down only while machines and members are equal in number; this fake
+    // agent never carried it out.)
     std::thread::sleep(Duration::from_secs(4));
-    let offered: Vec<String> = lab.agents.offered().keys().cloned().collect();
+    let offered: Vec<String> = lab
+        .agents
+        .offered()
+        .into_keys()
+        .filter(|id| id != "quorum/add-learner/cp-2")
+        .collect();
     assert_eq!(offered, std::slice::from_ref(&off), "{offered:?}");
     let ops = lab.host("cp-2")["status"]["operations"].clone();
     let op = ops

@@ -176,12 +176,27 @@ pub struct StateConfig {
     /// Directory for the operation journal and pending results.
     #[serde(default = "state_dir")]
     pub dir: PathBuf,
+    /// Where this host's boot ID is read: the kernel's, which changes only when the host
+    /// boots. Reported with every report, it is the controller's evidence that a power cycle
+    /// really booted the host. Set only to simulate hosts (the lab gives each its own file).
+    #[serde(default = "boot_id_file")]
+    pub boot_id_file: PathBuf,
 }
 
 impl Default for StateConfig {
     fn default() -> Self {
-        Self { dir: state_dir() }
+        Self {
+            dir: state_dir(),
+            boot_id_file: boot_id_file(),
+        }
     }
+}
+
+/// The kernel's boot ID.
+pub const DEFAULT_BOOT_ID_FILE: &str = "/proc/sys/kernel/random/boot_id";
+
+fn boot_id_file() -> PathBuf {
+    PathBuf::from(DEFAULT_BOOT_ID_FILE)
 }
 
 fn state_dir() -> PathBuf {

@@ -132,6 +132,8 @@ pub struct Link {
     current: Arc<AtomicUsize>,
     host: String,
     config: ControllerConfig,
+    /// Where the host's boot ID is read (`[state] boot_id_file`).
+    boot_id_file: std::path::PathBuf,
 }
 
 impl Link {
@@ -146,7 +148,15 @@ impl Link {
             current: Arc::new(AtomicUsize::new(0)),
             host: host.to_owned(),
             config: config.clone(),
+            boot_id_file: std::path::PathBuf::from(crate::config::DEFAULT_BOOT_ID_FILE),
         })
+    }
+
+    /// Reads the host's boot ID from `path` instead of the kernel's (a simulated host).
+    #[must_use]
+    pub fn with_boot_id_file(mut self, path: &std::path::Path) -> Self {
+        path.clone_into(&mut self.boot_id_file);
+        self
     }
 
     /// Calls the controller that answered last; when it cannot be reached or answers 503
@@ -325,8 +335,9 @@ async fn etcd_view(settings: Option<&metalguard_etcd::ClientSettings>) -> Option
     })
 }
 
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+/// The host's boot ID, read from `path` (empty when unreadable: unknown).
+fn boot_id(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
 }
@@ -346,7 +357,7 @@ pub async fn report_loop(
     let mut changes = board.subscribe();
     let mut reach_changes = reach.subscribe();
     let mut sequence = 0u64;
-    let boot = boot_id();
+    let boot = boot_id(&link.boot_id_file);
     let mut backoff = Backoff::new();
     let mut holds_problem = String::new();
     let mut reported_cut = false;

@@ -167,7 +167,7 @@ async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
             }
         };
         let link = match link::Link::new(controller, &host) {
-            Ok(link) => link,
+            Ok(link) => link.with_boot_id_file(&config.state.boot_id_file),
             Err(err) => {
                 tracing::error!(error = %err, "cannot set up the controller client; refusing to start");
                 cancel.cancel();

@@ -138,7 +138,10 @@ pub struct AgentReport {
     /// Increases by one with every report of one agent process; the controller ignores a
     /// report whose sequence is not above the last one it kept from the same `boot_id`.
     pub sequence: u64,
-    /// Identifies one run of the agent process (random at start); a new value resets `sequence`.
+    /// The host's boot ID (Linux: `/proc/sys/kernel/random/boot_id`, or the agent's
+    /// `[state] boot_id_file`), which changes only when the host boots: with `sequence` it
+    /// identifies a report, and it is the controller's evidence that a power cycle really
+    /// booted the host. Empty when unknown.
     #[serde(default)]
     pub boot_id: String,
     /// When the agent sent this report (the agent's clock; the controller also records its own).

@@ -222,6 +222,12 @@ pub struct Remediation {
     /// handled, the remediation ends needing a person instead of powering the host on.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stay_off: bool,
+    /// The target's boot ID when the remediation started (its agent's last report): the
+    /// remediation is done only once the target reports another one after its verified
+    /// power-on, the evidence that it really booted (a BMC that says "on" and does nothing is
+    /// caught). `None` when it was never known: readiness alone decides then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_before: Option<String>,
 }
 
 impl Remediation {
@@ -370,6 +376,7 @@ mod tests {
             backup: None,
             powered_on_at: None,
             stay_off: false,
+            boot_before: None,
         };
         assert!(r.advance(P::Done, Timestamp(5)).is_err());
         assert_eq!(r.phase, P::Gated);
@@ -409,6 +416,7 @@ mod tests {
             backup: None,
             powered_on_at: None,
             stay_off: false,
+            boot_before: None,
         };
         let left_off = P::NeedsPerson {
             reason: "left off".into(),

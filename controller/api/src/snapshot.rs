@@ -268,6 +268,9 @@ pub struct AgentReport {
     /// yet): nothing is known, which is not the same as unreachable.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub bmc_reachable: BTreeMap<String, bool>,
+    /// The host's boot ID in its agent's latest report (changes only when the host boots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 impl AgentReport {

@@ -58,6 +58,7 @@ fn host(name: String, role: Role, domain: &str, ready: bool) -> Host {
             last_heartbeat: NOW,
             can_fence: true,
             bmc_reachable: BTreeMap::new(),
+            boot_id: None,
         }),
         etcd: None,
         hold: None,

@@ -116,6 +116,7 @@ fn agent(hosts: usize) -> impl Strategy<Value = Option<AgentReport>> {
                 last_heartbeat: ago(silent),
                 can_fence,
                 bmc_reachable: reach.into_iter().map(|(i, r)| (format!("h-{i}"), r)).collect(),
+                boot_id: None,
             })),
     ]
 }
@@ -310,6 +311,7 @@ fn to_remediation(hosts: &[Host], b: RemBits) -> Remediation {
         powered_on_at: b.booted.map(ago),
         // Some stay-off remediations, in every phase.
         stay_off: b.cancel != b.forced,
+        boot_before: None,
     }
 }
 

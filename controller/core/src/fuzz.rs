@@ -132,6 +132,7 @@ fn snapshot(desired: u32, hosts: &[HostBits], rems: &[(usize, u8, u8)]) -> Snaps
             backup: None,
             powered_on_at: None,
             stay_off: false,
+            boot_before: None,
         });
     }
     Snapshot {

@@ -555,3 +555,69 @@ fn the_largest_max_retry_retries_without_overflowing() {
         .unwrap();
     assert_eq!(second.attempt, 2);
 }
+
+/// Issue 24, item 3: a remediation is done only when the target reports a new boot ID after
+/// its verified power-on. A BMC that says yes to off and on and does nothing (the kubelet
+/// came back on its own) is caught: ready, but still the boot from before the fence, until
+/// the node deadline fails the attempt with the evidence in its reason.
+#[test]
+fn a_power_cycle_that_booted_nothing_is_not_taken_for_a_recovery() {
+    let mut w = world(2, &[], |w| {
+        w.policy.remediation.max_retry = 0;
+        w.host_mut("w-0").unwrap().agent.as_mut().unwrap().boot_id = Some("w-0-boot-0".into());
+        w.bmc_lying.insert("w-0".into());
+        w.kubelet_down.insert("w-0".into());
+    });
+    let rid = "remediation/w-0/1";
+    while phase_or_none(&w, rid) != Some(P::WaitingForNode) {
+        w.step().unwrap();
+        w.advance(1);
+        assert!(w.log.len() < 50, "{:?}", w.log);
+    }
+    let started = w.snap.remediations.iter().find(|r| r.id == rid).unwrap();
+    assert_eq!(started.boot_before.as_deref(), Some("w-0-boot-0"));
+    // The kubelet comes back by itself: ready, same boot.
+    w.kubelet_down.remove("w-0");
+    w.refresh();
+    run(&mut w, 3);
+    assert_eq!(phase(&w, rid), P::WaitingForNode, "{:?}", w.log);
+    w.advance(1201);
+    w.step().unwrap();
+    match phase(&w, rid) {
+        P::Failed { reason } => assert!(
+            reason.contains("w-0 is ready but its agent still reports boot w-0-boot-0")
+                && reason.contains("did not boot it"),
+            "{reason}"
+        ),
+        other => panic!("{other}"),
+    }
+}
+
+/// The same with a BMC that works: the power-on boots the host (a new boot ID) and the
+/// remediation completes.
+#[test]
+fn a_power_cycle_that_booted_the_host_completes() {
+    let mut w = world(2, &[], |w| {
+        w.host_mut("w-0").unwrap().agent.as_mut().unwrap().boot_id = Some("w-0-boot-0".into());
+        w.kubelet_down.insert("w-0".into());
+    });
+    let rid = "remediation/w-0/1";
+    run(&mut w, 20);
+    let last = steps(&w, rid);
+    assert_eq!(
+        last.last().map(String::as_str),
+        Some("complete"),
+        "{:?}",
+        w.log
+    );
+    assert_ne!(
+        w.host_mut("w-0")
+            .unwrap()
+            .agent
+            .as_ref()
+            .unwrap()
+            .boot_id
+            .as_deref(),
+        Some("w-0-boot-0")
+    );
+}

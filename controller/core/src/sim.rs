@@ -25,6 +25,10 @@ pub(crate) struct World {
     pub bmc_broken: BTreeSet<String>,
     /// Hosts whose kubelet is down: Node NotReady while etcd and the agent still run.
     pub kubelet_down: BTreeSet<String>,
+    /// Hosts whose BMC says yes to every power change and does nothing.
+    pub bmc_lying: BTreeSet<String>,
+    /// Boots so far (each power-on that really happens gives its host a new boot ID).
+    pub boots: u32,
     pub next_member: u64,
     pub next_host: u32,
     /// Retired hosts powered off by a `DecommissionHost` (each at most once).
@@ -57,6 +61,8 @@ impl World {
             hung: BTreeSet::new(),
             bmc_broken: BTreeSet::new(),
             kubelet_down: BTreeSet::new(),
+            bmc_lying: BTreeSet::new(),
+            boots: 0,
             next_member,
             next_host,
             decommissioned: BTreeSet::new(),
@@ -438,6 +444,8 @@ impl World {
                     reason: "bmc refused the power change".into(),
                 };
             }
+            RemediationStep::PowerOff | RemediationStep::PowerOn
+                if self.bmc_lying.contains(target) => {}
             RemediationStep::PowerOff => {
                 self.power_off.insert(target.to_owned());
             }
@@ -446,6 +454,11 @@ impl World {
                 self.broken.remove(target);
                 self.hung.remove(target);
                 self.kubelet_down.remove(target);
+                self.boots += 1;
+                let boot = format!("{target}-boot-{}", self.boots);
+                if let Some(a) = self.host_mut(target).and_then(|h| h.agent.as_mut()) {
+                    a.boot_id = Some(boot);
+                }
             }
             RemediationStep::DeleteNode => {
                 if let Some(h) = self.host_mut(target) {

@@ -49,6 +49,7 @@ pub(crate) fn host(name: &str, role: Role, domain: Option<&str>, created: u64) -
             last_heartbeat: NOW,
             can_fence: true,
             bmc_reachable: BTreeMap::new(),
+            boot_id: None,
         }),
         etcd: None,
         hold: None,
@@ -180,6 +181,7 @@ pub(crate) fn remediation(
         backup: None,
         powered_on_at: None,
         stay_off: false,
+        boot_before: None,
     }
 }
 

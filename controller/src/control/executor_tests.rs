@@ -24,6 +24,7 @@ fn remediation(phase: RemediationPhase) -> Remediation {
         backup: None,
         powered_on_at: None,
         stay_off: false,
+        boot_before: None,
     }
 }
 

@@ -152,6 +152,7 @@ mod tests {
             backup: None,
             powered_on_at: None,
             stay_off: false,
+            boot_before: None,
         };
         let mut state = State::default();
         state.remediations.insert(failed.id.clone(), failed);

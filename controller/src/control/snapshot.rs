@@ -109,6 +109,7 @@ fn build_with_views_since(
                         .iter()
                         .map(|r| (r.host.clone(), r.reachable))
                         .collect(),
+                    boot_id: Some(s.report.boot_id.clone()).filter(|b| !b.is_empty()),
                 }),
                 etcd: None,
                 hold: state.holds.get(&h.name).cloned(),

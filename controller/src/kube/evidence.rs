@@ -107,6 +107,7 @@ mod tests {
             backup: None,
             powered_on_at: None,
             stay_off: false,
+            boot_before: None,
         };
         let op = StoredOperation {
             id: OperationId("remediation/w-2/1/power-off".into()),

@@ -49,6 +49,7 @@ pub fn remediation_status(r: &Remediation) -> RemediationStatus {
         cancel_requested: r.cancel_requested.clone(),
         power_on_time: r.powered_on_at.map(time),
         stay_off: r.stay_off,
+        boot_before: r.boot_before.clone(),
     }
 }
 
@@ -93,6 +94,7 @@ pub fn remediation(target: &str, s: &RemediationStatus) -> Remediation {
         }),
         powered_on_at: s.power_on_time.as_ref().map(timestamp),
         stay_off: s.stay_off,
+        boot_before: s.boot_before.clone(),
     }
 }
 
@@ -236,6 +238,7 @@ mod tests {
             }),
             powered_on_at: Some(Timestamp(1_700_000_050_000)),
             stay_off: true,
+            boot_before: None,
         };
         assert_eq!(remediation("cp-2", &remediation_status(&r)), r);
         assert!(remediation_status(&r).stay_off);

@@ -38,6 +38,7 @@ fn host(name: &str, role: Role, member: Option<(u64, bool, bool)>) -> Host {
             last_heartbeat: Timestamp(NOW),
             can_fence: true,
             bmc_reachable: BTreeMap::new(),
+            boot_id: None,
         }),
         etcd: member.map(|(id, healthy, leader)| EtcdMember {
             id,

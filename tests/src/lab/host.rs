@@ -144,7 +144,30 @@ impl LabHost {
             dir,
         };
         host.set_known_password(None)?;
+        host.boot()?;
         Ok(host)
+    }
+
+    /// The file the host's agent reads its boot ID from (`[state] boot_id_file`): every
+    /// simulated host shares the machine's kernel, so each gets its own.
+    pub fn boot_id_file(&self) -> PathBuf {
+        self.dir.join("boot_id")
+    }
+
+    /// The host boots: a new boot ID, as a real host gets one from its kernel.
+    fn boot(&self) -> Result<()> {
+        crate::tls::write_file(
+            &self.boot_id_file(),
+            crate::tools::random_uuid().as_bytes(),
+            0o644,
+        )
+    }
+
+    /// The boot ID of the host's current boot.
+    pub fn boot_id(&self) -> Result<String> {
+        std::fs::read_to_string(self.boot_id_file())
+            .map(|s| s.trim().to_owned())
+            .map_err(HarnessError::io("reading a host's boot id"))
     }
 
     /// Makes this host a spare: no etcd member, not in the inventory, its etcd run from the
@@ -355,6 +378,7 @@ impl LabHost {
 
     pub(super) fn power_restored(&mut self, bin_dir: &Path) -> Result<()> {
         self.powered = true;
+        self.boot()?;
         self.start_agent(bin_dir)
     }
 

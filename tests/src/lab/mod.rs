@@ -582,7 +582,7 @@ impl Lab {
              [controller]\nurl = \"https://{address}:{port}\"\n\
              ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{name}.pem\"\nkey = \"{tls}/{name}-key.pem\"\n\
              report_interval = \"{report}\"\ncommand_wait = \"5s\"\n\
-             [state]\ndir = \"{state}\"\n\
+             [state]\ndir = \"{state}\"\nboot_id_file = \"{boot}\"\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
              [etcd]\nendpoints = [{list}]\n{etcd_tls}\
              [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n",
@@ -592,6 +592,7 @@ impl Lab {
             tls = tls.display(),
             report = ms(self.options.timings.report_interval),
             state = h.dir().join("agent-state").display(),
+            boot = h.boot_id_file().display(),
             metrics = h.metrics_port(),
             list = list.join(", "),
             etcd_tls = self.agent_etcd_tls(i),

@@ -374,6 +374,10 @@ pub struct RemediationStatus {
     /// remediation ends `NeedsPerson`, the host off, instead of powering it on.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stay_off: bool,
+    /// The host's boot ID when the remediation started: it is done only once the host reports
+    /// another one after its power-on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_before: Option<String>,
 }
 
 /// One destructive operation (a BMC power action or an etcd membership change): its intent is

@@ -334,6 +334,7 @@ impl<'a> Planner<'a> {
                 backup: None,
                 powered_on_at: None,
                 stay_off: c.stay_off,
+                boot_before: host.agent.as_ref().and_then(|a| a.boot_id.clone()),
             };
             let mut reason = format!(
                 "{name}: {}; attempt {attempt}; executor {}",

@@ -132,12 +132,19 @@ impl Planner<'_> {
             ),
             (P::WaitingForNode, _) => {
                 let deadline = r.phase_since.after(self.node_deadline(target));
-                if !target.node_ready() {
+                let not_booted = not_booted_since(r, target);
+                if !target.node_ready() || not_booted.is_some() {
                     if now >= deadline {
-                        let reason = format!(
-                            "node {name} did not become ready within {}",
-                            format_duration(self.node_deadline(target))
-                        );
+                        let reason = match not_booted {
+                            Some(why) if target.node_ready() => format!(
+                                "{name} is ready but {why} within {}: the power-on did not boot it (a BMC that reports on and does nothing?)",
+                                format_duration(self.node_deadline(target))
+                            ),
+                            _ => format!(
+                                "node {name} did not become ready within {}",
+                                format_duration(self.node_deadline(target))
+                            ),
+                        };
                         (
                             RemediationStep::Fail {
                                 reason: reason.clone(),
@@ -267,5 +274,17 @@ impl Planner<'_> {
             RemediationStep::PowerOff,
             format!("{name} is unhealthy ({}){how}: power it off", r.cause),
         ))
+    }
+}
+
+/// Why `target` has not shown that it booted since `r` started, if it has not: its agent
+/// reported a boot ID before the fence (`boot_before`) and reports no other one since. A
+/// remediation whose target's boot ID was never known is judged by readiness alone.
+fn not_booted_since(r: &Remediation, target: &Host) -> Option<String> {
+    let before = r.boot_before.as_deref()?;
+    match target.agent.as_ref().and_then(|a| a.boot_id.as_deref()) {
+        Some(now) if now != before => None,
+        Some(_) => Some(format!("its agent still reports boot {before}")),
+        None => Some(format!("its agent reported no boot ID since boot {before}")),
     }
 }

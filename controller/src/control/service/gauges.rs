@@ -273,6 +273,7 @@ mod tests {
             last_heartbeat: Timestamp(100_000),
             can_fence: true,
             bmc_reachable: BTreeMap::new(),
+            boot_id: None,
         });
         let never = host("cp-2", None);
         let mut worker = host("w-1", None);
