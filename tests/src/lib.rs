@@ -42,6 +42,7 @@ pub mod ports;
 pub mod power;
 pub mod process;
 pub mod redfish;
+pub mod soak;
 pub mod tls;
 pub mod tools;
 

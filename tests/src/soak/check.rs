@@ -1,0 +1,1 @@
+//! The checker: rules over a soak's history (to be written).
