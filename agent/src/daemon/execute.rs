@@ -185,7 +185,11 @@ impl Executor {
 
     /// Runs a claimed command and records its result.
     async fn execute(&self, command: Command) -> std::io::Result<CommandResult> {
-        tracing::info!(operation = %command.operation_id, kind = command.kind.name(), term = command.term, "executing command");
+        let (target, action) = match &command.kind {
+            CommandKind::Fence(f) => (f.target.as_str(), power_name(f.action)),
+            _ => ("-", "-"),
+        };
+        tracing::info!(operation = %command.operation_id, kind = command.kind.name(), term = command.term, target, action, "executing command");
         let started_at = Timestamp(now_ms());
         let term = command.term;
         let ((outcome, timeline, error), promoted_by) = match command.kind {
@@ -490,6 +494,15 @@ impl Timeline {
         }
         tracing::warn!(error = %error, "command failed");
         (Outcome::Failed, self.entries, Some(error))
+    }
+}
+
+/// A power action's name in logs (`off`, `on`, `reboot`).
+fn power_name(action: PowerAction) -> &'static str {
+    match action {
+        PowerAction::Off => "off",
+        PowerAction::On => "on",
+        PowerAction::Reboot => "reboot",
     }
 }
 
