@@ -73,6 +73,8 @@ pub struct LabHost {
     agent_frozen: bool,
     powered: bool,
     power_events_seen: usize,
+    /// The BMC lies (a nemesis fault): it records power changes and the host ignores them.
+    pub(super) bmc_lying: bool,
     /// A spare's etcd, supervised by the lab (`None` for a host started as a voter).
     spare: Option<SpareEtcd>,
     standing: Standing,
@@ -134,6 +136,7 @@ impl LabHost {
             agent_frozen: false,
             powered: true,
             power_events_seen: 0,
+            bmc_lying: false,
             spare: None,
             standing: Standing::InService,
             metrics: reserve_port()?,
@@ -350,6 +353,30 @@ impl LabHost {
     /// The agent's process id.
     pub fn agent_pid(&self) -> Option<u32> {
         self.agent.as_ref().and_then(Proc::pid)
+    }
+
+    /// Kills the agent (SIGKILL) without touching the host's power; the lab starts it again
+    /// with [`LabHost::start_agent`].
+    pub(super) fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            a.kill();
+        }
+        self.agent_frozen = false;
+    }
+
+    /// Whether the agent process runs (it may be frozen).
+    pub fn agent_running(&self) -> bool {
+        self.agent.is_some()
+    }
+
+    /// Freezes (`true`) or thaws the BMC emulator: a BMC that does not answer.
+    pub(super) fn freeze_bmc(&self, frozen: bool) -> Result<()> {
+        match (&self.bmc, frozen) {
+            (Bmc::Redfish(b), true) => b.freeze(),
+            (Bmc::Redfish(b), false) => b.thaw(),
+            (Bmc::Ipmi(b), true) => b.freeze(),
+            (Bmc::Ipmi(b), false) => b.thaw(),
+        }
     }
 
     pub(super) fn freeze_agent(&mut self) -> Result<()> {

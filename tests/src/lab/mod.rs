@@ -17,6 +17,8 @@
 //! changes to the hosts and narrates what the controller, the agents and the BMCs did.
 //! Used by the `metalguard-lab` binary (`demo`, `up`) and by the end-to-end tests.
 
+mod controllers;
+mod faults;
 mod host;
 pub mod kube;
 pub mod scenarios;
@@ -32,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use controllers::LabController;
 use host::HostPlacement;
 pub use host::{BmcKind, LabHost, Standing};
 pub use kube::KubeSide;
@@ -40,8 +43,7 @@ use timeline::Timeline;
 
 use crate::etcd::{EtcdCluster, EtcdOptions, EtcdSecurity, Placement};
 use crate::netns::LabNetwork;
-use crate::ports::{PortLease, reserve_port};
-use crate::process::{Proc, run_capture};
+use crate::process::run_capture;
 use crate::{HarnessError, Result, tools};
 
 /// How often the lab reads the controller's status for narration.
@@ -136,6 +138,10 @@ pub struct LabOptions {
     pub etcd_layout: EtcdLayout,
     /// Which backend the controller runs with.
     pub backend: LabBackend,
+    /// Controller replicas (1 or 2): each its own process, port and identity, competing for
+    /// leadership (the etcd election, or the Lease in Kubernetes mode); every agent knows
+    /// every controller's URL.
+    pub controllers: usize,
 }
 
 /// The controller's backend in the lab.
@@ -187,6 +193,7 @@ impl LabOptions {
             etcd_security: EtcdSecurity::default(),
             etcd_layout: EtcdLayout::default(),
             backend: LabBackend::default(),
+            controllers: 1,
         }
     }
 }
@@ -214,13 +221,11 @@ pub struct Lab {
     pub timeline: Timeline,
     options: LabOptions,
     // Field order matters: processes drop before the directories they use.
-    controller: Option<Proc>,
-    controller_starts: usize,
+    controllers: Vec<LabController>,
     kube: Option<KubeSide>,
     hosts: Vec<LabHost>,
     etcd: EtcdCluster,
     network: Option<LabNetwork>,
-    controller_port: PortLease,
     inventory: PathBuf,
     seen: Seen,
     last_status: Option<Value>,
@@ -333,7 +338,10 @@ impl Lab {
             "issued a CA, the controller's server certificate and one client certificate per host",
             "mutual TLS between agents and controller",
         );
-        let controller_port = reserve_port()?;
+        controllers::check_count(&options)?;
+        let controllers = (0..options.controllers)
+            .map(|slot| LabController::new(slot, dir.path()))
+            .collect::<Result<Vec<_>>>()?;
         let mut hosts = Vec::new();
         for (index, name) in names.iter().enumerate() {
             let kind = if index % 2 == 0 {
@@ -410,13 +418,11 @@ impl Lab {
         let mut lab = Self {
             timeline,
             options,
-            controller: None,
-            controller_starts: 0,
+            controllers,
             kube,
             hosts,
             etcd,
             network,
-            controller_port,
             inventory,
             seen: Seen::default(),
             last_status: None,
@@ -434,7 +440,9 @@ impl Lab {
         }
         lab.timeline
             .add("lab", "started one metalguard-agent per host", "");
-        lab.start_controller()?;
+        for slot in 0..lab.controllers.len() {
+            lab.start_controller_in(slot)?;
+        }
         lab.wait_all_healthy(Duration::from_secs(60))?;
         Ok(lab)
     }
@@ -484,10 +492,17 @@ impl Lab {
 
     /// The controller's log file.
     pub fn controller_log(&self) -> PathBuf {
-        self.dir.path().join("controller.log")
+        self.controllers[0].log.clone()
     }
 
     fn write_inventory(&self) -> Result<()> {
+        for c in &self.controllers {
+            self.write_inventory_for(c)?;
+        }
+        Ok(())
+    }
+
+    fn write_inventory_for(&self, controller: &LabController) -> Result<()> {
         let t = &self.options.timings;
         let endpoints: Vec<String> = self
             .etcd
@@ -501,7 +516,7 @@ impl Lab {
              [etcd]\nendpoints = [{endpoints}]\nlease_ttl = \"{lease}\"\ntimeout = \"1s\"\n{etcd_tls}\n\
              [control_plane]\ndesired_replicas = {replicas}\n\n",
             address = self.service_address(),
-            port = self.controller_port.port(),
+            port = controller.port.port(),
             tls = self.dir.path().join("tls").display(),
             plan = ms(t.plan_interval),
             endpoints = endpoints.join(", "),
@@ -526,9 +541,10 @@ impl Lab {
             retry_period = ms(t.retry_period),
         );
         // Through a rename, as editors do: a running controller never reads half a file.
-        let tmp = self.inventory.with_extension("toml.tmp");
+        let path = self.inventory_of(controller);
+        let tmp = path.with_extension("toml.tmp");
         crate::tls::write_file(&tmp, text.as_bytes(), 0o644)?;
-        std::fs::rename(&tmp, &self.inventory)
+        std::fs::rename(&tmp, &path)
             .map_err(HarnessError::io("moving the new inventory into place"))
     }
 
@@ -579,7 +595,7 @@ impl Lab {
             .collect();
         let mut config = format!(
             "host = \"{name}\"\n\
-             [controller]\nurl = \"https://{address}:{port}\"\n\
+             [controller]\nurl = \"https://{address}:{port}\"\nurls = [{more}]\n\
              ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{name}.pem\"\nkey = \"{tls}/{name}-key.pem\"\n\
              report_interval = \"{report}\"\ncommand_wait = \"5s\"\n\
              [state]\ndir = \"{state}\"\nboot_id_file = \"{boot}\"\n\
@@ -588,7 +604,12 @@ impl Lab {
              [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n",
             name = h.name,
             address = self.service_address(),
-            port = self.controller_port.port(),
+            port = self.controllers[0].port.port(),
+            more = self.controllers[1..]
+                .iter()
+                .map(|c| format!("\"https://{}:{}\"", self.service_address(), c.port.port()))
+                .collect::<Vec<_>>()
+                .join(", "),
             tls = tls.display(),
             report = ms(self.options.timings.report_interval),
             state = h.dir().join("agent-state").display(),
@@ -603,63 +624,14 @@ impl Lab {
         config
     }
 
-    /// Starts (or restarts) the controller.
+    /// Starts (or restarts) the first controller.
     pub fn start_controller(&mut self) -> Result<()> {
-        if let Some(mut old) = self.controller.take() {
-            old.terminate(Duration::from_secs(5));
-        }
-        self.controller_starts += 1;
-        let bin = self.options.bin_dir.join("metalguard-controller");
-        let id = format!("lab-controller-{}", self.controller_starts);
-        let mut command = if let Some(kube) = &self.kube {
-            kube.controller_command(
-                &bin,
-                &format!("{}:{}", self.service_address(), self.controller_port.port()),
-                &self.dir.path().join("tls"),
-                &id,
-            )
-        } else {
-            let mut command = Command::new(bin);
-            command
-                .args(["run", "--inventory"])
-                .arg(&self.inventory)
-                .args(["--id", &id]);
-            command
-        };
-        command.env(
-            "RUST_LOG",
-            std::env::var("METALGUARD_LAB_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
-        );
-        self.controller = Some(Proc::spawn(
-            "metalguard-controller",
-            command,
-            &self.controller_log(),
-        )?);
-        self.timeline.add(
-            "lab",
-            format!(
-                "started metalguard-controller (run {})",
-                self.controller_starts
-            ),
-            if self.kube.is_some() {
-                "kubernetes backend as its ServiceAccount (shipped RBAC): state on the GuardedHosts, leader election by a Lease"
-            } else {
-                "standalone backend: state and leader election in the guarded etcd"
-            },
-        );
-        Ok(())
+        self.start_controller_in(0)
     }
 
-    /// Kills the controller (SIGKILL, as a crash would).
+    /// Kills the first controller (SIGKILL, as a crash would).
     pub fn kill_controller(&mut self) {
-        if let Some(mut c) = self.controller.take() {
-            c.kill();
-            self.timeline.add(
-                "lab",
-                "killed metalguard-controller (SIGKILL)",
-                "simulated crash",
-            );
-        }
+        self.kill_controller_in(0);
     }
 
     /// Runs `metalguard-controller ARGS --inventory <lab inventory>` (in Kubernetes mode
@@ -863,6 +835,11 @@ impl Lab {
             let on = self.hosts[i].bmc_power_on()?;
             let name = self.hosts[i].name.clone();
             let went_off = events.iter().any(crate::power::PowerEvent::is_off);
+            // A lying BMC records what it was asked and the host does not notice.
+            if self.hosts[i].bmc_lying {
+                self.supervise_spare(i)?;
+                continue;
+            }
             if self.hosts[i].powered() && (went_off || !on) {
                 self.kill_member(i);
                 self.hosts[i].power_lost();
@@ -889,8 +866,12 @@ impl Lab {
             }
             self.supervise_spare(i)?;
         }
-        if let Some(c) = self.controller.as_mut() {
-            c.ensure_running()?;
+        for c in &mut self.controllers {
+            if let Some(p) = c.process.as_mut()
+                && !c.frozen
+            {
+                p.ensure_running()?;
+            }
         }
         if let Some(kube) = self.kube.as_mut() {
             for name in kube.register_due() {

@@ -235,8 +235,6 @@ pub fn parse(text: &str) -> Result<Vec<Entry>, String> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| format!("history line {}: {e}", i + 1))
-        })
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("history line {}: {e}", i + 1)))
         .collect()
 }

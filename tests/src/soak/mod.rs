@@ -10,3 +10,4 @@
 pub mod check;
 pub mod history;
 pub mod report;
+pub mod schedule;

@@ -1,0 +1,184 @@
+//! The lab's controllers: one or two replicas ([`LabOptions::controllers`]), each with its own
+//! port, inventory file (standalone: the same inventory but for the listen address), log and
+//! identity, competing for leadership. Slot 0's inventory is the lab's (`inventory.toml`,
+//! what the CLI reads); slot 1 gets `inventory-2.toml`.
+//!
+//! Identities are `ctl-<slot+1>-run-<n>`: the slot names the replica in the soak's history,
+//! the run tells restarts apart.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use super::{Lab, LabOptions};
+use crate::Result;
+use crate::ports::{PortLease, reserve_port};
+use crate::process::Proc;
+
+/// One controller replica of the lab.
+#[derive(Debug)]
+pub(super) struct LabController {
+    pub(super) slot: usize,
+    pub(super) port: PortLease,
+    pub(super) log: PathBuf,
+    pub(super) process: Option<Proc>,
+    pub(super) starts: usize,
+    pub(super) frozen: bool,
+}
+
+impl LabController {
+    pub(super) fn new(slot: usize, dir: &Path) -> Result<Self> {
+        let log = if slot == 0 {
+            dir.join("controller.log")
+        } else {
+            dir.join(format!("controller-{}.log", slot + 1))
+        };
+        Ok(Self {
+            slot,
+            port: reserve_port()?,
+            log,
+            process: None,
+            starts: 0,
+            frozen: false,
+        })
+    }
+
+    /// The replica's name in histories and timelines (`ctl-1`, `ctl-2`).
+    pub(super) fn name(&self) -> String {
+        format!("ctl-{}", self.slot + 1)
+    }
+
+    fn identity(&self) -> String {
+        format!("{}-run-{}", self.name(), self.starts)
+    }
+}
+
+impl Lab {
+    /// The inventory file controller `c` runs from (slot 0: the lab's own).
+    pub(super) fn inventory_of(&self, c: &LabController) -> PathBuf {
+        if c.slot == 0 {
+            self.inventory.clone()
+        } else {
+            self.dir
+                .path()
+                .join(format!("inventory-{}.toml", c.slot + 1))
+        }
+    }
+
+    /// The controller replicas' names (`ctl-1`, `ctl-2`).
+    pub fn controller_names(&self) -> Vec<String> {
+        self.controllers.iter().map(LabController::name).collect()
+    }
+
+    /// The log of controller replica `slot`.
+    pub fn controller_log_of(&self, slot: usize) -> PathBuf {
+        self.controllers[slot].log.clone()
+    }
+
+    /// The replica whose identity `identity` is (`ctl-2-run-3` → 1).
+    pub fn controller_slot_of(&self, identity: &str) -> Option<usize> {
+        self.controllers
+            .iter()
+            .position(|c| identity.starts_with(&format!("{}-run-", c.name())))
+    }
+
+    /// Whether replica `slot` runs (started, not killed; it may be frozen).
+    pub fn controller_running(&self, slot: usize) -> bool {
+        self.controllers[slot].process.is_some()
+    }
+
+    /// Starts (or restarts) controller replica `slot`.
+    pub fn start_controller_in(&mut self, slot: usize) -> Result<()> {
+        if let Some(mut old) = self.controllers[slot].process.take() {
+            old.terminate(Duration::from_secs(5));
+        }
+        self.controllers[slot].starts += 1;
+        self.controllers[slot].frozen = false;
+        let bin = self.options.bin_dir.join("metalguard-controller");
+        let c = &self.controllers[slot];
+        let id = c.identity();
+        let mut command = if let Some(kube) = &self.kube {
+            kube.controller_command(
+                &bin,
+                &format!("{}:{}", self.service_address(), c.port.port()),
+                &self.dir.path().join("tls"),
+                &id,
+            )
+        } else {
+            let mut command = Command::new(bin);
+            command
+                .args(["run", "--inventory"])
+                .arg(self.inventory_of(c))
+                .args(["--id", &id]);
+            command
+        };
+        command.env(
+            "RUST_LOG",
+            std::env::var("METALGUARD_LAB_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
+        );
+        let process = Proc::spawn(format!("metalguard-controller {id}"), command, &c.log)?;
+        let (name, starts) = (c.name(), c.starts);
+        self.controllers[slot].process = Some(process);
+        self.timeline.add(
+            "lab",
+            format!("started metalguard-controller {name} (run {starts})"),
+            if self.kube.is_some() {
+                "kubernetes backend as its ServiceAccount (shipped RBAC): state on the GuardedHosts, leader election by a Lease"
+            } else {
+                "standalone backend: state and leader election in the guarded etcd"
+            },
+        );
+        Ok(())
+    }
+
+    /// Kills controller replica `slot` (SIGKILL, as a crash would).
+    pub fn kill_controller_in(&mut self, slot: usize) {
+        if let Some(mut c) = self.controllers[slot].process.take() {
+            c.kill();
+            self.controllers[slot].frozen = false;
+            let name = self.controllers[slot].name();
+            self.timeline.add(
+                "lab",
+                format!("killed metalguard-controller {name} (SIGKILL)"),
+                "simulated crash",
+            );
+        }
+    }
+
+    /// Freezes controller replica `slot` (SIGSTOP): a process that stops mid-flight and may
+    /// resume long after its lease ran out.
+    pub fn freeze_controller(&mut self, slot: usize) -> Result<()> {
+        if let Some(p) = &self.controllers[slot].process {
+            p.freeze()?;
+            self.controllers[slot].frozen = true;
+            let name = self.controllers[slot].name();
+            self.timeline
+                .add("lab", format!("{name} is paused (SIGSTOP)"), "");
+        }
+        Ok(())
+    }
+
+    /// Resumes controller replica `slot` (SIGCONT).
+    pub fn thaw_controller(&mut self, slot: usize) -> Result<()> {
+        if let Some(p) = &self.controllers[slot].process {
+            p.thaw()?;
+            self.controllers[slot].frozen = false;
+            let name = self.controllers[slot].name();
+            self.timeline
+                .add("lab", format!("{name} resumes (SIGCONT)"), "");
+        }
+        Ok(())
+    }
+}
+
+/// Checks the number of controllers asked for.
+pub(super) fn check_count(options: &LabOptions) -> Result<()> {
+    if (1..=2).contains(&options.controllers) {
+        Ok(())
+    } else {
+        Err(crate::HarnessError::Other(format!(
+            "the lab runs one or two controllers, not {}",
+            options.controllers
+        )))
+    }
+}
