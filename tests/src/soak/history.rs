@@ -54,6 +54,36 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
+    /// Every kind, in the order they are documented.
+    pub const ALL: [FaultKind; 10] = [
+        Self::HostHang,
+        Self::EtcdHang,
+        Self::AgentKill,
+        Self::Partition,
+        Self::ControllerPause,
+        Self::ControllerKill,
+        Self::BmcFail,
+        Self::BmcSlow,
+        Self::BmcLying,
+        Self::ApiserverFreeze,
+    ];
+
+    /// The kind's name as the history spells it (`host-hang`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::HostHang => "host-hang",
+            Self::EtcdHang => "etcd-hang",
+            Self::AgentKill => "agent-kill",
+            Self::Partition => "partition",
+            Self::ControllerPause => "controller-pause",
+            Self::ControllerKill => "controller-kill",
+            Self::BmcFail => "bmc-fail",
+            Self::BmcSlow => "bmc-slow",
+            Self::BmcLying => "bmc-lying",
+            Self::ApiserverFreeze => "apiserver-freeze",
+        }
+    }
+
     /// Whether this fault makes its host unhealthy, so that fencing it is justified. BMC faults
     /// do not (a host whose BMC misbehaves is healthy); controller and API server faults have
     /// no host.
@@ -237,4 +267,46 @@ pub fn parse(text: &str) -> Result<Vec<Entry>, String> {
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("history line {}: {e}", i + 1)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fault_kind_is_listed_once_under_the_name_the_history_spells() {
+        let mut names: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+        for kind in FaultKind::ALL {
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                serde_json::Value::from(kind.name())
+            );
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), FaultKind::ALL.len());
+    }
+
+    #[test]
+    fn an_entry_reads_back_as_written_and_a_bad_line_is_named_by_its_number() {
+        let entry = Entry {
+            t: 1500,
+            event: Event::FaultStart {
+                id: 3,
+                fault: FaultKind::EtcdHang,
+                target: "cp-2".into(),
+            },
+        };
+        let line = serde_json::to_string(&entry).unwrap();
+        assert_eq!(
+            line,
+            r#"{"t":1500,"kind":"fault-start","id":3,"fault":"etcd-hang","target":"cp-2"}"#
+        );
+        assert_eq!(
+            parse(&format!("{line}\n\n{line}\n")).unwrap(),
+            vec![entry.clone(), entry]
+        );
+        let err = parse(&format!("{line}\n{{\"t\":1}}\n")).unwrap_err();
+        assert!(err.starts_with("history line 2:"), "{err}");
+    }
 }
