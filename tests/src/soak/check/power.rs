@@ -1,0 +1,144 @@
+//! Rules over the power changes BMCs recorded: unjustified-power-off, two-hosts-off and
+//! quorum-cut.
+
+use std::collections::BTreeMap;
+
+use super::timeline::{PowerChange, Sample, Timeline};
+use super::{Notes, Params, Rule, Violation, format_time, millis};
+use crate::soak::history::Power;
+
+/// Rule unjustified-power-off: a power-off of a host with no fault on it that afflicts the
+/// host, in place at that moment or ended at most `fault_grace` before. A fault that starts
+/// in the power-off's own millisecond counts (their order is unknown). A lying BMC's
+/// power-off counts like any other: it records what metalguard asked for, and asking was
+/// wrong unless the host had a fault; BMC faults themselves justify nothing.
+pub(super) fn find_unjustified_power_offs(index: &Timeline<'_>, params: &Params) -> Vec<Violation> {
+    let grace = millis(params.fault_grace);
+    power_offs(index)
+        .filter(|off| {
+            !index
+                .host_faults(off.host)
+                .any(|f| f.is_recent_at(off.t, grace))
+        })
+        .map(|off| Violation {
+            rule: Rule::UnjustifiedPowerOff,
+            t: off.t,
+            message: format!(
+                "{} was powered off with no host fault on it in place or ended within {} s before",
+                off.host,
+                params.fault_grace.as_secs()
+            ),
+        })
+        .collect()
+}
+
+/// Rule two-hosts-off: each time the number of hosts whose last recorded state is off
+/// reaches two or more (all hosts start on). Power changes with the same time are applied
+/// together, since their order between hosts is unknown (one host's changes keep the order
+/// of its BMC's log).
+pub(super) fn find_hosts_off_together(index: &Timeline<'_>) -> Vec<Violation> {
+    let mut off_since: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut violations = Vec::new();
+    let mut together = false;
+    for batch in index.powers.chunk_by(|a, b| a.t == b.t) {
+        for change in batch {
+            match change.state {
+                Power::Off => {
+                    off_since.entry(change.host).or_insert(change.t);
+                }
+                Power::On => {
+                    off_since.remove(change.host);
+                }
+            }
+        }
+        let now_together = off_since.len() >= 2;
+        if now_together && !together {
+            let hosts: Vec<String> = off_since
+                .iter()
+                .map(|(host, since)| format!("{host} since {}", format_time(*since)))
+                .collect();
+            violations.push(Violation {
+                rule: Rule::TwoHostsOff,
+                t: batch[0].t,
+                message: format!(
+                    "{} hosts were off at the same time: {}",
+                    off_since.len(),
+                    hosts.join(", ")
+                ),
+            });
+        }
+        together = now_together;
+    }
+    violations
+}
+
+/// Rule quorum-cut: a power-off while the latest etcd sample at most `sample_window` before
+/// it showed fewer healthy voters besides the host than a quorum of that sample's voters
+/// (`voters / 2 + 1`). A sample in the power-off's own millisecond counts as before it (the
+/// host's own member is not counted anyway). A power-off with no such sample, or whose
+/// sample lists no voters, is noted as not judged.
+pub(super) fn find_quorum_cuts(
+    index: &Timeline<'_>,
+    params: &Params,
+    notes: &mut Notes,
+) -> Vec<Violation> {
+    let window = millis(params.sample_window);
+    let mut violations = Vec::new();
+    for off in power_offs(index) {
+        let Some(sample) = latest_sample_within(&index.samples, off.t, window) else {
+            notes.push((
+                off.t,
+                format!(
+                    "power-off of {} at {}: no etcd sample in the {window} ms before it to \
+                     judge its quorum",
+                    off.host,
+                    format_time(off.t)
+                ),
+            ));
+            continue;
+        };
+        if sample.voters() == 0 {
+            notes.push((
+                off.t,
+                format!(
+                    "power-off of {} at {}: the etcd sample before it lists no voters",
+                    off.host,
+                    format_time(off.t)
+                ),
+            ));
+            continue;
+        }
+        let healthy = sample.healthy_voters_besides(off.host);
+        if healthy < sample.quorum_size() {
+            violations.push(Violation {
+                rule: Rule::QuorumCut,
+                t: off.t,
+                message: format!(
+                    "{} was powered off while etcd's latest sample (at {}) showed {healthy} \
+                     healthy voters besides it, fewer than the quorum of {} of {} voters",
+                    off.host,
+                    format_time(sample.t),
+                    sample.quorum_size(),
+                    sample.voters()
+                ),
+            });
+        }
+    }
+    violations
+}
+
+/// The latest sample taken at or before `t` and at most `window` before it.
+fn latest_sample_within<'s, 'h>(
+    samples: &'s [Sample<'h>],
+    t: u64,
+    window: u64,
+) -> Option<&'s Sample<'h>> {
+    let upto = samples.partition_point(|s| s.t <= t);
+    samples[..upto]
+        .last()
+        .filter(|s| s.t >= t.saturating_sub(window))
+}
+
+fn power_offs<'a, 'h>(index: &'a Timeline<'h>) -> impl Iterator<Item = &'a PowerChange<'h>> {
+    index.powers.iter().filter(|p| p.state == Power::Off)
+}
