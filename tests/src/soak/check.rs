@@ -44,6 +44,8 @@ mod terms;
 mod timeline;
 
 #[cfg(test)]
+mod props;
+#[cfg(test)]
 pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;

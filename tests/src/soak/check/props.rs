@@ -1,0 +1,347 @@
+//! Properties of the checker on generated histories: it never panics on any history; a
+//! history of safe behaviour (each fault on one host at a time, only the faulted host fenced,
+//! quorum kept, terms only growing, every host back) breaks no rule, and one more power-off of
+//! a quiet host breaks exactly unjustified-power-off; and interleaving the entries of one
+//! millisecond from different sources differently does not change the verdict.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::sample::select;
+
+use super::testkit::{HOSTS, HistoryBuilder};
+use super::{Params, Rule, check};
+use crate::soak::history::{Entry, Event, FaultKind, MemberSample, Power};
+use crate::soak::schedule::Rng;
+
+/// Cases per property (`METALGUARD_PROPTEST_CASES`, as the core crate's properties).
+fn cases() -> u32 {
+    std::env::var("METALGUARD_PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+/// A name from a small set, so that generated entries meet each other.
+fn name() -> impl Strategy<Value = String> {
+    select(vec!["cp-1", "cp-2", "cp-3", "cp-4", "cp-5", "ctl-1", "x"]).prop_map(String::from)
+}
+
+fn word() -> impl Strategy<Value = String> {
+    select(vec![
+        "fence",
+        "off",
+        "on",
+        "needs-person",
+        "done",
+        "healed",
+        "",
+    ])
+    .prop_map(String::from)
+}
+
+/// Any event, with small ids and terms so that they collide.
+fn event() -> impl Strategy<Value = Event> {
+    let member =
+        (name(), any::<bool>(), any::<bool>()).prop_map(|(name, voter, healthy)| MemberSample {
+            name,
+            voter,
+            healthy,
+        });
+    prop_oneof![
+        (0u64..6, select(FaultKind::ALL.to_vec()), name())
+            .prop_map(|(id, fault, target)| Event::FaultStart { id, fault, target }),
+        (0u64..6, word()).prop_map(|(id, how)| Event::FaultEnd { id, how }),
+        (name(), any::<bool>()).prop_map(|(host, on)| Event::Power {
+            host,
+            state: if on { Power::On } else { Power::Off },
+        }),
+        (
+            name(),
+            word(),
+            0u64..5,
+            proptest::option::of(name()),
+            proptest::option::of(word())
+        )
+            .prop_map(|(agent, op, term, target, action)| Event::CommandExecuted {
+                agent,
+                op,
+                command: "fence".into(),
+                term,
+                target,
+                action,
+            }),
+        (name(), 0u64..5, 0u64..5).prop_map(|(agent, term, seen)| Event::CommandRefused {
+            agent,
+            op: "op".into(),
+            term,
+            seen,
+        }),
+        (name(), 0u64..5).prop_map(|(agent, term)| Event::TermSeen { agent, term }),
+        (name(), any::<u64>()).prop_map(|(controller, term)| Event::Leader { controller, term }),
+        (proptest::collection::vec(member, 0..7), any::<bool>())
+            .prop_map(|(members, quorum)| Event::EtcdSample { members, quorum }),
+        (word(), name(), word()).prop_map(|(id, target, phase)| Event::Remediation {
+            id,
+            target,
+            phase
+        }),
+        (name(), any::<bool>()).prop_map(|(host, healthy)| Event::HostHealth { host, healthy }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            proptest::collection::vec(word(), 0..3)
+        )
+            .prop_map(|(acked, failed, lost)| Event::Workload {
+                acked,
+                failed,
+                lost
+            }),
+        Just(Event::End),
+    ]
+}
+
+/// Times: mostly whole seconds of a short soak (so entries share milliseconds), sometimes
+/// anything.
+fn time() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        8 => (0u64..400).prop_map(|x| x * 1000),
+        1 => any::<u64>(),
+    ]
+}
+
+fn history() -> impl Strategy<Value = Vec<Entry>> {
+    proptest::collection::vec((time(), event()), 0..80).prop_map(|es| {
+        es.into_iter()
+            .map(|(t, event)| Entry { t, event })
+            .collect()
+    })
+}
+
+fn params() -> impl Strategy<Value = Params> {
+    let d = || {
+        prop_oneof![
+            (0u64..400).prop_map(Duration::from_secs),
+            any::<u64>().prop_map(Duration::from_secs)
+        ]
+    };
+    (d(), d(), d(), d()).prop_map(
+        |(fault_grace, quorum_grace, recovery_bound, sample_window)| Params {
+            fault_grace,
+            quorum_grace,
+            recovery_bound,
+            sample_window,
+        },
+    )
+}
+
+/// Which log an entry comes from: the entries of one source keep their order.
+fn source(event: &Event) -> String {
+    match event {
+        Event::Start { .. } | Event::End => "driver".into(),
+        Event::FaultStart { .. } | Event::FaultEnd { .. } => "nemesis".into(),
+        Event::Power { host, .. } => format!("bmc {host}"),
+        Event::CommandExecuted { agent, .. }
+        | Event::CommandRefused { agent, .. }
+        | Event::PowerCutRefused { agent, .. }
+        | Event::TermSeen { agent, .. } => format!("agent {agent}"),
+        Event::Leader { controller, .. } | Event::Intent { controller, .. } => {
+            format!("controller {controller}")
+        }
+        Event::EtcdSample { .. } => "observer".into(),
+        Event::Remediation { .. } => "store".into(),
+        Event::HostHealth { .. } => "health".into(),
+        Event::Workload { .. } => "workload".into(),
+    }
+}
+
+/// Interleaves the sources of each millisecond's entries at random (`seed`), keeping each
+/// source's order.
+fn interleave(history: &[Entry], seed: u64) -> Vec<Entry> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::with_capacity(history.len());
+    for batch in history.chunk_by(|a, b| a.t == b.t) {
+        let mut queues: BTreeMap<String, Vec<&Entry>> = BTreeMap::new();
+        for e in batch.iter().rev() {
+            queues.entry(source(&e.event)).or_default().push(e);
+        }
+        while !queues.is_empty() {
+            let keys: Vec<String> = queues.keys().cloned().collect();
+            let key = &keys[usize::try_from(rng.below(keys.len() as u64)).unwrap()];
+            let queue = queues.get_mut(key).unwrap();
+            out.push(queue.pop().unwrap().clone());
+            if queue.is_empty() {
+                queues.remove(key);
+            }
+        }
+    }
+    out
+}
+
+/// One fault of the safe history: on which host, what, when, for how long, and whether the
+/// host is fenced (and when, within the fault).
+#[derive(Debug, Clone)]
+struct Episode {
+    host: usize,
+    kind: FaultKind,
+    gap_ms: u64,
+    lasts_ms: u64,
+    fence_at_ms: Option<u64>,
+    boot_ms: u64,
+    new_term: bool,
+    sideshow: Option<FaultKind>,
+}
+
+fn episode() -> impl Strategy<Value = Episode> {
+    let afflicting = select(vec![
+        FaultKind::HostHang,
+        FaultKind::EtcdHang,
+        FaultKind::AgentKill,
+        FaultKind::Partition,
+    ]);
+    let harmless = select(vec![
+        FaultKind::ControllerPause,
+        FaultKind::ControllerKill,
+        FaultKind::BmcSlow,
+        FaultKind::BmcFail,
+        FaultKind::ApiserverFreeze,
+    ]);
+    (
+        0usize..5,
+        afflicting,
+        1u64..30_000,
+        1u64..40_000,
+        proptest::option::of(0u64..40_000),
+        1u64..60_000,
+        any::<bool>(),
+        proptest::option::of(harmless),
+    )
+        .prop_map(
+            |(host, kind, gap_ms, lasts_ms, fence, boot_ms, new_term, sideshow)| Episode {
+                host,
+                kind,
+                gap_ms,
+                lasts_ms,
+                fence_at_ms: fence.map(|f| f % lasts_ms),
+                boot_ms,
+                new_term,
+                sideshow,
+            },
+        )
+}
+
+/// The safe history of `episodes`, one after the other, and the time it ends.
+fn safe_history(episodes: &[Episode]) -> (Vec<Entry>, u64) {
+    let mut b = HistoryBuilder::new();
+    let mut away: Vec<(u64, u64, &str)> = Vec::new(); // a member away in [from, to)
+    let (mut t, mut term) = (0, 1);
+    b.leader(0, "ctl-1", term);
+    for (id, e) in (0u64..).step_by(2).zip(episodes) {
+        let (host, neighbour) = (HOSTS[e.host], HOSTS[(e.host + 1) % 5]);
+        let start = t + e.gap_ms;
+        if e.new_term {
+            term += 1;
+            b.leader(start, "ctl-2", term)
+                .term_seen(start + 1, neighbour, term);
+        }
+        b.fault(start, id, e.kind, host).health(start, host, false);
+        if let Some(side) = e.sideshow {
+            let target = match side {
+                FaultKind::BmcSlow | FaultKind::BmcFail => HOSTS[(e.host + 2) % 5],
+                _ => "ctl-1",
+            };
+            b.fault(start, id + 1, side, target)
+                .heal(start + e.lasts_ms, id + 1);
+        }
+        let back = if let Some(at) = e.fence_at_ms {
+            let off = start + at;
+            b.executed(off, neighbour, &format!("op-{id}"), term, host)
+                .power(off, host, Power::Off)
+                .push(
+                    off,
+                    Event::FaultEnd {
+                        id,
+                        how: "power-cycled".into(),
+                    },
+                )
+                .power(off + e.boot_ms, host, Power::On);
+            off + e.boot_ms * 2
+        } else {
+            b.heal(start + e.lasts_ms, id);
+            start + e.lasts_ms + e.boot_ms
+        };
+        if e.kind.takes_member() || e.fence_at_ms.is_some() {
+            away.push((start, back, host));
+        }
+        b.health(back, host, true);
+        t = back.max(start + e.lasts_ms);
+    }
+    let end = t + 60_000;
+    for at in (0..=end).step_by(1000) {
+        let down: Vec<&str> = away
+            .iter()
+            .filter(|(from, to, _)| *from <= at && at < *to)
+            .map(|(_, _, host)| *host)
+            .collect();
+        b.sample(at, &down, true);
+    }
+    b.workload(end, 1000, 7, &[]).end(end);
+    (b.build(), end)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_history_is_checked_without_panicking_and_violations_come_in_time_order(
+        history in history(),
+        params in params(),
+    ) {
+        let verdict = check(&history, &params);
+        prop_assert!(verdict.violations.windows(2).all(|w| w[0].t <= w[1].t));
+        let mut sorted = history.clone();
+        sorted.sort_by_key(|e| e.t);
+        prop_assert_eq!(check(&sorted, &params).violations, verdict.violations);
+    }
+
+    #[test]
+    fn a_safe_history_breaks_no_rule(episodes in proptest::collection::vec(episode(), 0..25)) {
+        let (history, _) = safe_history(&episodes);
+        let verdict = check(&history, &Params::default());
+        prop_assert!(verdict.passed(), "{:#?}", verdict.violations);
+        prop_assert_eq!(verdict.unjudged, Vec::<String>::new());
+    }
+
+    #[test]
+    fn one_more_power_off_of_a_quiet_host_breaks_exactly_unjustified_power_off(
+        episodes in proptest::collection::vec(episode(), 0..10),
+        host in select(HOSTS.to_vec()),
+        before_end_ms in 0u64..20_000,
+    ) {
+        let (mut history, end) = safe_history(&episodes);
+        // Every fault is over by `end - 60 s`, more than the grace before this.
+        let off = end - before_end_ms;
+        let at = history.partition_point(|e| e.t <= off);
+        history.insert(at, Entry { t: off, event: Event::Power { host: host.into(), state: Power::Off } });
+        let verdict = check(&history, &Params::default());
+        let rules: Vec<Rule> = verdict.violations.iter().map(|v| v.rule).collect();
+        prop_assert_eq!(rules, vec![Rule::UnjustifiedPowerOff]);
+        prop_assert!(verdict.violations[0].message.starts_with(host), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn interleaving_one_millisecond_s_sources_differently_keeps_the_verdict(
+        history in history(),
+        episodes in proptest::collection::vec(episode(), 0..8),
+        seed in any::<u64>(),
+    ) {
+        let params = Params::default();
+        let (safe, _) = safe_history(&episodes);
+        for mut h in [history, safe] {
+            h.sort_by_key(|e| e.t);
+            let shuffled = interleave(&h, seed);
+            prop_assert_eq!(check(&shuffled, &params), check(&h, &params));
+        }
+    }
+}
