@@ -112,7 +112,16 @@ fn time() -> impl Strategy<Value = u64> {
 }
 
 fn history() -> impl Strategy<Value = Vec<Entry>> {
-    proptest::collection::vec((time(), event()), 0..80).prop_map(|es| {
+    entries(time())
+}
+
+/// A history crowded into ten seconds, so that most milliseconds hold several entries.
+fn crowded_history() -> impl Strategy<Value = Vec<Entry>> {
+    entries((0u64..10).prop_map(|x| x * 1000))
+}
+
+fn entries(time: impl Strategy<Value = u64>) -> impl Strategy<Value = Vec<Entry>> {
+    proptest::collection::vec((time, event()), 0..80).prop_map(|es| {
         es.into_iter()
             .map(|(t, event)| Entry { t, event })
             .collect()
@@ -332,7 +341,7 @@ proptest! {
 
     #[test]
     fn interleaving_one_millisecond_s_sources_differently_keeps_the_verdict(
-        history in history(),
+        history in crowded_history(),
         episodes in proptest::collection::vec(episode(), 0..8),
         seed in any::<u64>(),
     ) {

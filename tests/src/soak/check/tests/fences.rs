@@ -104,6 +104,27 @@ fn one_host_off_after_the_other_is_on_again_is_not_two_hosts_off() {
 }
 
 #[test]
+fn a_host_back_on_in_the_millisecond_another_goes_off_is_not_two_hosts_off_in_either_order() {
+    for on_first in [true, false] {
+        let mut b = quiet(100);
+        b.fault(s(10), 1, HostHang, "cp-1")
+            .fault(s(10), 2, HostHang, "cp-2")
+            .power(s(20), "cp-1", Off);
+        if on_first {
+            b.power(s(30), "cp-1", On).power(s(30), "cp-2", Off);
+        } else {
+            b.power(s(30), "cp-2", Off).power(s(30), "cp-1", On);
+        }
+        b.power(s(35), "cp-2", On);
+        assert_eq!(
+            found(&b, Rule::TwoHostsOff),
+            Vec::<String>::new(),
+            "on first: {on_first}"
+        );
+    }
+}
+
+#[test]
 fn a_power_off_leaving_too_few_healthy_voters_cuts_quorum() {
     // cp-1 and cp-2 unhealthy: besides cp-3, 2 healthy voters of 5 (quorum 3).
     let mut b = HistoryBuilder::new();
