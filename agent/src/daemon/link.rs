@@ -30,6 +30,9 @@ const BACKOFF_START: Duration = Duration::from_millis(250);
 /// Largest retry delay: a controller that failed over must hear from every agent again well
 /// within its heartbeat timeout, so this stays short (a report every 5 s is cheap).
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A report the current controller has not answered within this long is sent to the others
+/// too ([`Link::call_hedged`]): the controllers answer a report from memory in milliseconds.
+const HEDGE_AFTER: Duration = Duration::from_secs(1);
 /// How often pending results are re-sent.
 const RESULT_RETRY: Duration = Duration::from_secs(2);
 /// A pooled connection is dropped after this long unused: below the controller's idle and
@@ -212,13 +215,115 @@ impl Link {
 
     /// Sends a report, asking for the BMC targets in the answer (fitted to the protocol's
     /// limits by the caller, [`fit_report`]).
+    ///
+    /// The report is the agent's heartbeat, so it is hedged ([`Link::call_hedged`]): a
+    /// controller that hangs (paused, or its host stalled) must not hold the heartbeat for a
+    /// whole request timeout while another controller leads.
     pub async fn report(&self, report: &AgentReport) -> Result<ReportAck, LinkError> {
-        self.call(
+        self.call_hedged(
             &protocol::report_path_with_bmc_targets(&self.host),
             Some(report),
             self.config.request_timeout,
         )
         .await
+    }
+
+    /// As [`Link::call`], but when the current controller has not answered within
+    /// [`HEDGE_AFTER`] the others are tried too, in order, while its answer is still awaited;
+    /// the first final answer wins, and the controller that gave it becomes the current one.
+    ///
+    /// Found by the nemesis soak: the leader paused, another took over, and an agent kept
+    /// sending its report to the paused one first, losing a request timeout (5 s) per try;
+    /// the new leader heard nothing for longer than the lab's 5 s heartbeat timeout and fenced
+    /// a healthy host.
+    async fn call_hedged<B: Serialize + Sync, R: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<R, LinkError> {
+        let n = self.bases.len();
+        let first = self.current.load(Ordering::Relaxed) % n.max(1);
+        let rest: Vec<usize> = (1..n).map(|a| (first + a) % n).collect();
+        let primary = self.call_one(&self.bases[first], path, body, timeout);
+        tokio::pin!(primary);
+        let early = tokio::select! {
+            answer = &mut primary => Some(answer),
+            () = tokio::time::sleep(HEDGE_AFTER.min(timeout)), if !rest.is_empty() => None,
+        };
+        let primary_error = match early {
+            Some(Err(error)) if error.try_another() => error,
+            Some(answer) => return answer,
+            None => {
+                // Until the current one answers (within its timeout), the others are asked
+                // again every HEDGE_AFTER: one of them may be taking over meanwhile.
+                let others = self.try_in_order_after(Duration::ZERO, &rest, path, body, timeout);
+                tokio::pin!(others);
+                loop {
+                    tokio::select! {
+                        answer = &mut primary => match answer {
+                            Err(error) if error.try_another() => break error,
+                            answer => return answer,
+                        },
+                        answer = &mut others => match answer {
+                            Ok((index, answer)) => {
+                                self.switch_to(index);
+                                return answer;
+                            }
+                            Err(_) => others.set(
+                                self.try_in_order_after(HEDGE_AFTER, &rest, path, body, timeout),
+                            ),
+                        },
+                    }
+                }
+            }
+        };
+        match self.try_in_order(&rest, path, body, timeout).await {
+            Ok((index, answer)) => {
+                self.switch_to(index);
+                answer
+            }
+            Err(last) => Err(if rest.is_empty() { primary_error } else { last }),
+        }
+    }
+
+    /// [`Link::try_in_order`] after `delay`.
+    async fn try_in_order_after<B: Serialize + Sync, R: DeserializeOwned>(
+        &self,
+        delay: Duration,
+        indexes: &[usize],
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<(usize, Result<R, LinkError>), LinkError> {
+        tokio::time::sleep(delay).await;
+        self.try_in_order(indexes, path, body, timeout).await
+    }
+
+    /// Tries the controllers at `indexes` in order: the first final answer (a success, or an
+    /// error another controller would not answer differently) with the index that gave it, or
+    /// the last error when none gave one.
+    async fn try_in_order<B: Serialize + Sync, R: DeserializeOwned>(
+        &self,
+        indexes: &[usize],
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<(usize, Result<R, LinkError>), LinkError> {
+        let mut last = LinkError::NoController;
+        for &index in indexes {
+            match self.call_one(&self.bases[index], path, body, timeout).await {
+                Err(error) if error.try_another() => last = error,
+                answer => return Ok((index, answer)),
+            }
+        }
+        Err(last)
+    }
+
+    fn switch_to(&self, index: usize) {
+        if self.current.swap(index, Ordering::Relaxed) != index {
+            tracing::info!(controller = %self.bases[index], "talking to another controller");
+        }
     }
 
     /// Waits up to the configured long-poll for commands.

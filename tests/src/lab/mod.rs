@@ -71,6 +71,8 @@ pub struct Timings {
     pub max_retry: u32,
     /// Wait between a failed attempt and the next.
     pub retry_period: Duration,
+    /// The agents' `[controller] request_timeout` (`None`: the agent's default).
+    pub agent_request_timeout: Option<Duration>,
 }
 
 impl Default for Timings {
@@ -83,6 +85,7 @@ impl Default for Timings {
             lease_ttl: Duration::from_secs(3),
             max_retry: 1,
             retry_period: Duration::from_secs(2),
+            agent_request_timeout: None,
         }
     }
 }
@@ -597,7 +600,7 @@ impl Lab {
             "host = \"{name}\"\n\
              [controller]\nurl = \"https://{address}:{port}\"\nurls = [{more}]\n\
              ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{name}.pem\"\nkey = \"{tls}/{name}-key.pem\"\n\
-             report_interval = \"{report}\"\ncommand_wait = \"5s\"\n\
+             report_interval = \"{report}\"\ncommand_wait = \"5s\"\n{request_timeout}\
              [state]\ndir = \"{state}\"\nboot_id_file = \"{boot}\"\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
              [etcd]\nendpoints = [{list}]\n{etcd_tls}\
@@ -612,6 +615,12 @@ impl Lab {
                 .join(", "),
             tls = tls.display(),
             report = ms(self.options.timings.report_interval),
+            request_timeout = self
+                .options
+                .timings
+                .agent_request_timeout
+                .map(|t| format!("request_timeout = \"{}\"\n", ms(t)))
+                .unwrap_or_default(),
             state = h.dir().join("agent-state").display(),
             boot = h.boot_id_file().display(),
             metrics = h.metrics_port(),
