@@ -16,6 +16,7 @@ pub(crate) mod link;
 mod local_http;
 pub(crate) mod logging;
 pub mod metrics;
+mod mutation;
 pub mod notify;
 mod power_check;
 pub mod probes;
