@@ -9,5 +9,10 @@
 
 pub mod check;
 pub mod history;
+pub mod logs;
+pub mod nemesis;
+pub mod recorder;
 pub mod report;
+pub mod run;
 pub mod schedule;
+pub mod workload;
