@@ -47,6 +47,15 @@ nextest_on "$etcd36"
 nextest_on "$etcd34" -E 'package(metalguard-etcd)'
 nextest_on "$etcd35" -E 'package(metalguard-etcd)'
 
+# The nemesis soak (issue 24), short, with fixed seeds: five hosts, two controllers, random
+# faults within what quorum tolerates, and the history checker; same binaries as the suite.
+echo "== nemesis soak: standalone and Kubernetes, fixed seeds"
+cargo build --locked -p metalguard-e2e --bin metalguard-soak
+scripts/soak.sh --no-build --seed 3 --duration 75 --out target/soak/ci-standalone-seed-3 \
+  || failed+=("soak: standalone, seed 3 (scripts/soak.sh --seed 3 --duration 75)")
+scripts/soak.sh --no-build --kubernetes --seed 3 --duration 75 --out target/soak/ci-kubernetes-seed-3 \
+  || failed+=("soak: kubernetes, seed 3 (scripts/soak.sh --kubernetes --seed 3 --duration 75)")
+
 echo "== leftover processes"
 # Every test cleans up what it started; harness processes carry "mg-harness-" in their paths.
 if leftovers=$(pgrep -af 'mg-harness-' | grep -v pgrep); then

@@ -6,6 +6,8 @@
 //! ```text
 //! metalguard-soak [--kubernetes] [--seed N] [--duration SECONDS] [--out DIR] [--no-netns] [--live]
 //! metalguard-soak check HISTORY.ndjson       check a recorded history again
+//! metalguard-soak plan [--kubernetes] [--seed N] [--duration SECONDS]
+//!                                             print the schedule a seed makes, and run nothing
 //! ```
 //! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
 //! of this executable unless `--bin-dir` says otherwise.
@@ -14,14 +16,23 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use metalguard_e2e::lab::Timings;
 use metalguard_e2e::soak::check::{Params, check};
 use metalguard_e2e::soak::history::parse;
 use metalguard_e2e::soak::report::render;
-use metalguard_e2e::soak::run::{SoakOptions, run};
+use metalguard_e2e::soak::run::{SoakOptions, run, shape};
+use metalguard_e2e::soak::schedule;
 
-const USAGE: &str = "usage: metalguard-soak [--kubernetes] [--seed N] [--duration SECONDS] [--out DIR] [--bin-dir DIR] [--no-netns] [--live]\n       metalguard-soak check HISTORY.ndjson";
+const USAGE: &str = "usage: metalguard-soak [plan] [--kubernetes] [--seed N] [--duration SECONDS] [--out DIR] [--bin-dir DIR] [--no-netns] [--live]\n       metalguard-soak check HISTORY.ndjson";
 
-fn parse_args() -> Result<Result<SoakOptions, PathBuf>, String> {
+/// What the command line asks for.
+enum Job {
+    Soak(SoakOptions),
+    Plan(SoakOptions),
+    Check(PathBuf),
+}
+
+fn parse_args() -> Result<Job, String> {
     let mut args = std::env::args().skip(1);
     let exe_dir = std::env::current_exe()
         .ok()
@@ -37,10 +48,12 @@ fn parse_args() -> Result<Result<SoakOptions, PathBuf>, String> {
         live: false,
     };
     let mut out = None;
+    let mut plan_only = false;
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value\n{USAGE}"));
         match arg.as_str() {
-            "check" => return Ok(Err(PathBuf::from(value("check")?))),
+            "check" => return Ok(Job::Check(PathBuf::from(value("check")?))),
+            "plan" => plan_only = true,
             "--kubernetes" => options.kubernetes = true,
             "--no-netns" => options.netns = false,
             "--live" => options.live = true,
@@ -72,13 +85,18 @@ fn parse_args() -> Result<Result<SoakOptions, PathBuf>, String> {
             options.seed
         ))
     });
-    Ok(Ok(options))
+    Ok(if plan_only {
+        Job::Plan(options)
+    } else {
+        Job::Soak(options)
+    })
 }
 
 fn main() -> ExitCode {
     let options = match parse_args() {
-        Ok(Ok(options)) => options,
-        Ok(Err(history)) => return recheck(&history),
+        Ok(Job::Soak(options)) => options,
+        Ok(Job::Plan(options)) => return print_plan(&options),
+        Ok(Job::Check(history)) => return recheck(&history),
         Err(message) => {
             eprintln!("{message}");
             return ExitCode::from(2);
@@ -148,4 +166,18 @@ fn recheck(path: &PathBuf) -> ExitCode {
     } else {
         ExitCode::from(1)
     }
+}
+
+fn print_plan(options: &SoakOptions) -> ExitCode {
+    let shape = shape(options, &Timings::default());
+    for p in schedule::plan(options.seed, &shape) {
+        println!(
+            "{:>8.1} s  {:<18} {:?} for {:.1} s",
+            p.at.as_secs_f64(),
+            p.fault.name(),
+            p.target,
+            p.lasts.as_secs_f64()
+        );
+    }
+    ExitCode::SUCCESS
 }
