@@ -1,8 +1,9 @@
 //! The checker: safety rules over a soak's [history](super::history), as one pure function.
 //!
 //! Data flow: the history's entries → [`check`] puts them in time order and indexes them once
-//! (`timeline`: fault spans, power changes, etcd samples, host health) → each rule module
-//! reads the index and returns its violations (`power`: fences; `quorum`: etcd's quorum;
+//! (`timeline`: fault spans, power changes, fences executed and intents, etcd samples, host
+//! health) → each rule module reads the index and returns its violations (`power`: fences,
+//! each judged by the decision behind it that `decision` finds; `quorum`: etcd's quorum;
 //! `terms`: leadership terms; `recovery`: hosts coming back; lost acknowledged writes
 //! here) → a [`Verdict`] with the violations in time order, the [`Stats`] and what could not
 //! be judged.
@@ -12,9 +13,15 @@
 //!   A BMC that lies ([`BmcLying`](super::history::FaultKind::BmcLying)) still records the
 //!   power changes it claims, and they count like any other: fencing a host is judged by the
 //!   decision, not by whether the host obeyed.
-//! - A fault that afflicts a host justifies fencing it while it is in place and for
-//!   [`Params::fault_grace`] after it ended (the fence decided during the fault may still be
-//!   on its way to the BMC).
+//! - A power-off is judged by the decision behind it: the latest fence of the host an agent
+//!   executed (`off` or `reboot`) at most [`Params::fault_grace`] before it (the time a fence
+//!   takes from decision to BMC), and the latest intent of that fence's op at or before the
+//!   execution. A fault that afflicts the host justifies the power-off if it was in place
+//!   when the intent was persisted or had ended at most [`Params::decision_grace`] before:
+//!   a controller that decides from a stale view after the host recovered is caught.
+//! - With no decision found (a person's fence, a log line lost) the power-off is judged by
+//!   itself, noted in [`Verdict::unjudged`]: a fault in place at the power-off or ended at
+//!   most [`Params::fault_grace`] before justifies it.
 //! - A power-off is judged for quorum by the latest etcd sample at most
 //!   [`Params::sample_window`] before it; with none there it is not judged (and said so).
 //! - A fault's recovery bound runs from the fault's start.
@@ -36,6 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use super::history::{Entry, Event};
 
+mod decision;
 mod power;
 mod quorum;
 mod recovery;
@@ -52,11 +60,18 @@ mod tests;
 
 pub use stats::{Stats, WorkloadStats};
 
-/// How long after a host fault ended a power-off of that host is still justified: the
-/// longest a fence decided while the fault was in place takes to reach the BMC's power log
-/// (the executor's quorum check, at most 10 s, then the fence call, 3 s to connect and 10 s
-/// for the request), with room for the command's delivery.
+/// How long a fence may take from decision to the BMC's power log: the executor's quorum
+/// check, at most 10 s, then the fence call, 3 s to connect and 10 s for the request, with
+/// room for the command's delivery. It bounds how far before a power-off the fence behind it
+/// was executed, and, for a power-off whose decision is not found, how long after a host
+/// fault ended the power-off is still justified.
 pub const DEFAULT_FAULT_GRACE: Duration = Duration::from_secs(30);
+/// How long after a host fault ended a decision to fence the host is still justified: the
+/// time a controller's view takes to see the recovery. With the lab's timings that is one
+/// report interval (1 s), the etcd probe's failure threshold (two 500 ms periods) and a
+/// plan round (250 ms), about 2.25 s; 5 s leaves room. A decision later than that was taken
+/// from a stale view (issue 24 fenced a host 5.5 s after it recovered).
+pub const DEFAULT_DECISION_GRACE: Duration = Duration::from_secs(5);
 /// How long etcd may be seen without quorum before it is a violation: a new etcd leader is
 /// elected within a few election timeouts (1 s each by default) when the old one hangs, and
 /// a sample's linearizable read may time out meanwhile.
@@ -72,8 +87,11 @@ pub const DEFAULT_SAMPLE_WINDOW: Duration = Duration::from_secs(2);
 /// The checker's tolerances.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Params {
-    /// How long after a host fault ended a power-off of that host is still justified.
+    /// How long a fence may take from decision to the BMC (and, with no decision found, how
+    /// long after a host fault ended a power-off of that host is still justified).
     pub fault_grace: Duration,
+    /// How long after a host fault ended a decision to fence that host is still justified.
+    pub decision_grace: Duration,
     /// How long etcd may be seen without quorum before it is a violation.
     pub quorum_grace: Duration,
     /// How long after a host fault began the host must be healthy again.
@@ -86,6 +104,7 @@ impl Default for Params {
     fn default() -> Self {
         Self {
             fault_grace: DEFAULT_FAULT_GRACE,
+            decision_grace: DEFAULT_DECISION_GRACE,
             quorum_grace: DEFAULT_QUORUM_GRACE,
             recovery_bound: DEFAULT_RECOVERY_BOUND,
             sample_window: DEFAULT_SAMPLE_WINDOW,
@@ -97,7 +116,7 @@ impl Default for Params {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Rule {
-    /// A host was powered off with no fault on it to justify the fence.
+    /// A host was powered off with no fault on it to justify the decision to fence it.
     UnjustifiedPowerOff,
     /// Two or more hosts were off at the same time.
     TwoHostsOff,
@@ -193,7 +212,9 @@ pub fn check(history: &[Entry], params: &Params) -> Verdict {
     let index = timeline::Timeline::index(&ordered, &mut notes);
 
     let mut violations = Vec::new();
-    violations.extend(power::find_unjustified_power_offs(&index, params));
+    violations.extend(power::find_unjustified_power_offs(
+        &index, params, &mut notes,
+    ));
     violations.extend(power::find_hosts_off_together(&index));
     violations.extend(power::find_quorum_cuts(&index, params, &mut notes));
     violations.extend(quorum::find_quorum_losses(&index, params));
@@ -257,6 +278,11 @@ pub fn format_time(t_ms: u64) -> String {
         (t_ms / 1000) % 60,
         t_ms % 1000
     )
+}
+
+/// A duration in seconds for a message (`5 s`, `5.5 s`).
+fn seconds(d: Duration) -> String {
+    format!("{} s", d.as_secs_f64())
 }
 
 /// A duration in the history's unit (milliseconds), saturating.

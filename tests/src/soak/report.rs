@@ -152,6 +152,7 @@ mod tests {
             .fault(s(10), 1, HostHang, "cp-2")
             .fault(s(12), 2, BmcSlow, "cp-4")
             .term_seen(s(15), "cp-1", 2)
+            .intent(s(18), "ctl-1", "op-1")
             .executed(s(19), "cp-1", "op-1", 2, "cp-2")
             .power(s(20), "cp-2", Off)
             .heal(s(20), 1)
@@ -261,7 +262,9 @@ mod tests {
     #[test]
     fn a_violation_renders_with_the_history_around_it_and_the_replay_command() {
         let mut b = fenced();
-        b.power(s(50), "cp-3", Off);
+        b.intent(s(48), "ctl-1", "op-2")
+            .executed(s(49), "cp-1", "op-2", 2, "cp-3")
+            .power(s(50), "cp-3", Off);
         let history = b.build();
         let verdict = check(&history, &Params::default());
         let out = render(&history, &verdict, 7, "standalone");

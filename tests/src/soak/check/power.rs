@@ -2,34 +2,119 @@
 //! quorum-cut.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use super::timeline::{PowerChange, Sample, Timeline};
-use super::{Notes, Params, Rule, Violation, format_time, millis};
+use super::decision::{self, Behind};
+use super::timeline::{Decided, PowerChange, Sample, Timeline};
+use super::{Notes, Params, Rule, Violation, format_time, millis, seconds};
 use crate::soak::history::Power;
 
-/// Rule unjustified-power-off: a power-off of a host with no fault on it that afflicts the
-/// host, in place at that moment or ended at most `fault_grace` before. A fault that starts
-/// in the power-off's own millisecond counts (their order is unknown). A lying BMC's
-/// power-off counts like any other: it records what metalguard asked for, and asking was
-/// wrong unless the host had a fault; BMC faults themselves justify nothing.
-pub(super) fn find_unjustified_power_offs(index: &Timeline<'_>, params: &Params) -> Vec<Violation> {
-    let grace = millis(params.fault_grace);
-    power_offs(index)
-        .filter(|off| {
-            !index
-                .host_faults(off.host)
-                .any(|f| f.is_recent_at(off.t, grace))
-        })
-        .map(|off| Violation {
-            rule: Rule::UnjustifiedPowerOff,
-            t: off.t,
-            message: format!(
-                "{} was powered off with no host fault on it in place or ended within {} s before",
+/// Rule unjustified-power-off, judged by the decision behind each power-off (see
+/// [`decision`](super::decision)): the fence of the host executed last at or before it (at
+/// most `fault_grace` before) and the intent of that fence's op. The power-off is justified
+/// iff a fault that afflicts the host was in place when the intent was persisted or had
+/// ended at most `decision_grace` before: a controller that decides to fence a host from a
+/// stale view after it recovered is caught, however soon the fence then lands.
+///
+/// With no decision found (a person's fence, or a log line lost) the power-off is judged by
+/// itself instead, noted in `notes`: a fault that afflicts the host in place at that moment
+/// or ended at most `fault_grace` before (the time a fence takes from decision to BMC).
+///
+/// Either way a fault that starts in the judged moment's own millisecond counts (their
+/// order is unknown). A lying BMC's power-off counts like any other: it records what
+/// metalguard asked for, and asking was wrong unless the host had a fault; BMC faults
+/// themselves justify nothing.
+pub(super) fn find_unjustified_power_offs(
+    index: &Timeline<'_>,
+    params: &Params,
+    notes: &mut Notes,
+) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for off in power_offs(index) {
+        let behind = decision::find_decision(index, off, params.fault_grace);
+        if let Behind::Decided(decided) = &behind {
+            if decided
+                .iter()
+                .any(|d| was_afflicted(index, off.host, d.t, params.decision_grace))
+            {
+                continue;
+            }
+            if let Some(latest) = decided.last() {
+                violations.push(stale_decision(index, off, latest, params));
+            }
+            continue;
+        }
+        let why = behind.missing().unwrap_or_default();
+        notes.push((
+            off.t,
+            format!(
+                "power-off of {} at {}: the decision behind it could not be found ({why}); \
+                 judged by the faults at the power-off instead",
                 off.host,
-                params.fault_grace.as_secs()
+                format_time(off.t)
             ),
-        })
-        .collect()
+        ));
+        if !was_afflicted(index, off.host, off.t, params.fault_grace) {
+            violations.push(Violation {
+                rule: Rule::UnjustifiedPowerOff,
+                t: off.t,
+                message: format!(
+                    "{} was powered off with no host fault on it in place or ended within {} \
+                     before (no decision behind it found)",
+                    off.host,
+                    seconds(params.fault_grace)
+                ),
+            });
+        }
+    }
+    violations
+}
+
+/// Whether a fault that afflicts `host` was in place at `t` or ended at most `grace` before.
+fn was_afflicted(index: &Timeline<'_>, host: &str, t: u64, grace: Duration) -> bool {
+    index
+        .host_faults(host)
+        .any(|f| f.is_recent_at(t, millis(grace)))
+}
+
+/// The violation of a power-off decided with no fault on the host to justify it, naming
+/// the fault it was measured against: the one on the host that ended last before the
+/// decision.
+fn stale_decision(
+    index: &Timeline<'_>,
+    off: &PowerChange<'_>,
+    decided: &Decided<'_>,
+    params: &Params,
+) -> Violation {
+    let against = index
+        .host_faults(off.host)
+        .filter(|f| f.start <= decided.t)
+        .max_by_key(|f| (f.end, f.id))
+        .map_or_else(
+            || "no fault".to_owned(),
+            |f| match f.end {
+                Some(end) => format!(
+                    "fault {} ({}), ended at {}",
+                    f.id,
+                    f.kind.name(),
+                    format_time(end)
+                ),
+                None => format!("fault {} ({}), in place", f.id, f.kind.name()),
+            },
+        );
+    Violation {
+        rule: Rule::UnjustifiedPowerOff,
+        t: off.t,
+        message: format!(
+            "{} was powered off for op {} that {} decided at {}, with no host fault on it in \
+             place then or ended within {} before (measured against {against})",
+            off.host,
+            decided.op,
+            decided.controller,
+            format_time(decided.t),
+            seconds(params.decision_grace)
+        ),
+    }
 }
 
 /// Rule two-hosts-off: each time the number of hosts whose last recorded state is off

@@ -1,7 +1,8 @@
 //! Properties of the checker on generated histories: it never panics on any history; a
 //! history of safe behaviour (each fault on one host at a time, only the faulted host fenced,
-//! quorum kept, terms only growing, every host back) breaks no rule, and one more power-off of
-//! a quiet host breaks exactly unjustified-power-off; and interleaving the entries of one
+//! each fence decided during the fault or just after it ended, quorum kept, terms only
+//! growing, every host back) breaks no rule, and one more power-off of a quiet host, decided
+//! or not, breaks exactly unjustified-power-off; and interleaving the entries of one
 //! millisecond from different sources differently does not change the verdict.
 
 use std::collections::BTreeMap;
@@ -79,6 +80,11 @@ fn event() -> impl Strategy<Value = Event> {
             seen,
         }),
         (name(), 0u64..5).prop_map(|(agent, term)| Event::TermSeen { agent, term }),
+        (name(), word(), word()).prop_map(|(controller, op, reason)| Event::Intent {
+            controller,
+            op,
+            reason
+        }),
         (name(), any::<u64>()).prop_map(|(controller, term)| Event::Leader { controller, term }),
         (proptest::collection::vec(member, 0..7), any::<bool>())
             .prop_map(|(members, quorum)| Event::EtcdSample { members, quorum }),
@@ -135,9 +141,10 @@ fn params() -> impl Strategy<Value = Params> {
             any::<u64>().prop_map(Duration::from_secs)
         ]
     };
-    (d(), d(), d(), d()).prop_map(
-        |(fault_grace, quorum_grace, recovery_bound, sample_window)| Params {
+    (d(), d(), d(), d(), d()).prop_map(
+        |(fault_grace, decision_grace, quorum_grace, recovery_bound, sample_window)| Params {
             fault_grace,
+            decision_grace,
             quorum_grace,
             recovery_bound,
             sample_window,
@@ -189,18 +196,32 @@ fn interleave(history: &[Entry], seed: u64) -> Vec<Entry> {
 }
 
 /// One fault of the safe history: on which host, what, when, for how long, and whether the
-/// host is fenced (and when, within the fault).
+/// host is fenced.
 #[derive(Debug, Clone)]
 struct Episode {
     host: usize,
     kind: FaultKind,
     gap_ms: u64,
     lasts_ms: u64,
-    fence_at_ms: Option<u64>,
+    fence: Option<Fence>,
     boot_ms: u64,
     new_term: bool,
     sideshow: Option<FaultKind>,
 }
+
+/// A fence of the faulted host: decided (its intent persisted) during the fault or at most
+/// the decision grace after it ended, then executed by an agent and landing on the BMC
+/// within the fault grace of the decision. Times in milliseconds: the decision's after the
+/// fault's start, the execution's after the decision, the power-off's after the execution.
+#[derive(Debug, Clone)]
+struct Fence {
+    decided: u64,
+    executed_after: u64,
+    lands_after: u64,
+}
+
+/// The default decision grace, in milliseconds.
+const DECISION_GRACE_MS: u64 = 5_000;
 
 fn episode() -> impl Strategy<Value = Episode> {
     let afflicting = select(vec![
@@ -221,7 +242,7 @@ fn episode() -> impl Strategy<Value = Episode> {
         afflicting,
         1u64..30_000,
         1u64..40_000,
-        proptest::option::of(0u64..40_000),
+        proptest::option::of((0u64..50_000, 0u64..=10_000, 0u64..=13_000)),
         1u64..60_000,
         any::<bool>(),
         proptest::option::of(harmless),
@@ -232,7 +253,11 @@ fn episode() -> impl Strategy<Value = Episode> {
                 kind,
                 gap_ms,
                 lasts_ms,
-                fence_at_ms: fence.map(|f| f % lasts_ms),
+                fence: fence.map(|(decided, executed, lands)| Fence {
+                    decided: decided % (lasts_ms + DECISION_GRACE_MS + 1),
+                    executed_after: executed,
+                    lands_after: lands,
+                }),
                 boot_ms,
                 new_term,
                 sideshow,
@@ -244,14 +269,14 @@ fn episode() -> impl Strategy<Value = Episode> {
 fn safe_history(episodes: &[Episode]) -> (Vec<Entry>, u64) {
     let mut b = HistoryBuilder::new();
     let mut away: Vec<(u64, u64, &str)> = Vec::new(); // a member away in [from, to)
-    let (mut t, mut term) = (0, 1);
-    b.leader(0, "ctl-1", term);
+    let (mut t, mut term, mut leader) = (0, 1, "ctl-1");
+    b.leader(0, leader, term);
     for (id, e) in (0u64..).step_by(2).zip(episodes) {
         let (host, neighbour) = (HOSTS[e.host], HOSTS[(e.host + 1) % 5]);
         let start = t + e.gap_ms;
         if e.new_term {
-            term += 1;
-            b.leader(start, "ctl-2", term)
+            (term, leader) = (term + 1, "ctl-2");
+            b.leader(start, leader, term)
                 .term_seen(start + 1, neighbour, term);
         }
         b.fault(start, id, e.kind, host).health(start, host, false);
@@ -263,24 +288,32 @@ fn safe_history(episodes: &[Episode]) -> (Vec<Entry>, u64) {
             b.fault(start, id + 1, side, target)
                 .heal(start + e.lasts_ms, id + 1);
         }
-        let back = if let Some(at) = e.fence_at_ms {
-            let off = start + at;
-            b.executed(off, neighbour, &format!("op-{id}"), term, host)
-                .power(off, host, Power::Off)
-                .push(
+        let back = if let Some(f) = &e.fence {
+            let (healed, decided) = (start + e.lasts_ms, start + f.decided);
+            let executed = decided + f.executed_after;
+            let off = executed + f.lands_after;
+            let op = format!("remediation/{host}/{id}/power-off");
+            b.intent(decided, leader, &op)
+                .executed(executed, neighbour, &op, term, host)
+                .power(off, host, Power::Off);
+            if off < healed {
+                b.push(
                     off,
                     Event::FaultEnd {
                         id,
                         how: "power-cycled".into(),
                     },
-                )
-                .power(off + e.boot_ms, host, Power::On);
+                );
+            } else {
+                b.heal(healed, id);
+            }
+            b.power(off + e.boot_ms, host, Power::On);
             off + e.boot_ms * 2
         } else {
             b.heal(start + e.lasts_ms, id);
             start + e.lasts_ms + e.boot_ms
         };
-        if e.kind.takes_member() || e.fence_at_ms.is_some() {
+        if e.kind.takes_member() || e.fence.is_some() {
             away.push((start, back, host));
         }
         b.health(back, host, true);
@@ -327,16 +360,33 @@ proptest! {
         episodes in proptest::collection::vec(episode(), 0..10),
         host in select(HOSTS.to_vec()),
         before_end_ms in 0u64..20_000,
+        decided in any::<bool>(),
     ) {
         let (mut history, end) = safe_history(&episodes);
-        // Every fault is over by `end - 60 s`, more than the grace before this.
+        // Every fault is over by `end - 60 s`, more than either grace before this.
         let off = end - before_end_ms;
-        let at = history.partition_point(|e| e.t <= off);
-        history.insert(at, Entry { t: off, event: Event::Power { host: host.into(), state: Power::Off } });
+        let mut extra = vec![Entry { t: off, event: Event::Power { host: host.into(), state: Power::Off } }];
+        if decided {
+            let op = "remediation/stale/1/power-off";
+            extra.push(Entry { t: off - 2000, event: Event::Intent {
+                controller: "ctl-1".into(), op: op.into(), reason: "stale view".into() } });
+            extra.push(Entry { t: off - 1000, event: Event::CommandExecuted {
+                // No term of the safe history is newer: one per episode at most.
+                agent: "cp-1".into(), op: op.into(), command: "fence".into(), term: 1 + episodes.len() as u64,
+                target: Some(host.into()), action: Some("off".into()) } });
+        }
+        for entry in extra {
+            let at = history.partition_point(|e| e.t <= entry.t);
+            history.insert(at, entry);
+        }
         let verdict = check(&history, &Params::default());
         let rules: Vec<Rule> = verdict.violations.iter().map(|v| v.rule).collect();
         prop_assert_eq!(rules, vec![Rule::UnjustifiedPowerOff]);
-        prop_assert!(verdict.violations[0].message.starts_with(host), "{:?}", verdict.violations);
+        let message = &verdict.violations[0].message;
+        prop_assert!(message.starts_with(host), "{}", message);
+        prop_assert_eq!(message.contains("decided at"), decided, "{}", message);
+        let noted = verdict.unjudged.iter().any(|n| n.contains("could not be found"));
+        prop_assert_eq!(noted, !decided, "{:?}", verdict.unjudged);
     }
 
     #[test]

@@ -128,6 +128,18 @@ impl HistoryBuilder {
         )
     }
 
+    /// `controller` persists the intent of op `op` (a decision).
+    pub fn intent(&mut self, t: u64, controller: &str, op: &str) -> &mut Self {
+        self.push(
+            t,
+            Event::Intent {
+                controller: controller.into(),
+                op: op.into(),
+                reason: "host unhealthy".into(),
+            },
+        )
+    }
+
     /// A fence of `target` (`off`) executed by `agent` in `term`.
     pub fn executed(
         &mut self,

@@ -1,8 +1,10 @@
 //! Each rule on a small history that breaks it and on a near-identical one that does not
-//! ([`fences`]: the power rules; [`cluster`]: quorum, terms, recovery, writes), and how the
-//! checker reads a history as a whole (here).
+//! ([`fences`]: the power rules, power-offs with no decision behind them; [`decisions`]:
+//! power-offs judged by their decision; [`cluster`]: quorum, terms, recovery, writes), and
+//! how the checker reads a history as a whole (here).
 
 mod cluster;
+mod decisions;
 mod fences;
 
 use super::testkit::{HistoryBuilder, s};
@@ -30,11 +32,14 @@ fn found(b: &HistoryBuilder, rule: Rule) -> Vec<String> {
         .collect()
 }
 
-/// A hang of `host` from 10 s, fenced at 20 s (the hang ends with it), back on and
-/// healthy at 60 s.
+/// A hang of `host` from 10 s, decided to be fenced at 18 s, the fence executed by cp-1 at
+/// 19 s and landing at 20 s (the hang ends with it), back on and healthy at 60 s.
 fn fenced_hang(b: &mut HistoryBuilder, host: &str) {
+    let op = format!("remediation/{host}/1/power-off");
     b.fault(s(10), 1, HostHang, host)
         .health(s(10), host, false)
+        .intent(s(18), "ctl-1", &op)
+        .executed(s(19), "cp-1", &op, 1, host)
         .power(s(20), host, Off)
         .push(
             s(20),

@@ -1,5 +1,6 @@
-//! The history indexed once for the rules: each fault as a span, power changes, etcd samples,
-//! host health changes and the remediations handed to a person.
+//! The history indexed once for the rules: each fault as a span, power changes, the fences
+//! that power a host off and the intents behind them, etcd samples, host health changes and
+//! the remediations handed to a person.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +35,23 @@ pub(super) struct PowerChange<'h> {
     pub t: u64,
     pub host: &'h str,
     pub state: Power,
+}
+
+/// A fence that powers its target off (action `off` or `reboot`), as an agent executed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FenceExecuted<'h> {
+    pub t: u64,
+    pub agent: &'h str,
+    pub op: &'h str,
+    pub target: &'h str,
+}
+
+/// An intent a controller persisted: when a controller decided an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Decided<'h> {
+    pub t: u64,
+    pub controller: &'h str,
+    pub op: &'h str,
 }
 
 /// One etcd sample.
@@ -76,6 +94,10 @@ pub(super) struct Timeline<'h> {
     pub faults: Vec<FaultSpan<'h>>,
     /// Every power change, in time order.
     pub powers: Vec<PowerChange<'h>>,
+    /// Every fence that powers a host off, in time order.
+    pub fences: Vec<FenceExecuted<'h>>,
+    /// Every intent, by operation id, each op's in time order.
+    pub intents: BTreeMap<&'h str, Vec<Decided<'h>>>,
     /// Every etcd sample, in time order.
     pub samples: Vec<Sample<'h>>,
     /// Each host's health changes, in time order.
@@ -136,6 +158,27 @@ impl<'h> Timeline<'h> {
                     host,
                     state: *state,
                 }),
+                Event::CommandExecuted {
+                    agent,
+                    op,
+                    target: Some(target),
+                    action: Some(action),
+                    ..
+                } if action == "off" || action == "reboot" => {
+                    index.fences.push(FenceExecuted {
+                        t,
+                        agent,
+                        op,
+                        target,
+                    });
+                }
+                Event::Intent { controller, op, .. } => {
+                    index
+                        .intents
+                        .entry(op)
+                        .or_default()
+                        .push(Decided { t, controller, op });
+                }
                 Event::EtcdSample { members, quorum } => index.samples.push(Sample {
                     t,
                     members,

@@ -1,4 +1,5 @@
-//! The fence rules: unjustified-power-off, two-hosts-off and quorum-cut.
+//! The fence rules: unjustified-power-off (here for power-offs with no decision behind them,
+//! judged by themselves; see [`decisions`](super::decisions)), two-hosts-off and quorum-cut.
 
 use super::{HistoryBuilder, found, quiet, s, verdict};
 use crate::soak::check::{Params, Rule};
