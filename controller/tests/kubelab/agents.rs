@@ -92,6 +92,8 @@ struct Shared {
     last_status: BTreeMap<String, u16>,
     holds: BTreeMap<String, Vec<Hold>>,
     released: BTreeMap<String, Vec<String>>,
+    /// How often each host came back (its boot ID changes with each, as a kernel's does).
+    boots: BTreeMap<String, u64>,
 }
 
 /// The agents of a lab's hosts.
@@ -127,7 +129,7 @@ impl Agents {
                 let mut sequence = 0;
                 while !quit.load(Ordering::SeqCst) {
                     sequence += 1;
-                    let (live, voter, cluster, holds) = {
+                    let (live, voter, cluster, holds, boots) = {
                         let s = shared.lock().unwrap();
                         let cluster = s.etcd_cluster.clone();
                         (
@@ -135,11 +137,14 @@ impl Agents {
                             s.etcd_voter.clone(),
                             cluster,
                             s.holds.clone(),
+                            s.boots.clone(),
                         )
                     };
                     for host in &live {
                         let client = &clients[host];
                         let mut report = report(host, sequence, &all, voter.as_deref());
+                        report.boot_id =
+                            format!("{host}-boot-{}", boots.get(host).copied().unwrap_or(0));
                         if let Some(cluster) = &cluster {
                             report.etcd = cluster.view_of(host);
                         }
@@ -187,11 +192,14 @@ impl Agents {
         }
     }
 
-    /// Stops (`false`) or resumes (`true`) `host`'s agent (its host is off / back).
+    /// Stops (`false`) or resumes (`true`) `host`'s agent (its host is off / back: back, it
+    /// reports a new boot ID, as a host that booted does).
     pub fn set_live(&self, host: &str, live: bool) {
         let mut s = self.shared.lock().unwrap();
         if live {
-            s.live.insert(host.to_owned());
+            if s.live.insert(host.to_owned()) {
+                *s.boots.entry(host.to_owned()).or_default() += 1;
+            }
         } else {
             s.live.remove(host);
         }
