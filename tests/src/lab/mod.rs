@@ -1358,7 +1358,8 @@ fn first_line_of_error(text: &str) -> String {
         .collect()
 }
 
-fn strip_ansi(text: &str) -> String {
+/// `text` without ANSI colour sequences (the processes' logs, read back).
+pub fn strip_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut chars = text.chars();
     while let Some(c) = chars.next() {

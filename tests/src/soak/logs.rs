@@ -11,6 +11,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 
 use super::history::Event;
+pub use crate::lab::strip_ansi;
 
 /// Follows one log file: each call returns the whole lines written since the last.
 #[derive(Debug)]
@@ -207,24 +208,6 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let doy = (153 * mp + 2) / 5 + d - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
-}
-
-/// `text` without ANSI colour sequences.
-pub fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

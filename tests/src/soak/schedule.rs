@@ -119,6 +119,24 @@ impl Busy {
     }
 }
 
+/// A host with no fault planned between `at` and `end`, drawn at random; `None` when every
+/// host is busy then.
+fn pick_free(
+    rng: &mut Rng,
+    shape: &Shape,
+    busy: &[Busy],
+    at: Duration,
+    end: Duration,
+) -> Option<usize> {
+    let free: Vec<usize> = (0..shape.hosts)
+        .filter(|&h| busy[h].free(at, end))
+        .collect();
+    if free.is_empty() {
+        return None;
+    }
+    Some(free[usize::try_from(rng.below(free.len() as u64)).unwrap_or(0)])
+}
+
 /// Plans the faults of a soak of `shape` from `seed`, in time order.
 pub fn plan(seed: u64, shape: &Shape) -> Vec<Planned> {
     let mut rng = Rng::new(seed);
@@ -229,13 +247,9 @@ fn plan_member_fault(
         if taken >= tolerance {
             return;
         }
-        let free: Vec<usize> = (0..shape.hosts)
-            .filter(|&h| busy[h].free(at, end))
-            .collect();
-        if free.is_empty() {
+        let Some(host) = pick_free(rng, shape, busy, at, end) else {
             return;
-        }
-        let host = free[usize::try_from(rng.below(free.len() as u64)).unwrap_or(0)];
+        };
         busy[host].windows.push((at, end, true));
         out.push(Planned {
             at,
@@ -291,13 +305,9 @@ fn plan_agent_blip(
     {
         return;
     }
-    let free: Vec<usize> = (0..shape.hosts)
-        .filter(|&h| busy[h].free(at, end))
-        .collect();
-    if free.is_empty() {
+    let Some(host) = pick_free(rng, shape, busy, at, end) else {
         return;
-    }
-    let host = free[usize::try_from(rng.below(free.len() as u64)).unwrap_or(0)];
+    };
     busy[host].windows.push((at, end, long));
     out.push(Planned {
         at,
@@ -322,13 +332,9 @@ fn plan_bmc_fault(
     };
     let lasts = rng.between(Duration::from_secs(5), Duration::from_secs(30));
     let end = at + lasts;
-    let free: Vec<usize> = (0..shape.hosts)
-        .filter(|&h| busy[h].free(at, end))
-        .collect();
-    if free.is_empty() {
+    let Some(host) = pick_free(rng, shape, busy, at, end) else {
         return;
-    }
-    let host = free[usize::try_from(rng.below(free.len() as u64)).unwrap_or(0)];
+    };
     busy[host].windows.push((at, end, false));
     out.push(Planned {
         at,
