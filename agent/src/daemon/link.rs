@@ -359,19 +359,30 @@ impl Link {
 
 /// Capped exponential backoff.
 #[derive(Debug)]
-struct Backoff(Duration);
+struct Backoff {
+    next: Duration,
+    max: Duration,
+}
 
 impl Backoff {
     fn new() -> Self {
-        Self(BACKOFF_START)
+        Self::up_to(BACKOFF_MAX)
+    }
+    /// A backoff that never waits longer than `max` (nor [`BACKOFF_MAX`]).
+    fn up_to(max: Duration) -> Self {
+        let max = max.clamp(BACKOFF_START, BACKOFF_MAX);
+        Self {
+            next: BACKOFF_START,
+            max,
+        }
     }
     fn next(&mut self) -> Duration {
-        let now = self.0;
-        self.0 = (self.0 * 2).min(BACKOFF_MAX);
+        let now = self.next;
+        self.next = (self.next * 2).min(self.max);
         now
     }
     fn reset(&mut self) {
-        self.0 = BACKOFF_START;
+        self.next = BACKOFF_START;
     }
 }
 
@@ -463,7 +474,12 @@ pub async fn report_loop(
     let mut reach_changes = reach.subscribe();
     let mut sequence = 0u64;
     let boot = boot_id(&link.boot_id_file);
-    let mut backoff = Backoff::new();
+    // The report is the heartbeat: failures never make it rarer than the report interval
+    // (unless the controller asks, 429). A controller that could not answer for a while (its
+    // store or API server stalled, a takeover) must hear from every agent within one interval
+    // of answering again (with a backoff doubling to 5 s, retries after a 5 s API server
+    // freeze could come 4 s apart, close to the lab's 5 s heartbeat timeout).
+    let mut backoff = Backoff::up_to(link.config.report_interval);
     let mut holds_problem = String::new();
     let mut reported_cut = false;
     loop {
@@ -730,5 +746,20 @@ mod tests {
         let mut backoff = Backoff::new();
         assert_eq!(wait_after(&unavailable, &mut backoff), BACKOFF_START);
         assert_eq!(wait_after(&unavailable, &mut backoff), BACKOFF_START * 2);
+    }
+
+    #[test]
+    fn the_heartbeat_backoff_never_waits_longer_than_the_report_interval() {
+        let mut heartbeat = Backoff::up_to(Duration::from_secs(1));
+        let waits: Vec<Duration> = (0..6).map(|_| heartbeat.next()).collect();
+        assert_eq!(
+            waits,
+            [250, 500, 1000, 1000, 1000, 1000].map(Duration::from_millis)
+        );
+        // Bounded both ways: a long interval keeps the usual cap, a tiny one the first step.
+        let mut slow = Backoff::up_to(Duration::from_secs(60));
+        assert_eq!((0..8).map(|_| slow.next()).max(), Some(BACKOFF_MAX));
+        let mut fast = Backoff::up_to(Duration::from_millis(10));
+        assert_eq!((fast.next(), fast.next()), (BACKOFF_START, BACKOFF_START));
     }
 }

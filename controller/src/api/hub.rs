@@ -106,6 +106,8 @@ pub struct Hub {
     certificates: Mutex<BTreeMap<String, i64>>,
     /// Error answers of the agent API so far, by HTTP status.
     refusals: Mutex<BTreeMap<u16, u64>>,
+    /// Reports accepted before the loop handled them, and spans this process was deaf.
+    hearing: Mutex<crate::control::hearing::Hearing>,
 }
 
 /// The hosts whose certificates may use the agent API.
@@ -132,6 +134,7 @@ impl Hub {
             revoked: Revoked::default(),
             certificates: Mutex::new(BTreeMap::new()),
             refusals: Mutex::new(BTreeMap::new()),
+            hearing: Mutex::new(crate::control::hearing::Hearing::default()),
         };
         (Arc::new(hub), rx)
     }
@@ -370,6 +373,27 @@ impl Hub {
             .filter(|(host, _)| hosts.contains(*host))
             .map(|(host, end)| (host.clone(), *end))
             .collect()
+    }
+
+    fn hearing(&self) -> MutexGuard<'_, crate::control::hearing::Hearing> {
+        self.hearing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that the agent API accepted `host`'s report at `at` (before the loop gets it).
+    pub fn report_accepted(&self, host: &str, at: Timestamp) {
+        self.hearing().accepted(host, at);
+    }
+
+    /// Records that this process could not hear from `from` to `to` (its runtime stalled).
+    pub fn deaf(&self, from: Timestamp, to: Timestamp) {
+        self.hearing().deaf(from, to);
+    }
+
+    /// A copy of what was heard, for a plan round.
+    pub fn heard(&self) -> crate::control::hearing::Hearing {
+        self.hearing().clone()
     }
 
     /// Hands an inbound message to the loop; false when the loop has stopped.

@@ -189,6 +189,7 @@ async fn report(
         );
     }
     let received_at = now();
+    hub.report_accepted(&host, received_at);
     let ack = ReportAck {
         sequence: report.sequence,
         received_at,

@@ -43,6 +43,9 @@ pub struct Metrics {
     /// Learners seen voting that no promotion operation of metalguard's promoted (kubeadm's
     /// learner mode or a person did).
     pub promotions_outside: Counter,
+    /// Times this process did not run for [`crate::control::hearing::STALL_AFTER`] or more
+    /// (agents' silence is not counted over them).
+    pub stalls: Counter,
     /// Agents with a long-poll open.
     pub agents_connected: Gauge,
     /// BMCs configured to accept any certificate.
@@ -116,6 +119,7 @@ impl Metrics {
             remediations_finished: Family::default(),
             promotions: Family::default(),
             promotions_outside: Counter::default(),
+            stalls: Counter::default(),
             promotion_seconds: Histogram::new(exponential_buckets(0.1, 2.0, 12)),
             agents_connected: Gauge::default(),
             insecure_bmcs: Gauge::default(),
@@ -202,6 +206,11 @@ impl Metrics {
             "promotions_outside",
             "Learners seen voting that no metalguard promotion promoted",
             metrics.promotions_outside.clone(),
+        );
+        registry.register(
+            "stalls",
+            "Times the controller process did not run for a second or more (agents' silence is not counted over them)",
+            metrics.stalls.clone(),
         );
         registry.register(
             "promotion_duration_seconds",

@@ -50,6 +50,29 @@ const LAPSE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 /// Sets the leader gauge to 0 as soon as the hub's leadership lapses by itself: the loop
 /// notices only when its current store call returns (up to three etcd timeouts later), and an
 /// operator's dashboard must not show a leader that answers 503.
+/// Notes every span in which this process did not run (a look every
+/// [`hearing::STALL_TICK`] that comes [`hearing::STALL_AFTER`] late or later) as deaf: agents'
+/// reports could not be accepted meanwhile, so that time is not their silence
+/// ([`crate::control::hearing`]).
+async fn watch_stalls(hub: Arc<Hub>, metrics: Arc<Metrics>) {
+    use crate::control::hearing;
+    let mut looked = (tokio::time::Instant::now(), now());
+    loop {
+        tokio::time::sleep(hearing::STALL_TICK).await;
+        let late = looked.0.elapsed().saturating_sub(hearing::STALL_TICK);
+        let at = now();
+        if late >= hearing::STALL_AFTER {
+            hub.deaf(looked.1, at);
+            metrics.stalls.inc();
+            tracing::warn!(
+                stalled_ms = u64::try_from(late.as_millis()).unwrap_or(u64::MAX),
+                "this process did not run for a while: agents' silence is not counted over it"
+            );
+        }
+        looked = (tokio::time::Instant::now(), at);
+    }
+}
+
 async fn gauge_lapses(hub: Arc<Hub>, metrics: Arc<Metrics>) {
     let mut tick = tokio::time::interval(LAPSE_CHECK);
     loop {
@@ -190,6 +213,7 @@ impl<B: Backend> Controller<B> {
         let (wake_tx, mut wake) = mpsc::channel(16);
         let watch = tokio::spawn(self.backend.watch_inputs(wake_tx));
         let lapse = tokio::spawn(gauge_lapses(self.hub.clone(), self.metrics.clone()));
+        let stalls = tokio::spawn(watch_stalls(self.hub.clone(), self.metrics.clone()));
         loop {
             let mut ticked = false;
             tokio::select! {
@@ -243,6 +267,7 @@ impl<B: Backend> Controller<B> {
         }
         watch.abort();
         lapse.abort();
+        stalls.abort();
         self.set_leader(false);
         self.backend.resign().await;
     }

@@ -16,6 +16,7 @@ use metalguard_api::snapshot::{
 const READY: &str = "Ready";
 
 use crate::backend::State;
+use crate::control::hearing::Hearing;
 use crate::inventory::Inventory;
 
 /// The snapshot the core plans from. `known_since` (when this controller started leading)
@@ -27,7 +28,13 @@ pub fn build(
     known_since: Timestamp,
     now: Timestamp,
 ) -> Snapshot {
-    build_with_views_since(inventory, state, known_since, now, Timestamp(0))
+    build_with_views_since(
+        inventory,
+        state,
+        (known_since, &Hearing::default()),
+        now,
+        Timestamp(0),
+    )
 }
 
 /// The leader's snapshot for a plan round: as [`build`], and the agents' etcd views count for
@@ -35,20 +42,22 @@ pub fn build(
 /// before is history: reports sent while nobody led were lost, and one taken before a stall
 /// (a frozen member still healthy in it) must not speak for the cluster after it. Until fresh
 /// views arrive (one report interval), control-plane remediation waits. `status`, `retire
-/// --cancel` and the notes read the stored views as they are ([`build`]).
+/// --cancel` and the notes read the stored views as they are ([`build`]). An agent's silence
+/// is judged on `hearing` too: reports accepted but not yet handled, and time this process
+/// could not hear ([`Hearing`]).
 pub fn build_for_round(
     inventory: &Inventory,
     state: &State,
-    known_since: Timestamp,
+    (known_since, hearing): (Timestamp, &Hearing),
     now: Timestamp,
 ) -> Snapshot {
-    build_with_views_since(inventory, state, known_since, now, known_since)
+    build_with_views_since(inventory, state, (known_since, hearing), now, known_since)
 }
 
 fn build_with_views_since(
     inventory: &Inventory,
     state: &State,
-    known_since: Timestamp,
+    (known_since, hearing): (Timestamp, &Hearing),
     now: Timestamp,
     views_since: Timestamp,
 ) -> Snapshot {
@@ -101,7 +110,11 @@ fn build_with_views_since(
                     // A new leader cannot know whether agents reported while nobody led (or
                     // while the store could not record): each gets one heartbeat timeout from
                     // the moment this controller started leading.
-                    last_heartbeat: s.received_at.max(known_since),
+                    last_heartbeat: hearing.last_heard(
+                        &h.name,
+                        s.received_at.max(known_since),
+                        now,
+                    ),
                     can_fence: true,
                     bmc_reachable: s
                         .report
@@ -349,10 +362,23 @@ role = "control-plane"
         // A leadership that began after the view was received does not count it...
         let later = received.after(std::time::Duration::from_secs(1));
         let now = received.after(std::time::Duration::from_secs(2));
-        assert_eq!(members(&build_for_round(&inventory, &state, later, now)), 0);
+        assert_eq!(
+            members(&build_for_round(
+                &inventory,
+                &state,
+                (later, &Hearing::default()),
+                now
+            )),
+            0
+        );
         // ...one that began before does.
         assert_eq!(
-            members(&build_for_round(&inventory, &state, received, now)),
+            members(&build_for_round(
+                &inventory,
+                &state,
+                (received, &Hearing::default()),
+                now
+            )),
             2
         );
     }
@@ -377,12 +403,22 @@ role = "control-plane"
         let at = |secs| received.after(Duration::from_secs(secs));
         // Fresh: cp-1's view lists both members.
         assert_eq!(
-            members(&build_for_round(&inventory, &state, received, at(5))),
+            members(&build_for_round(
+                &inventory,
+                &state,
+                (received, &Hearing::default()),
+                at(5)
+            )),
             2
         );
         // cp-1's agent silent past its 5 s: its view is history, though younger than 60 s.
         assert_eq!(
-            members(&build_for_round(&inventory, &state, received, at(6))),
+            members(&build_for_round(
+                &inventory,
+                &state,
+                (received, &Hearing::default()),
+                at(6)
+            )),
             0
         );
         // The same view from cp-2, which no check bounds below the executor timeout, counts
@@ -390,13 +426,56 @@ role = "control-plane"
         state.reports.clear();
         state.reports.insert("cp-2".into(), report("cp-2", &both));
         assert_eq!(
-            members(&build_for_round(&inventory, &state, received, at(60))),
+            members(&build_for_round(
+                &inventory,
+                &state,
+                (received, &Hearing::default()),
+                at(60)
+            )),
             2
         );
         assert_eq!(
-            members(&build_for_round(&inventory, &state, received, at(61))),
+            members(&build_for_round(
+                &inventory,
+                &state,
+                (received, &Hearing::default()),
+                at(61)
+            )),
             0
         );
+    }
+
+    #[test]
+    fn a_report_accepted_but_not_yet_handled_and_deaf_time_are_not_silence_yet_views_stay_as_old_as_their_reports()
+     {
+        use std::time::Duration;
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+        let mut state = State::default();
+        let both = [(1, "cp-1", false), (2, "cp-2", false)];
+        state.reports.insert("cp-1".into(), report("cp-1", &both));
+        let received = state.reports["cp-1"].received_at;
+        let at = |secs| received.after(Duration::from_secs(secs));
+        let heartbeat = |s: &Snapshot| {
+            s.hosts
+                .iter()
+                .find(|h| h.name == "cp-1")
+                .and_then(|h| h.agent.as_ref())
+                .map(|a| a.last_heartbeat)
+        };
+        let members = |s: &Snapshot| s.hosts.iter().filter(|h| h.etcd.is_some()).count();
+        let mut hearing = Hearing::default();
+        let plain = build_for_round(&inventory, &state, (received, &hearing), at(70));
+        assert_eq!(heartbeat(&plain), Some(received));
+        // Its next report was accepted at 69 s and waits in the inbox: cp-1 is not silent...
+        hearing.accepted("cp-1", at(69));
+        let heard = build_for_round(&inventory, &state, (received, &hearing), at(70));
+        assert_eq!(heartbeat(&heard), Some(at(69)));
+        // ...but the view the quorum guard counts is still the handled one (70 s old: out).
+        assert_eq!(members(&heard), 0);
+        // This process could not hear from 69 s to 70 s: that second is not cp-1's silence.
+        hearing.deaf(at(69), at(70));
+        let deaf = build_for_round(&inventory, &state, (received, &hearing), at(71));
+        assert_eq!(heartbeat(&deaf), Some(at(70)));
     }
 
     #[test]

@@ -104,8 +104,13 @@ impl<B: Backend> Controller<B> {
         let at = now();
         let started = tokio::time::Instant::now();
         let known_since = self.leader_since.unwrap_or(at);
-        let snapshot =
-            crate::control::snapshot::build_for_round(&self.inventory, state, known_since, at);
+        let hearing = self.hub.heard();
+        let snapshot = crate::control::snapshot::build_for_round(
+            &self.inventory,
+            state,
+            (known_since, &hearing),
+            at,
+        );
         let built = started.elapsed();
         let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
         let planned = started.elapsed();
