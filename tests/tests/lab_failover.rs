@@ -97,3 +97,63 @@ fn agents_reach_a_new_leader_in_time_when_the_old_one_is_paused_and_no_healthy_h
         lab.logs()
     );
 }
+
+#[test]
+fn an_agent_started_while_the_leader_is_paused_asks_the_next_leader_again_instead_of_waiting_out_the_paused_one()
+ {
+    // Found by the Kubernetes soak: an agent restarted while the leader was paused; its first
+    // controller answered 503 (not leading yet), it then waited a whole request timeout on
+    // the paused one, twice, and the new leader fenced its healthy host for silence.
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.controllers = 2;
+    options.timings.agent_request_timeout = Some(Duration::from_secs(10));
+    let heartbeat = options.timings.heartbeat_timeout;
+    let mut lab = labrun::start(options);
+    lab.wait_all_healthy(Duration::from_secs(60)).unwrap();
+    let lease = lab.leader_lease();
+    // The second replica must lead, so that an agent's first choice (the first URL) is the
+    // one that does not lead yet when the leader pauses.
+    let (first, term, _) = leader(&lab).expect("a replica leads");
+    if first == 0 {
+        lab.kill_controller_in(0);
+        lab.wait_for(
+            "the second replica leading",
+            lease * 4 + Duration::from_secs(10),
+            |lab| Ok(leader(lab).is_some_and(|(slot, t, _)| slot == 1 && t > term)),
+        )
+        .unwrap();
+        lab.start_controller_in(0).unwrap();
+        lab.wait_all_healthy(Duration::from_secs(60)).unwrap();
+    }
+    let (_, paused_term, _) = leader(&lab).unwrap();
+    let since = unix_ms();
+    lab.freeze_controller(1).unwrap();
+    lab.kill_agent(0);
+    lab.restart_agent(0).unwrap();
+    lab.wait_for(
+        "the first replica leading in a newer term",
+        lease * 4 + Duration::from_secs(10),
+        |lab| Ok(leader(lab).is_some_and(|(slot, t, _)| slot == 0 && t > paused_term)),
+    )
+    .unwrap();
+    lab.idle(heartbeat + Duration::from_secs(12)).unwrap();
+    lab.thaw_controller(1).unwrap();
+    lab.idle(Duration::from_secs(3)).unwrap();
+
+    let (_, new_term, began) = leader(&lab).unwrap();
+    let after = term_seen_at(&lab, 0, new_term).map(|at| at.saturating_sub(began));
+    assert!(
+        after.is_some_and(|ms| ms < u64::try_from(heartbeat.as_millis()).unwrap()),
+        "the restarted agent reached the new leader (term {new_term}) {after:?} ms after it began, not within the heartbeat timeout ({heartbeat:?})\n--- logs\n{}",
+        lab.logs()
+    );
+    let offs: Vec<usize> = (0..lab.hosts().len())
+        .map(|i| lab.power_offs_since(i, since).unwrap())
+        .collect();
+    assert!(
+        offs.iter().all(|&n| n == 0),
+        "healthy hosts were powered off while the leader was paused (per host: {offs:?})\n--- timeline\n{}\n--- logs\n{}",
+        lab.timeline.render(),
+        lab.logs()
+    );
+}

@@ -71,13 +71,16 @@ pub enum LinkError {
     /// No controller URL is configured.
     #[error("no controller URL is configured")]
     NoController,
+    /// No controller gave an answer in time (each attempt still waiting).
+    #[error("no controller answered within {0:?}")]
+    NoAnswer(Duration),
 }
 
 impl LinkError {
     /// Whether another controller may answer: this one is unreachable or not the leader.
     fn try_another(&self) -> bool {
         match self {
-            LinkError::Transport(_) | LinkError::NoController => true,
+            LinkError::Transport(_) | LinkError::NoController | LinkError::NoAnswer(_) => true,
             LinkError::Status { status, .. } => *status == reqwest::StatusCode::SERVICE_UNAVAILABLE,
             // The leader answered: another controller would only answer 503.
             LinkError::Throttled { .. } => false,
@@ -228,13 +231,19 @@ impl Link {
         .await
     }
 
-    /// As [`Link::call`], but when the current controller has not answered within
-    /// [`HEDGE_AFTER`] the others are tried too, in order, while its answer is still awaited;
-    /// the first final answer wins, and the controller that gave it becomes the current one.
+    /// As [`Link::call`], but no controller that hangs holds the call: when no final answer
+    /// has come within [`HEDGE_AFTER`], the next controller in order is asked too (the current
+    /// one first, then the others, then the current one again), each attempt with its own
+    /// timeout, until one gives a final answer or `timeout` has passed since the call began.
+    /// An attempt refused at once (503: not the leader) moves on to the next controller at
+    /// once, once per controller; after that, one new attempt per [`HEDGE_AFTER`]. The first
+    /// final answer wins, and the controller that gave it becomes the current one.
     ///
-    /// Found by the nemesis soak: the leader paused, another took over, and an agent kept
-    /// sending its report to the paused one first, losing a request timeout (5 s) per try;
-    /// the new leader heard nothing for longer than the lab's 5 s heartbeat timeout and fenced
+    /// Found by the nemesis soak, twice: the leader paused, another took over, and an agent
+    /// kept sending its report to the paused one first, losing a request timeout (5 s) per
+    /// try; and an agent whose current controller answered 503 a moment before it began to
+    /// lead waited out the paused other one instead of asking the new leader again. Either
+    /// way the leader heard nothing for longer than the lab's 5 s heartbeat timeout and fenced
     /// a healthy host.
     async fn call_hedged<B: Serialize + Sync, R: DeserializeOwned>(
         &self,
@@ -242,82 +251,53 @@ impl Link {
         body: Option<&B>,
         timeout: Duration,
     ) -> Result<R, LinkError> {
-        let n = self.bases.len();
-        let first = self.current.load(Ordering::Relaxed) % n.max(1);
-        let rest: Vec<usize> = (1..n).map(|a| (first + a) % n).collect();
-        let primary = self.call_one(&self.bases[first], path, body, timeout);
-        tokio::pin!(primary);
-        let early = tokio::select! {
-            answer = &mut primary => Some(answer),
-            () = tokio::time::sleep(HEDGE_AFTER.min(timeout)), if !rest.is_empty() => None,
+        use futures::stream::{FuturesUnordered, StreamExt as _};
+        let n = self.bases.len().max(1);
+        let first = self.current.load(Ordering::Relaxed) % n;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let attempt = |k: usize| {
+            let index = (first + k) % n;
+            async move {
+                (
+                    index,
+                    self.call_one(&self.bases[index], path, body, timeout).await,
+                )
+            }
         };
-        let primary_error = match early {
-            Some(Err(error)) if error.try_another() => error,
-            Some(answer) => return answer,
-            None => {
-                // Until the current one answers (within its timeout), the others are asked
-                // again every HEDGE_AFTER: one of them may be taking over meanwhile.
-                let others = self.try_in_order_after(Duration::ZERO, &rest, path, body, timeout);
-                tokio::pin!(others);
-                loop {
-                    tokio::select! {
-                        answer = &mut primary => match answer {
-                            Err(error) if error.try_another() => break error,
-                            answer => return answer,
-                        },
-                        answer = &mut others => match answer {
-                            Ok((index, answer)) => {
-                                self.switch_to(index);
-                                return answer;
-                            }
-                            Err(_) => others.set(
-                                self.try_in_order_after(HEDGE_AFTER, &rest, path, body, timeout),
-                            ),
-                        },
+        let mut pending = FuturesUnordered::new();
+        pending.push(attempt(0));
+        let mut launched = 1usize;
+        let mut last_error = None;
+        let hedge = tokio::time::sleep(HEDGE_AFTER.min(timeout));
+        tokio::pin!(hedge);
+        loop {
+            tokio::select! {
+                Some((index, answer)) = pending.next() => match answer {
+                    Err(error) if error.try_another() => {
+                        last_error = Some(error);
+                        // Everyone refused once: the next hedge asks again.
+                        if launched < n {
+                            pending.push(attempt(launched));
+                            launched += 1;
+                        }
                     }
+                    answer => {
+                        self.switch_to(index);
+                        return answer;
+                    }
+                },
+                () = &mut hedge => {
+                    if n > 1 || pending.is_empty() {
+                        pending.push(attempt(launched));
+                        launched += 1;
+                    }
+                    hedge.as_mut().reset(tokio::time::Instant::now() + HEDGE_AFTER);
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    return Err(last_error.unwrap_or(LinkError::NoAnswer(timeout)));
                 }
             }
-        };
-        match self.try_in_order(&rest, path, body, timeout).await {
-            Ok((index, answer)) => {
-                self.switch_to(index);
-                answer
-            }
-            Err(last) => Err(if rest.is_empty() { primary_error } else { last }),
         }
-    }
-
-    /// [`Link::try_in_order`] after `delay`.
-    async fn try_in_order_after<B: Serialize + Sync, R: DeserializeOwned>(
-        &self,
-        delay: Duration,
-        indexes: &[usize],
-        path: &str,
-        body: Option<&B>,
-        timeout: Duration,
-    ) -> Result<(usize, Result<R, LinkError>), LinkError> {
-        tokio::time::sleep(delay).await;
-        self.try_in_order(indexes, path, body, timeout).await
-    }
-
-    /// Tries the controllers at `indexes` in order: the first final answer (a success, or an
-    /// error another controller would not answer differently) with the index that gave it, or
-    /// the last error when none gave one.
-    async fn try_in_order<B: Serialize + Sync, R: DeserializeOwned>(
-        &self,
-        indexes: &[usize],
-        path: &str,
-        body: Option<&B>,
-        timeout: Duration,
-    ) -> Result<(usize, Result<R, LinkError>), LinkError> {
-        let mut last = LinkError::NoController;
-        for &index in indexes {
-            match self.call_one(&self.bases[index], path, body, timeout).await {
-                Err(error) if error.try_another() => last = error,
-                answer => return Ok((index, answer)),
-            }
-        }
-        Err(last)
     }
 
     fn switch_to(&self, index: usize) {
