@@ -4,7 +4,7 @@
 //! violation, 2 when the soak itself could not run.
 //!
 //! ```text
-//! metalguard-soak [--kubernetes] [--seed N] [--duration SECONDS] [--out DIR] [--no-netns] [--live]
+//! metalguard-soak [--kubernetes] [--seed N] [--duration SECONDS] [--out DIR] [--no-netns] [--lag] [--live]
 //! metalguard-soak check HISTORY.ndjson       check a recorded history again
 //! metalguard-soak plan [--kubernetes] [--seed N] [--duration SECONDS]
 //!                                             print the schedule a seed makes, and run nothing
@@ -23,7 +23,7 @@ use metalguard_e2e::soak::report::render;
 use metalguard_e2e::soak::run::{SoakOptions, run, shape};
 use metalguard_e2e::soak::schedule;
 
-const USAGE: &str = "usage: metalguard-soak [plan] [--kubernetes] [--seed N] [--duration SECONDS] [--out DIR] [--bin-dir DIR] [--no-netns] [--live]\n       metalguard-soak check HISTORY.ndjson";
+const USAGE: &str = "usage: metalguard-soak [plan] [--kubernetes] [--seed N] [--duration SECONDS] [--out DIR] [--bin-dir DIR] [--no-netns] [--lag] [--live]\n       metalguard-soak check HISTORY.ndjson";
 
 /// What the command line asks for.
 enum Job {
@@ -46,6 +46,7 @@ fn parse_args() -> Result<Job, String> {
         bin_dir: exe_dir,
         out_dir: PathBuf::new(),
         live: false,
+        lag: false,
     };
     let mut out = None;
     let mut plan_only = false;
@@ -57,6 +58,7 @@ fn parse_args() -> Result<Job, String> {
             "--kubernetes" => options.kubernetes = true,
             "--no-netns" => options.netns = false,
             "--live" => options.live = true,
+            "--lag" => options.lag = true,
             "--seed" => {
                 options.seed = value("--seed")?
                     .parse()

@@ -22,6 +22,14 @@ use crate::{HarnessError, Result};
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 /// How often it posts its `Ready` condition while nothing changes (a kubelet: 10 s).
 pub const STATUS_EVERY: Duration = Duration::from_secs(10);
+/// How often it compares the Node's `Ready` with its own and posts its own when they differ:
+/// a kubelet does so every `nodeStatusUpdateFrequency` (10 s, a thirtieth of a typical
+/// `Ready=Unknown` timeout of 300 s), so a `Ready=Unknown` that kube-controller-manager set
+/// while the API server was unavailable is gone well before any health check's timeout. The
+/// lab's timeouts are seconds: so is this. (Posting only every [`STATUS_EVERY`] left such an
+/// `Unknown` for up to 10 s, past the lab's 5 s timeout: the soak fenced a healthy host after
+/// an API server freeze.)
+const STATUS_CHECK: Duration = Duration::from_secs(2);
 /// The Lease duration a kubelet uses.
 const LEASE_SECONDS: u32 = 40;
 
@@ -132,6 +140,7 @@ impl FakeKubelet {
         );
         self.thread = Some(std::thread::spawn(move || {
             let mut last_status = std::time::Instant::now();
+            let mut last_check = std::time::Instant::now();
             while !quit.load(Ordering::SeqCst) {
                 let (running, ready, since) = {
                     let s = lock(&shared);
@@ -139,8 +148,12 @@ impl FakeKubelet {
                 };
                 if running {
                     let status_due = last_status.elapsed() >= STATUS_EVERY;
+                    let check_due = last_check.elapsed() >= STATUS_CHECK;
                     let beat = renew_lease(&api, &name).and_then(|()| {
-                        if status_due {
+                        if check_due {
+                            last_check = std::time::Instant::now();
+                        }
+                        if status_due || (check_due && ready_differs(&api, &name, ready)?) {
                             last_status = std::time::Instant::now();
                             post_status(&api, &name, ready, since)
                         } else {
@@ -263,6 +276,18 @@ fn renew_lease(api: &ApiClient, name: &str) -> Result<()> {
         &json!({"spec": {"holderIdentity": name, "renewTime": rfc3339_micros(SystemTime::now())}}),
     )
     .map(|_| ())
+}
+
+/// Whether the Node's `Ready` status is not the one this kubelet posts (someone else, such as
+/// kube-controller-manager, changed it).
+fn ready_differs(api: &ApiClient, name: &str, ready: bool) -> Result<bool> {
+    let node = api.get(&node_path(name))?;
+    let posted = node["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or("");
+    Ok(posted != if ready { "True" } else { "False" })
 }
 
 fn post_status(api: &ApiClient, name: &str, ready: bool, since: SystemTime) -> Result<()> {

@@ -24,6 +24,8 @@ pub(super) struct LabController {
     pub(super) process: Option<Proc>,
     pub(super) starts: usize,
     pub(super) frozen: bool,
+    /// The relay the agents reach it through ([`LabOptions::lag_relays`]).
+    pub(super) relay: Option<super::lag::LagRelay>,
 }
 
 impl LabController {
@@ -40,12 +42,20 @@ impl LabController {
             process: None,
             starts: 0,
             frozen: false,
+            relay: None,
         })
     }
 
     /// The replica's name in histories and timelines (`ctl-1`, `ctl-2`).
     pub(super) fn name(&self) -> String {
         format!("ctl-{}", self.slot + 1)
+    }
+
+    /// The port agents connect to: its relay's, or its own.
+    pub(super) fn agent_port(&self) -> u16 {
+        self.relay
+            .as_ref()
+            .map_or_else(|| self.port.port(), |r| r.addr().port())
     }
 
     fn identity(&self) -> String {
@@ -143,6 +153,29 @@ impl Lab {
                 "simulated crash",
             );
         }
+    }
+
+    /// Holds every byte controller replica `slot` sends its agents for `lag` (zero: none);
+    /// an error without relays ([`LabOptions::lag_relays`]).
+    pub fn set_controller_lag(&mut self, slot: usize, lag: Duration) -> Result<()> {
+        let c = &self.controllers[slot];
+        let Some(relay) = &c.relay else {
+            return Err(crate::HarnessError::Other(
+                "the lab runs without lag relays".into(),
+            ));
+        };
+        relay.set_lag(lag);
+        let name = c.name();
+        self.timeline.add(
+            "lab",
+            if lag.is_zero() {
+                format!("the network to {name} is quick again")
+            } else {
+                format!("the network holds {name}'s answers {lag:?}")
+            },
+            "",
+        );
+        Ok(())
     }
 
     /// Freezes controller replica `slot` (SIGSTOP): a process that stops mid-flight and may

@@ -21,6 +21,7 @@ mod controllers;
 mod faults;
 mod host;
 pub mod kube;
+pub mod lag;
 pub mod scenarios;
 mod spare;
 pub mod timeline;
@@ -145,6 +146,9 @@ pub struct LabOptions {
     /// leadership (the etcd election, or the Lease in Kubernetes mode); every agent knows
     /// every controller's URL.
     pub controllers: usize,
+    /// Agents reach each controller through a relay that can hold bytes
+    /// ([`Lab::set_controller_lag`]; the soak's `leader-lag` fault).
+    pub lag_relays: bool,
 }
 
 /// The controller's backend in the lab.
@@ -197,6 +201,7 @@ impl LabOptions {
             etcd_layout: EtcdLayout::default(),
             backend: LabBackend::default(),
             controllers: 1,
+            lag_relays: false,
         }
     }
 }
@@ -435,6 +440,13 @@ impl Lab {
         if lab.kube.is_none() {
             lab.write_inventory()?;
         }
+        if lab.options.lag_relays {
+            let address = lab.service_address();
+            for c in &mut lab.controllers {
+                let to = std::net::SocketAddr::from((address, c.port.port()));
+                c.relay = Some(lag::LagRelay::start(address, to)?);
+            }
+        }
         let endpoints = lab.etcd.endpoints();
         for i in 0..lab.hosts.len() {
             let config = lab.agent_config(i, &endpoints);
@@ -607,10 +619,10 @@ impl Lab {
              [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n",
             name = h.name,
             address = self.service_address(),
-            port = self.controllers[0].port.port(),
+            port = self.controllers[0].agent_port(),
             more = self.controllers[1..]
                 .iter()
-                .map(|c| format!("\"https://{}:{}\"", self.service_address(), c.port.port()))
+                .map(|c| format!("\"https://{}:{}\"", self.service_address(), c.agent_port()))
                 .collect::<Vec<_>>()
                 .join(", "),
             tls = tls.display(),

@@ -51,11 +51,16 @@ pub enum FaultKind {
     BmcLying,
     /// The Kubernetes API server is frozen (Kubernetes mode).
     ApiserverFreeze,
+    /// The network between the agents and the leading controller holds every byte for
+    /// seconds, both ways; once the leader persists an intent meanwhile, it crashes (killed)
+    /// with its answers still in flight. Agents get its commands after a newer leadership
+    /// began, and it planned from reports whose views were old. Opt-in (`--lag`).
+    LeaderLag,
 }
 
 impl FaultKind {
     /// Every kind, in the order they are documented.
-    pub const ALL: [FaultKind; 10] = [
+    pub const ALL: [FaultKind; 11] = [
         Self::HostHang,
         Self::EtcdHang,
         Self::AgentKill,
@@ -66,6 +71,7 @@ impl FaultKind {
         Self::BmcSlow,
         Self::BmcLying,
         Self::ApiserverFreeze,
+        Self::LeaderLag,
     ];
 
     /// The kind's name as the history spells it (`host-hang`).
@@ -81,6 +87,7 @@ impl FaultKind {
             Self::BmcSlow => "bmc-slow",
             Self::BmcLying => "bmc-lying",
             Self::ApiserverFreeze => "apiserver-freeze",
+            Self::LeaderLag => "leader-lag",
         }
     }
 

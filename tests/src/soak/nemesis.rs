@@ -15,6 +15,12 @@ use super::schedule::{Planned, Target};
 use crate::lab::Lab;
 use crate::{HarnessError, Result};
 
+/// How long a `leader-lag` fault holds the leader's answers: longer than a takeover (the
+/// lease) plus a report interval, so that its agents have seen the newer term before its
+/// last answers arrive; shorter than an agent's long-poll timeout (command wait plus request
+/// timeout, 10 s in the lab), so that those answers are still read.
+const LEADER_LAG: Duration = Duration::from_secs(6);
+
 /// A slow BMC is frozen this long at a time …
 const SLOW_FROZEN: Duration = Duration::from_millis(2500);
 /// … and answers for this long in between.
@@ -37,6 +43,9 @@ struct Active {
     began_unix_ms: u64,
     /// A slow BMC: when it next toggles, and whether it is frozen now.
     toggle: Option<(Duration, bool)>,
+    /// A lagging leader: killed once it persisted an intent after this history time
+    /// (`None` once killed, or for other faults).
+    kill_after_intent: Option<u64>,
 }
 
 /// Injects and heals faults.
@@ -74,6 +83,14 @@ impl Nemesis {
                 heal(lab, rec, &a)?;
             } else {
                 let a = &mut self.active[i];
+                if let (Some(since), Hit::Controller(c)) = (a.kill_after_intent, a.hit)
+                    && rec.intent_after(&lab.controller_names()[c], since)
+                {
+                    // Its answers (the command among them) are held in the relay: it crashes
+                    // with them in flight.
+                    lab.kill_controller_in(c);
+                    a.kill_after_intent = None;
+                }
                 if let (Some((at, frozen)), Hit::Host(h)) = (a.toggle, a.hit)
                     && at <= now
                 {
@@ -131,6 +148,7 @@ impl Nemesis {
             return Ok(());
         }
         let mut toggle = None;
+        let mut kill_after_intent = None;
         match (p.fault, hit) {
             (FaultKind::HostHang, Hit::Host(h)) => {
                 if !lab.hosts()[h].powered() {
@@ -154,6 +172,10 @@ impl Nemesis {
             (FaultKind::BmcLying, Hit::Host(h)) => lab.set_bmc_lying(h, true),
             (FaultKind::ControllerPause, Hit::Controller(c)) => lab.freeze_controller(c)?,
             (FaultKind::ControllerKill, Hit::Controller(c)) => lab.kill_controller_in(c),
+            (FaultKind::LeaderLag, Hit::Controller(c)) => {
+                lab.set_controller_lag(c, LEADER_LAG)?;
+                kill_after_intent = Some(rec.now());
+            }
             (FaultKind::ApiserverFreeze, Hit::Apiserver) => match lab.kube() {
                 Some(kube) => kube.cluster().apiserver().freeze()?,
                 None => return Ok(()),
@@ -179,6 +201,7 @@ impl Nemesis {
             until: now + p.lasts,
             began_unix_ms: unix_ms(),
             toggle,
+            kill_after_intent,
         });
         Ok(())
     }
@@ -206,6 +229,12 @@ fn heal(lab: &mut Lab, rec: &mut Recorder, a: &Active) -> Result<()> {
         (FaultKind::BmcLying, Hit::Host(h)) => lab.set_bmc_lying(h, false),
         (FaultKind::ControllerPause, Hit::Controller(c)) => lab.thaw_controller(c)?,
         (FaultKind::ControllerKill, Hit::Controller(c)) => lab.start_controller_in(c)?,
+        (FaultKind::LeaderLag, Hit::Controller(c)) => {
+            lab.set_controller_lag(c, Duration::ZERO)?;
+            if !lab.controller_running(c) {
+                lab.start_controller_in(c)?;
+            }
+        }
         (FaultKind::ApiserverFreeze, Hit::Apiserver) => {
             if let Some(kube) = lab.kube() {
                 kube.cluster().apiserver().thaw()?;

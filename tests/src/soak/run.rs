@@ -42,6 +42,9 @@ pub struct SoakOptions {
     pub out_dir: PathBuf,
     /// Print the lab's timeline as it grows.
     pub live: bool,
+    /// Agents reach the controllers through lag relays and the schedule has `leader-lag`
+    /// faults.
+    pub lag: bool,
 }
 
 /// What a soak found.
@@ -73,6 +76,7 @@ pub fn shape(options: &SoakOptions, timings: &Timings) -> Shape {
             timings.lease_ttl
         },
         recovery: Duration::from_secs(if options.kubernetes { 60 } else { 40 }),
+        lag: options.lag,
     }
 }
 
@@ -85,6 +89,7 @@ pub fn run(options: &SoakOptions) -> Result<Outcome> {
     };
     let mut lab_options = LabOptions::new(5, options.bin_dir.clone());
     lab_options.controllers = 2;
+    lab_options.lag_relays = options.lag;
     lab_options.live = options.live;
     lab_options.netns = options.netns && !options.kubernetes;
     lab_options.redfish_power_delay = true;

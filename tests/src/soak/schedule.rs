@@ -57,6 +57,10 @@ pub struct Shape {
     /// How long after a member-taking fault ends its host may still be away (fenced, booting,
     /// rejoining).
     pub recovery: Duration,
+    /// The agents reach the controllers through relays that can hold bytes: the controller
+    /// lane plans `leader-lag` faults too (a third of them). Off, the schedule of a seed is
+    /// the one it was before the fault existed.
+    pub lag: bool,
 }
 
 /// A small deterministic generator (SplitMix64): the schedule must not depend on anything
@@ -152,16 +156,29 @@ pub fn plan(seed: u64, shape: &Shape) -> Vec<Planned> {
             Lane::Member => plan_member_fault(&mut rng, shape, tolerance, &mut busy, at, &mut out),
             Lane::AgentBlip => plan_agent_blip(&mut rng, shape, &mut busy, at, &mut out),
             Lane::Bmc => plan_bmc_fault(&mut rng, shape, &mut busy, at, &mut out),
-            Lane::Controller => out.push(Planned {
-                at,
-                fault: if rng.chance(50) {
+            Lane::Controller => {
+                let fault = if shape.lag && rng.chance(33) {
+                    FaultKind::LeaderLag
+                } else if rng.chance(50) {
                     FaultKind::ControllerPause
                 } else {
                     FaultKind::ControllerKill
-                },
-                target: Target::Leader,
-                lasts: shape.lease + rng.between(Duration::from_secs(1), Duration::from_secs(8)),
-            }),
+                };
+                let extra = rng.between(Duration::from_secs(1), Duration::from_secs(8));
+                out.push(Planned {
+                    at,
+                    fault,
+                    target: Target::Leader,
+                    // A lag lasts long enough to meet a decision of the leader (it crashes
+                    // then), 7-35 s.
+                    lasts: shape.lease
+                        + if fault == FaultKind::LeaderLag {
+                            extra * 4
+                        } else {
+                            extra
+                        },
+                });
+            }
             Lane::Apiserver => out.push(Planned {
                 at,
                 fault: FaultKind::ApiserverFreeze,
@@ -357,6 +374,7 @@ mod tests {
             heartbeat_timeout: Duration::from_secs(5),
             lease: Duration::from_secs(3),
             recovery: Duration::from_secs(40),
+            lag: false,
         }
     }
 
