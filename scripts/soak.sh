@@ -6,6 +6,8 @@
 # history that a checker reads at the end; the report names each violation with the seed
 # and the history around it. The same seed replays the same schedule.
 #   scripts/soak.sh [--kubernetes] [--seed N] [--duration SECONDS] [--out DIR]
+#   scripts/soak.sh --lag ...        also the leader-lag fault: the leader's answers held in a
+#                   relay, then it crashes with a command in flight (docs/design-soak.md)
 #   scripts/soak.sh --mutate skip-term-check|skip-quorum-check ...
 #                   the agents run with one safety check switched off (debug builds only),
 #                   to show the checker finds what the check prevents

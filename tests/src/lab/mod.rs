@@ -113,6 +113,7 @@ pub fn test_bin_dir() -> PathBuf {
 
 /// What to build.
 #[derive(Debug, Clone)]
+#[allow(clippy::struct_excessive_bools)] // independent switches of one run
 pub struct LabOptions {
     /// Control-plane hosts (odd: 3 or 5).
     pub hosts: usize,

@@ -15,11 +15,22 @@ use super::schedule::{Planned, Target};
 use crate::lab::Lab;
 use crate::{HarnessError, Result};
 
-/// How long a `leader-lag` fault holds the leader's answers: longer than a takeover (the
-/// lease) plus a report interval, so that its agents have seen the newer term before its
-/// last answers arrive; shorter than an agent's long-poll timeout (command wait plus request
-/// timeout, 10 s in the lab), so that those answers are still read.
-const LEADER_LAG: Duration = Duration::from_secs(6);
+/// How much longer than a takeover (the leader's lease) a `leader-lag` fault holds the
+/// leader's answers: its agents have seen the newer term before its last answers arrive. The
+/// soak gives agents a request timeout longer than the lag ([`agent_request_timeout`]), so
+/// that those answers are still read.
+const LAG_PAST_LEASE: Duration = Duration::from_secs(5);
+
+/// How long a `leader-lag` fault holds the answers of a leader whose lease is `lease`.
+pub fn leader_lag(lease: Duration) -> Duration {
+    lease + LAG_PAST_LEASE
+}
+
+/// The agents' request timeout in a soak with `leader-lag` faults: an answer held for
+/// [`leader_lag`] still arrives within it.
+pub fn agent_request_timeout(lease: Duration) -> Duration {
+    leader_lag(lease) + Duration::from_secs(2)
+}
 
 /// A slow BMC is frozen this long at a time …
 const SLOW_FROZEN: Duration = Duration::from_millis(2500);
@@ -43,7 +54,7 @@ struct Active {
     began_unix_ms: u64,
     /// A slow BMC: when it next toggles, and whether it is frozen now.
     toggle: Option<(Duration, bool)>,
-    /// A lagging leader: killed once it persisted an intent after this history time
+    /// A lagging leader: killed once it persisted a power-off intent after this history time
     /// (`None` once killed, or for other faults).
     kill_after_intent: Option<u64>,
 }
@@ -84,10 +95,12 @@ impl Nemesis {
             } else {
                 let a = &mut self.active[i];
                 if let (Some(since), Hit::Controller(c)) = (a.kill_after_intent, a.hit)
-                    && rec.intent_after(&lab.controller_names()[c], since)
+                    && rec.power_off_intent_after(&lab.controller_names()[c], since)
                 {
                     // Its answers (the command among them) are held in the relay: it crashes
-                    // with them in flight.
+                    // with them in flight. A power-off begins a remediation: agents are
+                    // waiting on a long-poll for it (after a command, its executor is busy
+                    // sending the result, and gets the next one from whoever leads next).
                     lab.kill_controller_in(c);
                     a.kill_after_intent = None;
                 }
@@ -173,7 +186,7 @@ impl Nemesis {
             (FaultKind::ControllerPause, Hit::Controller(c)) => lab.freeze_controller(c)?,
             (FaultKind::ControllerKill, Hit::Controller(c)) => lab.kill_controller_in(c),
             (FaultKind::LeaderLag, Hit::Controller(c)) => {
-                lab.set_controller_lag(c, LEADER_LAG)?;
+                lab.set_controller_lag(c, leader_lag(lab.leader_lease()))?;
                 kill_after_intent = Some(rec.now());
             }
             (FaultKind::ApiserverFreeze, Hit::Apiserver) => match lab.kube() {

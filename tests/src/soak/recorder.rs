@@ -53,8 +53,8 @@ pub struct Recorder {
     samples: Receiver<(u64, Event)>,
     /// The highest term each controller replica has begun leading in.
     leader_terms: BTreeMap<String, u64>,
-    /// When each controller replica last persisted an intent (history time).
-    last_intent: BTreeMap<String, u64>,
+    /// When each controller replica last persisted a power-off intent (history time).
+    last_power_off: BTreeMap<String, u64>,
 }
 
 impl Recorder {
@@ -85,7 +85,7 @@ impl Recorder {
             phases: BTreeMap::new(),
             samples,
             leader_terms: BTreeMap::new(),
-            last_intent: BTreeMap::new(),
+            last_power_off: BTreeMap::new(),
         })
     }
 
@@ -111,8 +111,10 @@ impl Recorder {
             let best = self.leader_terms.entry(controller.clone()).or_default();
             *best = (*best).max(*term);
         }
-        if let Event::Intent { controller, .. } = &entry.event {
-            let last = self.last_intent.entry(controller.clone()).or_default();
+        if let Event::Intent { controller, op, .. } = &entry.event
+            && op.ends_with("/power-off")
+        {
+            let last = self.last_power_off.entry(controller.clone()).or_default();
             *last = (*last).max(entry.t);
         }
         if let Ok(line) = serde_json::to_string(&entry) {
@@ -121,9 +123,11 @@ impl Recorder {
         self.entries.push(entry);
     }
 
-    /// Whether `controller` persisted an intent after history time `since`.
-    pub fn intent_after(&self, controller: &str, since: u64) -> bool {
-        self.last_intent.get(controller).is_some_and(|&t| t > since)
+    /// Whether `controller` persisted a power-off intent after history time `since`.
+    pub fn power_off_intent_after(&self, controller: &str, since: u64) -> bool {
+        self.last_power_off
+            .get(controller)
+            .is_some_and(|&t| t > since)
     }
 
     /// The controller replica that began the newest leadership seen in the logs.

@@ -27,6 +27,7 @@ const MAX_TICK_ERRORS: u32 = 50;
 
 /// What to run.
 #[derive(Debug, Clone)]
+#[allow(clippy::struct_excessive_bools)] // independent switches of one run
 pub struct SoakOptions {
     /// The schedule's seed.
     pub seed: u64,
@@ -90,6 +91,15 @@ pub fn run(options: &SoakOptions) -> Result<Outcome> {
     let mut lab_options = LabOptions::new(5, options.bin_dir.clone());
     lab_options.controllers = 2;
     lab_options.lag_relays = options.lag;
+    if options.lag {
+        let lease = if options.kubernetes {
+            crate::lab::kube::CONTROLLER_LEASE
+        } else {
+            lab_options.timings.lease_ttl
+        };
+        lab_options.timings.agent_request_timeout =
+            Some(super::nemesis::agent_request_timeout(lease));
+    }
     lab_options.live = options.live;
     lab_options.netns = options.netns && !options.kubernetes;
     lab_options.redfish_power_delay = true;
