@@ -96,6 +96,17 @@ impl Executor {
         matches!(kind, CommandKind::EtcdJoinGoAhead {})
     }
 
+    /// Whether a command an earlier agent process started may run again after a restart.
+    /// The join resumes from its own persisted state. A power-on changes nothing where it
+    /// already took (a host that is on stays on) and is what the remediation waits for: left
+    /// undone it kept a host off, its quorum seat empty, until a person acted (the Kubernetes
+    /// soak: the executor's agent was killed during a power-on). Power-off and reboot cut a
+    /// host's power: they run at most once.
+    pub fn safe_to_run_again(kind: &CommandKind) -> bool {
+        Self::runs_in_background(kind)
+            || matches!(kind, CommandKind::Fence(f) if f.action == PowerAction::On)
+    }
+
     /// Whether `op` is running in the background in this process.
     pub fn is_running(&self, op: &OperationId) -> bool {
         self.running_set().contains(op)
@@ -168,10 +179,9 @@ impl Executor {
                 tracing::info!(operation = %op, "command already executed; reporting its result again");
                 Ok(*result)
             }
-            // The join resumes from its own persisted state, so running it again after an
-            // agent restart is safe and finishes what was started.
-            Claim::Interrupted if Self::runs_in_background(&command.kind) => {
-                tracing::info!(operation = %op, kind = command.kind.name(), "resuming a command interrupted by an agent restart");
+            // Safe to repeat ([`Executor::safe_to_run_again`]): finish what was started.
+            Claim::Interrupted if Self::safe_to_run_again(&command.kind) => {
+                tracing::info!(operation = %op, kind = command.kind.name(), "running again a command interrupted by an agent restart (safe to repeat)");
                 Box::pin(self.execute(command)).await
             }
             Claim::Interrupted => {
@@ -600,6 +610,36 @@ mod tests {
         assert_eq!(
             restarted.handle(untermed).await.unwrap().outcome,
             Outcome::Rejected
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_restart_an_interrupted_power_on_runs_again_and_a_power_off_does_not() {
+        let state = tempfile::tempdir().unwrap();
+        let mut on = fence_of("cp-3", "op-on");
+        on.term = 5;
+        if let CommandKind::Fence(fence) = &mut on.kind {
+            fence.action = PowerAction::On;
+        }
+        let mut off = fence_of("cp-3", "op-off");
+        off.term = 5;
+        // An earlier process claimed both and died before any result.
+        let journal = Journal::open(state.path()).unwrap();
+        assert_eq!(journal.claim(&on.operation_id).unwrap(), Claim::New);
+        assert_eq!(journal.claim(&off.operation_id).unwrap(), Claim::New);
+        let restarted = executor_in(state.path());
+        // The power-on goes to the BMC again (nobody listens here: it fails there).
+        let ran = restarted.handle(on).await.unwrap();
+        assert_eq!(ran.outcome, Outcome::Failed, "{ran:?}");
+        assert!(
+            !ran.error.as_deref().unwrap_or("").contains("restarted"),
+            "{ran:?}"
+        );
+        // The power-off is not repeated: its effect is unknown.
+        let not_run = restarted.handle(off).await.unwrap();
+        assert!(
+            not_run.error.as_deref().unwrap_or("").contains("restarted"),
+            "{not_run:?}"
         );
     }
 

@@ -271,6 +271,11 @@ pub struct AgentReport {
     /// The host's boot ID in its agent's latest report (changes only when the host boots).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
+    /// When the controller received the report that carried `boot_id` (its own clock, never
+    /// stretched like `last_heartbeat`): proof that the host ran that boot then. `None`: not
+    /// known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_reported_at: Option<Timestamp>,
 }
 
 impl AgentReport {

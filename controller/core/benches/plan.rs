@@ -59,6 +59,7 @@ fn host(name: String, role: Role, domain: &str, ready: bool) -> Host {
             can_fence: true,
             bmc_reachable: BTreeMap::new(),
             boot_id: None,
+            boot_reported_at: None,
         }),
         etcd: None,
         hold: None,

@@ -117,6 +117,7 @@ fn agent(hosts: usize) -> impl Strategy<Value = Option<AgentReport>> {
                 can_fence,
                 bmc_reachable: reach.into_iter().map(|(i, r)| (format!("h-{i}"), r)).collect(),
                 boot_id: None,
+                boot_reported_at: None,
             })),
     ]
 }

@@ -142,6 +142,40 @@ fn seed_004_a_failed_control_plane_remediation_awaiting_retry_blocks_the_next() 
     assert_eq!(starts(&p), ["cp-0"], "the retry of cp-0 itself goes: {p}");
 }
 
+/// Seed 004's rule is about the replacement ("prevents KCP to remediate more machines while
+/// the replacement for the previous machine is not yet created"); here the host is its own
+/// replacement. A failed attempt whose host came back (healthy by every check, its node
+/// ready, its member healthy) holds nothing back: it is never retried (nothing to retry), and
+/// before this it blocked every other control-plane host until a person acted (the soak:
+/// the executor restarted during a power-on, the host recovered by itself).
+#[test]
+fn seed_004_a_failed_control_plane_remediation_whose_host_is_back_does_not_block_the_next() {
+    let mut s = cluster(5, 1);
+    node_down(&mut s, "cp-1");
+    let mut failed = remediation(
+        "cp-0",
+        1,
+        P::Failed {
+            reason: "the power-on was interrupted by an agent restart".into(),
+        },
+        "w-0",
+        true,
+    );
+    failed.phase_since = Timestamp(NOW.0 - 600_000);
+    s.remediations = vec![failed];
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(starts(&p), ["cp-1"], "{p}");
+    // Its member still unhealthy: not back, still blocking.
+    s.hosts
+        .iter_mut()
+        .find(|h| h.name == "cp-0")
+        .and_then(|h| h.etcd.as_mut())
+        .unwrap()
+        .healthy = false;
+    let p = crate::plan(&s, &policy(), NOW);
+    assert!(refused(&p, "cp-1", "awaits its retry"), "{p}");
+}
+
 /// Seed 002: the controller sets the control-plane maxUnhealthy to "1 for cluster with 3
 /// members or 2 for a cluster with 5 members": that is the default, following the member
 /// count, and the short-circuit says so. A value the administrator writes is honoured as

@@ -126,6 +126,7 @@ impl World {
             }
             if up && let Some(a) = h.agent.as_mut() {
                 a.last_heartbeat = now;
+                a.boot_reported_at = a.boot_id.as_ref().map(|_| now);
             }
             if let Some(m) = h.etcd.as_mut() {
                 m.healthy = up && !hung;

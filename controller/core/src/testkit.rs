@@ -50,6 +50,7 @@ pub(crate) fn host(name: &str, role: Role, domain: Option<&str>, created: u64) -
             can_fence: true,
             bmc_reachable: BTreeMap::new(),
             boot_id: None,
+            boot_reported_at: None,
         }),
         etcd: None,
         hold: None,

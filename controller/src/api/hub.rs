@@ -107,7 +107,7 @@ pub struct Hub {
     /// Error answers of the agent API so far, by HTTP status.
     refusals: Mutex<BTreeMap<u16, u64>>,
     /// Reports accepted before the loop handled them, and spans this process was deaf.
-    hearing: Mutex<crate::control::hearing::Hearing>,
+    hearing: Mutex<crate::api::hearing::Hearing>,
 }
 
 /// The hosts whose certificates may use the agent API.
@@ -134,7 +134,7 @@ impl Hub {
             revoked: Revoked::default(),
             certificates: Mutex::new(BTreeMap::new()),
             refusals: Mutex::new(BTreeMap::new()),
-            hearing: Mutex::new(crate::control::hearing::Hearing::default()),
+            hearing: Mutex::new(crate::api::hearing::Hearing::default()),
         };
         (Arc::new(hub), rx)
     }
@@ -375,7 +375,7 @@ impl Hub {
             .collect()
     }
 
-    fn hearing(&self) -> MutexGuard<'_, crate::control::hearing::Hearing> {
+    fn hearing(&self) -> MutexGuard<'_, crate::api::hearing::Hearing> {
         self.hearing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -392,7 +392,7 @@ impl Hub {
     }
 
     /// A copy of what was heard, for a plan round.
-    pub fn heard(&self) -> crate::control::hearing::Hearing {
+    pub fn heard(&self) -> crate::api::hearing::Hearing {
         self.hearing().clone()
     }
 

@@ -5,6 +5,7 @@
 //! ([`crate::control`]) → [`hub`] → long-polls. [`rlimit`] raises the open-file limit the
 //! connections need; [`openapi`] is the document of these routes.
 
+pub mod hearing;
 pub mod hub;
 pub mod openapi;
 pub mod rlimit;

@@ -43,7 +43,7 @@ pub struct Metrics {
     /// Learners seen voting that no promotion operation of metalguard's promoted (kubeadm's
     /// learner mode or a person did).
     pub promotions_outside: Counter,
-    /// Times this process did not run for [`crate::control::hearing::STALL_AFTER`] or more
+    /// Times this process did not run for [`crate::api::hearing::STALL_AFTER`] or more
     /// (agents' silence is not counted over them).
     pub stalls: Counter,
     /// Agents with a long-poll open.

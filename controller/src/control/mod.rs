@@ -6,7 +6,6 @@
 //! [`reachability`] which agents reach each BMC, [`reload`] notices inventory file changes.
 
 pub mod executor;
-pub mod hearing;
 pub mod members;
 pub mod membership;
 pub mod metrics;

@@ -53,9 +53,9 @@ const LAPSE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 /// Notes every span in which this process did not run (a look every
 /// [`hearing::STALL_TICK`] that comes [`hearing::STALL_AFTER`] late or later) as deaf: agents'
 /// reports could not be accepted meanwhile, so that time is not their silence
-/// ([`crate::control::hearing`]).
+/// ([`crate::api::hearing`]).
 async fn watch_stalls(hub: Arc<Hub>, metrics: Arc<Metrics>) {
-    use crate::control::hearing;
+    use crate::api::hearing;
     let mut looked = (tokio::time::Instant::now(), now());
     loop {
         tokio::time::sleep(hearing::STALL_TICK).await;

@@ -15,8 +15,8 @@ use metalguard_api::snapshot::{
 /// The Node condition the core reads for readiness.
 const READY: &str = "Ready";
 
+use crate::api::hearing::Hearing;
 use crate::backend::State;
-use crate::control::hearing::Hearing;
 use crate::inventory::Inventory;
 
 /// The snapshot the core plans from. `known_since` (when this controller started leading)
@@ -123,6 +123,7 @@ fn build_with_views_since(
                         .map(|r| (r.host.clone(), r.reachable))
                         .collect(),
                     boot_id: Some(s.report.boot_id.clone()).filter(|b| !b.is_empty()),
+                    boot_reported_at: Some(s.received_at).filter(|_| !s.report.boot_id.is_empty()),
                 }),
                 etcd: None,
                 hold: state.holds.get(&h.name).cloned(),
@@ -455,13 +456,7 @@ role = "control-plane"
         state.reports.insert("cp-1".into(), report("cp-1", &both));
         let received = state.reports["cp-1"].received_at;
         let at = |secs| received.after(Duration::from_secs(secs));
-        let heartbeat = |s: &Snapshot| {
-            s.hosts
-                .iter()
-                .find(|h| h.name == "cp-1")
-                .and_then(|h| h.agent.as_ref())
-                .map(|a| a.last_heartbeat)
-        };
+        let heartbeat = |s: &Snapshot| s.hosts[0].agent.as_ref().map(|a| a.last_heartbeat);
         let members = |s: &Snapshot| s.hosts.iter().filter(|h| h.etcd.is_some()).count();
         let mut hearing = Hearing::default();
         let plain = build_for_round(&inventory, &state, (received, &hearing), at(70));

@@ -39,6 +39,7 @@ fn host(name: &str, role: Role, member: Option<(u64, bool, bool)>) -> Host {
             can_fence: true,
             bmc_reachable: BTreeMap::new(),
             boot_id: None,
+            boot_reported_at: None,
         }),
         etcd: member.map(|(id, healthy, leader)| EtcdMember {
             id,

@@ -197,10 +197,12 @@ impl<'a> Judge<'a> {
             );
         }
         let mut short_circuited = BTreeMap::new();
+        let mut unhealthy: BTreeSet<&str> = BTreeSet::new();
         let view = crate::quorum::EtcdView::from_snapshot(snapshot);
         let inputs = HealthInputs::from_snapshot(snapshot, &view);
         for check in &policy.health_checks {
             let v = evaluate_check(check, &inputs, now);
+            unhealthy.extend(v.unhealthy.iter().map(|u| u.host.name.as_str()));
             if let Some(sc) = &v.short_circuit {
                 for h in snapshot
                     .hosts
@@ -228,9 +230,17 @@ impl<'a> Judge<'a> {
                 control_plane_in_progress.insert(r.target.clone());
             }
         }
+        // Seed 004: a failed attempt is not completed, unless its host came back (healthy by
+        // every check, its node ready, its member healthy): the host is its own replacement.
         for (target, r) in latest_by_target(&snapshot.remediations) {
+            let back = hosts.get(target).is_some_and(|h| {
+                !unhealthy.contains(target)
+                    && h.node_ready()
+                    && h.etcd.as_ref().is_none_or(|m| m.healthy)
+            });
             if matches!(r.phase, P::Failed { .. })
                 && record_guards_quorum(r, hosts.get(target).copied())
+                && !back
             {
                 control_plane_in_progress.insert(target.to_owned());
             }

@@ -99,7 +99,11 @@ fn a_failed_control_plane_remediation_blocks_another_start() {
         "w-0",
         true,
     )];
+    // Its host came back by itself (healthy, ready, member healthy): nothing is held back.
     let other = remediation("cp-1", 1, P::Gated, "w-0", true);
+    assert_eq!(rules(&s, &[start(other.clone())]), []);
+    // Not back: it blocks every other control-plane start, not its own retry.
+    break_host(find(&mut s, "cp-0"), Timestamp(0));
     assert_eq!(
         rules(&s, &[start(other)]),
         [Rule::OneControlPlaneRemediation]

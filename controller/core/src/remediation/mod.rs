@@ -138,7 +138,21 @@ pub fn plan_remediations(inp: Inputs<'_>) -> RemediationOutput {
             latest
                 .values()
                 .copied()
-                .filter(|r| matches!(r.phase, P::Failed { .. })),
+                .filter(|r| matches!(r.phase, P::Failed { .. }))
+                // Seed 004: "Previous remediation MUST have been completed. This rule
+                // prevents KCP to remediate more machines while the replacement for the
+                // previous machine is not yet created." Here the host itself is the
+                // replacement: once it is back (healthy by every check, its node ready, its
+                // member healthy) a failed attempt holds nothing back. Before, one whose host
+                // recovered by itself was never retried (nothing to retry) and blocked every
+                // other control-plane remediation until a person acted (the soak).
+                .filter(|r| {
+                    !hosts.get(r.target.as_str()).is_some_and(|h| {
+                        !unhealthy.contains(h.name.as_str())
+                            && h.node_ready()
+                            && h.etcd.as_ref().is_none_or(|m| m.healthy)
+                    })
+                }),
         )
         .filter(|r| record_guards_quorum(r, hosts.get(r.target.as_str()).copied()))
         .map(|r| r.target.clone())

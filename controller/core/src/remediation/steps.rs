@@ -133,7 +133,19 @@ impl Planner<'_> {
             (P::WaitingForNode, _) => {
                 let deadline = r.phase_since.after(self.node_deadline(target));
                 let not_booted = not_booted_since(r, target);
-                if !target.node_ready() || not_booted.is_some() {
+                let heartbeat = crate::health::agent_heartbeat_timeout(self.inp.policy, target);
+                if let Some(proof) = never_went_down(r, target, heartbeat) {
+                    // No need to wait for the node deadline: the host ran its old boot long
+                    // after both power changes were verified. Meanwhile no other control-plane
+                    // host would be remediated (one at a time): a BMC that lied held every
+                    // fence for the whole deadline (20 minutes by default; the soak).
+                    (
+                        RemediationStep::Fail {
+                            reason: proof.clone(),
+                        },
+                        proof,
+                    )
+                } else if !target.node_ready() || not_booted.is_some() {
                     if now >= deadline {
                         let reason = match not_booted {
                             Some(why) if target.node_ready() => format!(
@@ -280,6 +292,34 @@ impl Planner<'_> {
 /// Why `target` has not shown that it booted since `r` started, if it has not: its agent
 /// reported a boot ID before the fence (`boot_before`) and reports no other one since. A
 /// remediation whose target's boot ID was never known is judged by readiness alone.
+/// How long after the power-on was verified a report of the boot from before the fence must
+/// have been received to prove the host never went down: at least this, and at least the
+/// agent heartbeat timeout. Longer than any report in flight when the power went off (a
+/// report sent before the cut could still arrive just after the verified power-off).
+pub const NEVER_DOWN_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Why `target` certainly never went down during remediation `r`, if it did not: its agent
+/// reported the boot ID from before the fence in a report the controller received
+/// [`NEVER_DOWN_AFTER`] (or `heartbeat`, if longer) or more after the power-on was verified
+/// (`r.phase_since`). A host that was power-cycled cannot do that: its agent died with it.
+fn never_went_down(
+    r: &Remediation,
+    target: &Host,
+    heartbeat: std::time::Duration,
+) -> Option<String> {
+    let before = r.boot_before.as_deref()?;
+    let agent = target.agent.as_ref()?;
+    let seen = agent.boot_reported_at?;
+    let after = NEVER_DOWN_AFTER.max(heartbeat);
+    (agent.boot_id.as_deref() == Some(before) && seen >= r.phase_since.after(after)).then(|| {
+        format!(
+            "{} still ran boot {before} {} after its power-on was verified (a report received then): the power-off and power-on did not take (a BMC that reports power changes and does nothing?)",
+            r.target,
+            format_duration(seen.since(r.phase_since))
+        )
+    })
+}
+
 fn not_booted_since(r: &Remediation, target: &Host) -> Option<String> {
     let before = r.boot_before.as_deref()?;
     match target.agent.as_ref().and_then(|a| a.boot_id.as_deref()) {

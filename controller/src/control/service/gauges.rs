@@ -82,11 +82,13 @@ pub(crate) fn count_refusals(plan: &Plan) -> BTreeMap<&'static str, usize> {
 /// slot until it is retried or a person acts, and while it does no other control-plane host is
 /// remediated (issue 28: nothing said so). Empty when nothing waits.
 pub(crate) fn control_plane_blocked(state: &State, plan: &Plan) -> Option<(Vec<String>, usize)> {
-    let waiting = plan
+    let busy: Vec<&str> = plan
         .refusals
         .iter()
         .filter(|r| r.kind == metalguard_api::plan::ReasonKind::ControlPlaneBusy)
-        .count();
+        .map(|r| r.reason.as_str())
+        .collect();
+    let waiting = busy.len();
     if waiting == 0 {
         return None;
     }
@@ -105,6 +107,11 @@ pub(crate) fn control_plane_blocked(state: &State, plan: &Plan) -> Option<(Vec<S
                     r.phase,
                     metalguard_api::remediation::RemediationPhase::Failed { .. }
                 )
+                // The one a waiting host was refused for (a failed attempt whose host is
+                // back holds nothing: the core's start gate).
+                && busy
+                    .iter()
+                    .any(|why| why.contains(&format!("({}'s ", r.target)))
         })
         .map(|r| r.id.clone())
         .collect();
@@ -274,6 +281,7 @@ mod tests {
             can_fence: true,
             bmc_reachable: BTreeMap::new(),
             boot_id: None,
+            boot_reported_at: None,
         });
         let never = host("cp-2", None);
         let mut worker = host("w-1", None);
