@@ -19,6 +19,9 @@ use metalguard_e2e::etcd::EtcdCluster;
 use metalguard_e2e::ipmi::{IpmiOptions, IpmiSim, PowerEvent, Privilege};
 use metalguard_e2e::ports::reserve_port;
 use metalguard_e2e::process::{Proc, tail_of};
+use metalguard_e2e::soak::history::Event;
+use metalguard_e2e::soak::logs::{Tail, Writer, parse_line};
+use metalguard_e2e::soak::recorder::unix_ms;
 
 /// A workspace binary next to this test's own directory (`target/<profile>/NAME`).
 fn workspace_bin(name: &str) -> PathBuf {
@@ -247,10 +250,27 @@ impl Stack {
         (Proc::spawn(name, command, &log).unwrap(), log)
     }
 
+    /// When controller `name` last began leading (Unix ms), from its log.
+    fn leader_began(&self, name: &str) -> Option<u64> {
+        let mut tail = Tail::new(self.dir.path().join(format!("{name}.log")));
+        tail.new_lines()
+            .iter()
+            .filter_map(
+                |line| match parse_line(&Writer::Controller(name.to_owned()), line) {
+                    Some((at, Event::Leader { .. })) => Some(at),
+                    _ => None,
+                },
+            )
+            .max()
+    }
+
     /// The leader's id as `status` shows it (`none` while nobody leads), and how many hosts'
-    /// last reports are under 2 s old (the leader records every report it accepts; a
-    /// follower records none).
+    /// stored reports it received since it began leading (a new leader stores each host's
+    /// first report; a follower stores none). Not "under 2 s old": the store gets an
+    /// unchanged report only once per heartbeat interval (15 s here), so that window was
+    /// missed when `status` itself took seconds under the whole suite's load.
     fn leader_and_fresh_reports(&self) -> (String, usize) {
+        let asked_at = unix_ms();
         let out = Command::new(workspace_bin("metalguard-controller"))
             .args(["status", "--inventory"])
             .arg(&self.inventory)
@@ -263,13 +283,19 @@ impl Stack {
             .unwrap_or("none")
             .trim()
             .to_owned();
-        // "  w-1: agent 0.1.0 report #12 0.4s ago, 1 conditions"
+        // "  w-1: agent 0.1.0 report #12 0.4s ago, 1 conditions". `status` measured the age
+        // at or after `asked_at`: `asked_at - age` is at most when the report was received.
+        let began = self.leader_began(&leader);
         let fresh = text
             .lines()
             .filter_map(|l| l.split(" report #").nth(1))
             .filter_map(|rest| rest.split_whitespace().nth(1))
             .filter_map(|age| age.trim_end_matches('s').parse::<f64>().ok())
-            .filter(|age| *age < 2.0)
+            .filter(|age| {
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let age_ms = (age * 1000.0) as u64;
+                began.is_some_and(|b| asked_at.saturating_sub(age_ms) >= b)
+            })
             .count();
         (leader, fresh)
     }
