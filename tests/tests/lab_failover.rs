@@ -48,6 +48,19 @@ fn term_seen_at(lab: &Lab, i: usize, term: u64) -> Option<u64> {
     })
 }
 
+/// No host was powered off since `since` (Unix ms): all of them were healthy.
+fn assert_no_power_off_since(lab: &Lab, since: u64) {
+    let offs: Vec<usize> = (0..lab.hosts().len())
+        .map(|i| lab.power_offs_since(i, since).unwrap())
+        .collect();
+    assert!(
+        offs.iter().all(|&n| n == 0),
+        "healthy hosts were powered off while the leader was paused (per host: {offs:?})\n--- timeline\n{}\n--- logs\n{}",
+        lab.timeline.render(),
+        lab.logs()
+    );
+}
+
 #[test]
 fn agents_reach_a_new_leader_in_time_when_the_old_one_is_paused_and_no_healthy_host_is_fenced() {
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
@@ -87,15 +100,7 @@ fn agents_reach_a_new_leader_in_time_when_the_old_one_is_paused_and_no_healthy_h
         "agents reached the new leader (term {new_term}) later than the heartbeat timeout ({heartbeat:?}) after it began: {late:?}\n--- logs\n{}",
         lab.logs()
     );
-    let offs: Vec<usize> = (0..lab.hosts().len())
-        .map(|i| lab.power_offs_since(i, since).unwrap())
-        .collect();
-    assert!(
-        offs.iter().all(|&n| n == 0),
-        "healthy hosts were powered off while the leader was paused (per host: {offs:?})\n--- timeline\n{}\n--- logs\n{}",
-        lab.timeline.render(),
-        lab.logs()
-    );
+    assert_no_power_off_since(&lab, since);
 }
 
 #[test]
@@ -147,13 +152,5 @@ fn an_agent_started_while_the_leader_is_paused_asks_the_next_leader_again_instea
         "the restarted agent reached the new leader (term {new_term}) {after:?} ms after it began, not within the heartbeat timeout ({heartbeat:?})\n--- logs\n{}",
         lab.logs()
     );
-    let offs: Vec<usize> = (0..lab.hosts().len())
-        .map(|i| lab.power_offs_since(i, since).unwrap())
-        .collect();
-    assert!(
-        offs.iter().all(|&n| n == 0),
-        "healthy hosts were powered off while the leader was paused (per host: {offs:?})\n--- timeline\n{}\n--- logs\n{}",
-        lab.timeline.render(),
-        lab.logs()
-    );
+    assert_no_power_off_since(&lab, since);
 }

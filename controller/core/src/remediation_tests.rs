@@ -556,6 +556,23 @@ fn the_largest_max_retry_retries_without_overflowing() {
     assert_eq!(second.attempt, 2);
 }
 
+/// w-0 (boot `w-0-boot-0`, its kubelet down) remediated through a BMC that says yes and does
+/// nothing, up to the wait for its node after the "verified" power-on; no retries.
+fn lying_bmc_waiting_for_node(rid: &str) -> World {
+    let mut w = world(2, &[], |w| {
+        w.policy.remediation.max_retry = 0;
+        w.host_mut("w-0").unwrap().agent.as_mut().unwrap().boot_id = Some("w-0-boot-0".into());
+        w.bmc_lying.insert("w-0".into());
+        w.kubelet_down.insert("w-0".into());
+    });
+    while phase_or_none(&w, rid) != Some(P::WaitingForNode) {
+        w.step().unwrap();
+        w.advance(1);
+        assert!(w.log.len() < 50, "{:?}", w.log);
+    }
+    w
+}
+
 /// Issue 24, item 3: a remediation is done only when the target reports a new boot ID after
 /// its verified power-on. A BMC that says yes to off and on and does nothing (the kubelet
 /// came back on its own) is caught: ready, but still the boot from before the fence. A report
@@ -564,18 +581,8 @@ fn the_largest_max_retry_retries_without_overflowing() {
 /// node deadline (20 minutes, during which no other control-plane host would be remediated).
 #[test]
 fn a_power_cycle_that_booted_nothing_is_not_taken_for_a_recovery() {
-    let mut w = world(2, &[], |w| {
-        w.policy.remediation.max_retry = 0;
-        w.host_mut("w-0").unwrap().agent.as_mut().unwrap().boot_id = Some("w-0-boot-0".into());
-        w.bmc_lying.insert("w-0".into());
-        w.kubelet_down.insert("w-0".into());
-    });
     let rid = "remediation/w-0/1";
-    while phase_or_none(&w, rid) != Some(P::WaitingForNode) {
-        w.step().unwrap();
-        w.advance(1);
-        assert!(w.log.len() < 50, "{:?}", w.log);
-    }
+    let mut w = lying_bmc_waiting_for_node(rid);
     let started = w.snap.remediations.iter().find(|r| r.id == rid).unwrap();
     assert_eq!(started.boot_before.as_deref(), Some("w-0-boot-0"));
     // The kubelet comes back by itself: ready, same boot; too soon after the power-on to
@@ -601,18 +608,8 @@ fn a_power_cycle_that_booted_nothing_is_not_taken_for_a_recovery() {
 /// hung), nothing is proven: the attempt waits for the node deadline, as before.
 #[test]
 fn a_silent_target_with_its_old_boot_waits_for_the_node_deadline() {
-    let mut w = world(2, &[], |w| {
-        w.policy.remediation.max_retry = 0;
-        w.host_mut("w-0").unwrap().agent.as_mut().unwrap().boot_id = Some("w-0-boot-0".into());
-        w.bmc_lying.insert("w-0".into());
-        w.kubelet_down.insert("w-0".into());
-    });
     let rid = "remediation/w-0/1";
-    while phase_or_none(&w, rid) != Some(P::WaitingForNode) {
-        w.step().unwrap();
-        w.advance(1);
-        assert!(w.log.len() < 50, "{:?}", w.log);
-    }
+    let mut w = lying_bmc_waiting_for_node(rid);
     // The host dies now: its agent says nothing more after the power-on.
     w.broken.insert("w-0".into());
     w.refresh();
