@@ -558,8 +558,9 @@ fn the_largest_max_retry_retries_without_overflowing() {
 
 /// w-0 (boot `w-0-boot-0`, its kubelet down) remediated through a BMC that says yes and does
 /// nothing, up to the wait for its node after the "verified" power-on; no retries.
-fn lying_bmc_waiting_for_node(rid: &str) -> World {
+fn lying_bmc_waiting_for_node(rid: &str, tweak: impl FnOnce(&mut World)) -> World {
     let mut w = world(2, &[], |w| {
+        tweak(w);
         w.policy.remediation.max_retry = 0;
         w.host_mut("w-0").unwrap().agent.as_mut().unwrap().boot_id = Some("w-0-boot-0".into());
         w.bmc_lying.insert("w-0".into());
@@ -582,7 +583,7 @@ fn lying_bmc_waiting_for_node(rid: &str) -> World {
 #[test]
 fn a_power_cycle_that_booted_nothing_is_not_taken_for_a_recovery() {
     let rid = "remediation/w-0/1";
-    let mut w = lying_bmc_waiting_for_node(rid);
+    let mut w = lying_bmc_waiting_for_node(rid, |_| {});
     let started = w.snap.remediations.iter().find(|r| r.id == rid).unwrap();
     assert_eq!(started.boot_before.as_deref(), Some("w-0-boot-0"));
     // The kubelet comes back by itself: ready, same boot; too soon after the power-on to
@@ -591,7 +592,11 @@ fn a_power_cycle_that_booted_nothing_is_not_taken_for_a_recovery() {
     w.refresh();
     run(&mut w, 3);
     assert_eq!(phase(&w, rid), P::WaitingForNode, "{:?}", w.log);
-    w.advance(30);
+    // Still within the heartbeat timeout (60 s here) of the power-on: not proof yet.
+    w.advance(24);
+    w.step().unwrap();
+    assert_eq!(phase(&w, rid), P::WaitingForNode, "{:?}", w.log);
+    w.advance(6);
     w.step().unwrap();
     match phase(&w, rid) {
         P::Failed { reason } => assert!(
@@ -604,12 +609,44 @@ fn a_power_cycle_that_booted_nothing_is_not_taken_for_a_recovery() {
     }
 }
 
+/// With a heartbeat timeout under 30 s the proof still needs 30 s after the power-on: a report
+/// sent just before the power went off may arrive just after it was verified off.
+#[test]
+fn a_report_of_the_old_boot_proves_nothing_within_30_s_of_the_power_on() {
+    let rid = "remediation/w-0/1";
+    let mut w = lying_bmc_waiting_for_node(rid, |w| {
+        for check in &mut w.policy.health_checks {
+            check.agent_heartbeat_timeout = Some(std::time::Duration::from_secs(5));
+        }
+    });
+    let since = w
+        .snap
+        .remediations
+        .iter()
+        .find(|r| r.id == rid)
+        .unwrap()
+        .phase_since;
+    w.kubelet_down.remove("w-0");
+    let until = |w: &World, secs: u64| secs.saturating_sub(w.now.since(since).as_secs());
+    let wait = until(&w, 29);
+    w.advance(wait);
+    w.step().unwrap();
+    assert_eq!(phase(&w, rid), P::WaitingForNode, "{:?}", w.log);
+    w.advance(2);
+    w.step().unwrap();
+    assert!(
+        matches!(phase(&w, rid), P::Failed { reason } if reason.contains("did not take")),
+        "{:?}",
+        w.log
+    );
+}
+
 /// Without a report of the old boot after the power-on (the agent silent, the host down or
 /// hung), nothing is proven: the attempt waits for the node deadline, as before.
 #[test]
 fn a_silent_target_with_its_old_boot_waits_for_the_node_deadline() {
     let rid = "remediation/w-0/1";
-    let mut w = lying_bmc_waiting_for_node(rid);
+    let mut w = lying_bmc_waiting_for_node(rid, |_| {});
     // The host dies now: its agent says nothing more after the power-on.
     w.broken.insert("w-0".into());
     w.refresh();
