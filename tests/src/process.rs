@@ -108,6 +108,14 @@ impl Proc {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// How the process ended, once it has (reaped here); `None` while it runs or after
+    /// [`Proc::kill`].
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// Fails with the log tail if the process has exited.
     pub fn ensure_running(&mut self) -> Result<()> {
         if self.is_running() {

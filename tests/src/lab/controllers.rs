@@ -6,14 +6,39 @@
 //! Identities are `ctl-<slot+1>-run-<n>`: the slot names the replica in the soak's history,
 //! the run tells restarts apart.
 
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Lab, LabOptions};
 use crate::Result;
 use crate::ports::{PortLease, reserve_port};
 use crate::process::Proc;
+
+/// How long systemd waits before starting the standalone controller again
+/// (`RestartSec=2s` in `systemd/metalguard-controller.service`).
+const SYSTEMD_RESTART_SEC: Duration = Duration::from_secs(2);
+/// The kubelet's restart back-off for a container that exited: 10 s, doubled after each
+/// exit up to 5 minutes, and back to 10 s once the container ran 10 minutes.
+const KUBELET_BACKOFF_START: Duration = Duration::from_secs(10);
+const KUBELET_BACKOFF_MAX: Duration = Duration::from_secs(300);
+const KUBELET_BACKOFF_RESET: Duration = Duration::from_secs(600);
+
+/// A replica's exit that the lab, as its supervisor, saw ([`LabOptions::supervise_controllers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerExit {
+    /// The replica (`ctl-1`).
+    pub controller: String,
+    /// Its exit code, if it exited.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// How long until it is started again.
+    pub restart_in: Duration,
+    /// The last line of its log.
+    pub last_line: String,
+}
 
 /// One controller replica of the lab.
 #[derive(Debug)]
@@ -26,6 +51,14 @@ pub(super) struct LabController {
     pub(super) frozen: bool,
     /// The relay the agents reach it through ([`LabOptions::lag_relays`]).
     pub(super) relay: Option<super::lag::LagRelay>,
+    /// When the supervisor starts it again after it exited.
+    restart_at: Option<Instant>,
+    /// When it was last started.
+    started_at: Option<Instant>,
+    /// Exits in a row for the kubelet's back-off.
+    backoff_exits: u32,
+    /// Exits not yet taken by [`Lab::take_controller_exits`].
+    exits: Vec<ControllerExit>,
 }
 
 impl LabController {
@@ -43,6 +76,10 @@ impl LabController {
             starts: 0,
             frozen: false,
             relay: None,
+            restart_at: None,
+            started_at: None,
+            backoff_exits: 0,
+            exits: Vec::new(),
         })
     }
 
@@ -60,6 +97,48 @@ impl LabController {
 
     fn identity(&self) -> String {
         format!("{}-run-{}", self.name(), self.starts)
+    }
+
+    /// How long its supervisor waits before starting it again after an exit (`kube`: the
+    /// kubelet, otherwise systemd).
+    fn restart_delay(&mut self, kube: bool) -> Duration {
+        if !kube {
+            return SYSTEMD_RESTART_SEC;
+        }
+        if self
+            .started_at
+            .is_some_and(|t| t.elapsed() >= KUBELET_BACKOFF_RESET)
+        {
+            self.backoff_exits = 0;
+        }
+        let delay = KUBELET_BACKOFF_START
+            .saturating_mul(1 << self.backoff_exits.min(5))
+            .min(KUBELET_BACKOFF_MAX);
+        self.backoff_exits += 1;
+        delay
+    }
+
+    /// Notices that the process exited: keeps the exit and schedules the restart.
+    fn supervise(&mut self, kube: bool) -> Option<String> {
+        let p = self.process.as_mut()?;
+        let status = p.exit_status()?;
+        let last_line = p.log_tail(1).trim().to_owned();
+        self.process = None;
+        let restart_in = self.restart_delay(kube);
+        self.restart_at = Some(Instant::now() + restart_in);
+        let exit = ControllerExit {
+            controller: self.name(),
+            code: status.code(),
+            signal: status.signal(),
+            restart_in,
+            last_line,
+        };
+        let told = format!(
+            "{} exited ({status}); its supervisor starts it again in {restart_in:?}",
+            exit.controller
+        );
+        self.exits.push(exit);
+        Some(told)
     }
 }
 
@@ -104,6 +183,8 @@ impl Lab {
         }
         self.controllers[slot].starts += 1;
         self.controllers[slot].frozen = false;
+        self.controllers[slot].restart_at = None;
+        self.controllers[slot].started_at = Some(Instant::now());
         let bin = self.options.bin_dir.join("metalguard-controller");
         let c = &self.controllers[slot];
         let id = c.identity();
@@ -139,6 +220,41 @@ impl Lab {
             },
         );
         Ok(())
+    }
+
+    /// One tick's check of the replicas that are not frozen: without
+    /// [`LabOptions::supervise_controllers`] an exit is an error; with it the exit is kept
+    /// and the replica started again when its supervisor would.
+    pub(super) fn supervise_controllers(&mut self) -> Result<()> {
+        let kube = self.kube.is_some();
+        let mut told = Vec::new();
+        let mut due = Vec::new();
+        for c in self.controllers.iter_mut().filter(|c| !c.frozen) {
+            if !self.options.supervise_controllers {
+                if let Some(p) = c.process.as_mut() {
+                    p.ensure_running()?;
+                }
+            } else if let Some(line) = c.supervise(kube) {
+                told.push(line);
+            } else if c.process.is_none() && c.restart_at.is_some_and(|t| Instant::now() >= t) {
+                due.push(c.slot);
+            }
+        }
+        for line in told {
+            self.timeline.add("supervisor", line, "");
+        }
+        for slot in due {
+            self.start_controller_in(slot)?;
+        }
+        Ok(())
+    }
+
+    /// The exits the supervisor saw since the last call ([`LabOptions::supervise_controllers`]).
+    pub fn take_controller_exits(&mut self) -> Vec<ControllerExit> {
+        self.controllers
+            .iter_mut()
+            .flat_map(|c| std::mem::take(&mut c.exits))
+            .collect()
     }
 
     /// Kills controller replica `slot` (SIGKILL, as a crash would).
@@ -213,5 +329,21 @@ pub(super) fn check_count(options: &LabOptions) -> Result<()> {
             "the lab runs one or two controllers, not {}",
             options.controllers
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn systemd_waits_2_s_and_the_kubelet_backs_off_from_10_s_doubling_to_5_minutes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = LabController::new(0, dir.path()).unwrap();
+        assert_eq!(c.restart_delay(false), Duration::from_secs(2));
+        let delays: Vec<u64> = (0..7).map(|_| c.restart_delay(true).as_secs()).collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 300, 300]);
+        c.started_at = Instant::now().checked_sub(KUBELET_BACKOFF_RESET);
+        assert_eq!(c.restart_delay(true), Duration::from_secs(10));
     }
 }

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub use controllers::ControllerExit;
 use controllers::LabController;
 use host::HostPlacement;
 pub use host::{BmcKind, LabHost, Standing};
@@ -74,6 +75,9 @@ pub struct Timings {
     pub retry_period: Duration,
     /// The agents' `[controller] request_timeout` (`None`: the agent's default).
     pub agent_request_timeout: Option<Duration>,
+    /// Kubernetes mode: how long `Ready=Unknown` must hold before a host is unhealthy
+    /// (`None`: [`Timings::unhealthy_timeout`]).
+    pub ready_unknown_timeout: Option<Duration>,
 }
 
 impl Default for Timings {
@@ -87,6 +91,7 @@ impl Default for Timings {
             max_retry: 1,
             retry_period: Duration::from_secs(2),
             agent_request_timeout: None,
+            ready_unknown_timeout: None,
         }
     }
 }
@@ -150,6 +155,10 @@ pub struct LabOptions {
     /// Agents reach each controller through a relay that can hold bytes
     /// ([`Lab::set_controller_lag`]; the soak's `leader-lag` fault).
     pub lag_relays: bool,
+    /// A controller replica that exits on its own is started again as its supervisor would
+    /// ([`Lab::take_controller_exits`] lists the exits); without it an exit fails the next
+    /// tick, as a test wants.
+    pub supervise_controllers: bool,
 }
 
 /// The controller's backend in the lab.
@@ -203,6 +212,7 @@ impl LabOptions {
             backend: LabBackend::default(),
             controllers: 1,
             lag_relays: false,
+            supervise_controllers: false,
         }
     }
 }
@@ -888,13 +898,7 @@ impl Lab {
             }
             self.supervise_spare(i)?;
         }
-        for c in &mut self.controllers {
-            if let Some(p) = c.process.as_mut()
-                && !c.frozen
-            {
-                p.ensure_running()?;
-            }
-        }
+        self.supervise_controllers()?;
         if let Some(kube) = self.kube.as_mut() {
             for name in kube.register_due() {
                 self.timeline.add(

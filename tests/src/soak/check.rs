@@ -132,11 +132,15 @@ pub enum Rule {
     NoRecovery,
     /// An acknowledged write was not found at the end.
     AckedLost,
+    /// A controller replica crashed: it panicked (exit code 101) or a signal the nemesis did
+    /// not send ended it. An exit with an error (the API server out of reach at start-up) is
+    /// by design and only counted.
+    ControllerCrashed,
 }
 
 impl Rule {
     /// Every rule, in the order they are documented.
-    pub const ALL: [Rule; 8] = [
+    pub const ALL: [Rule; 9] = [
         Rule::UnjustifiedPowerOff,
         Rule::TwoHostsOff,
         Rule::QuorumCut,
@@ -145,6 +149,7 @@ impl Rule {
         Rule::OlderTermExecuted,
         Rule::NoRecovery,
         Rule::AckedLost,
+        Rule::ControllerCrashed,
     ];
 
     /// The rule's stable kebab-case name (the same as in the JSON verdict).
@@ -158,6 +163,7 @@ impl Rule {
             Rule::OlderTermExecuted => "older-term-executed",
             Rule::NoRecovery => "no-recovery",
             Rule::AckedLost => "acked-lost",
+            Rule::ControllerCrashed => "controller-crashed",
         }
     }
 }
@@ -223,6 +229,7 @@ pub fn check(history: &[Entry], params: &Params) -> Verdict {
         &index, params, &mut notes,
     ));
     violations.extend(find_lost_acks(&ordered));
+    violations.extend(find_controller_crashes(&ordered));
     violations.sort_by(|a, b| (a.t, a.rule, &a.message).cmp(&(b.t, b.rule, &b.message)));
     notes.sort();
 
@@ -266,6 +273,37 @@ fn find_lost_acks(ordered: &[&Entry]) -> Vec<Violation> {
                 t,
                 message: format!("acknowledged key {key} was not found by the final read"),
             })
+        })
+        .collect()
+}
+
+/// The exit code of a Rust program that panicked.
+const PANIC_EXIT_CODE: i32 = 101;
+
+/// Rule controller-crashed: every controller exit by a panic or a signal.
+fn find_controller_crashes(ordered: &[&Entry]) -> Vec<Violation> {
+    ordered
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ControllerExit {
+                controller,
+                code,
+                signal,
+                last_line,
+                ..
+            } => {
+                let how = match (code, signal) {
+                    (Some(PANIC_EXIT_CODE), _) => "panicked (exit code 101)".to_owned(),
+                    (_, Some(signal)) => format!("was ended by signal {signal}"),
+                    _ => return None,
+                };
+                Some(Violation {
+                    rule: Rule::ControllerCrashed,
+                    t: e.t,
+                    message: format!("{controller} {how}; its log ends: {last_line}"),
+                })
+            }
+            _ => None,
         })
         .collect()
 }

@@ -219,6 +219,23 @@ pub enum Event {
         /// The term.
         term: u64,
     },
+    /// A controller replica exited on its own (not killed by the nemesis) and its supervisor
+    /// will start it again (the lab plays systemd's `Restart=on-failure` or the kubelet's
+    /// restart back-off).
+    ControllerExit {
+        /// The replica (`ctl-1`).
+        controller: String,
+        /// Its exit code, if it exited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<i32>,
+        /// The signal that ended it, if one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        /// How long until the supervisor starts it again, in milliseconds.
+        restart_in_ms: u64,
+        /// The last line of its log (the error it gave).
+        last_line: String,
+    },
     /// A controller persisted an intent.
     Intent {
         /// The controller.

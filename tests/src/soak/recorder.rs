@@ -178,6 +178,15 @@ impl Recorder {
         while let Ok((at, event)) = self.samples.try_recv() {
             self.record_at(at, event);
         }
+        for exit in lab.take_controller_exits() {
+            self.record(Event::ControllerExit {
+                controller: exit.controller,
+                code: exit.code,
+                signal: exit.signal,
+                restart_in_ms: u64::try_from(exit.restart_in.as_millis()).unwrap_or(u64::MAX),
+                last_line: exit.last_line,
+            });
+        }
         for i in 0..lab.hosts().len() {
             let healthy = lab.host_healthy(i);
             if self.health[i] != Some(healthy) {

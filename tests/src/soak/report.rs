@@ -53,6 +53,11 @@ pub fn table(verdict: &Verdict, backend: &str, seed: u64) -> String {
     row(&mut out, "leaderships", stats.leaderships);
     row(&mut out, "highest term", stats.highest_term);
     row(&mut out, "newer terms seen by agents", stats.terms_seen);
+    row(
+        &mut out,
+        "controller exits (restarted)",
+        stats.controller_exits,
+    );
     section(&mut out, "workload");
     match stats.workload {
         Some(w) => {

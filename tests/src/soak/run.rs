@@ -63,6 +63,16 @@ pub struct Outcome {
     pub history: PathBuf,
 }
 
+/// Kubernetes mode: how long `Ready=Unknown` must hold before the soak's check finds a host
+/// unhealthy. A healthy kubelet's heartbeats stall for as long as kube-apiserver waits on a
+/// hung etcd member ([`crate::lab::kube::APISERVER_ETCD_STALL`], which the lab cannot
+/// shorten: it is gRPC's keepalive), and kube-controller-manager marks its Node `Unknown`
+/// after its grace period: a timeout shorter than both fences healthy hosts whenever another
+/// host hangs (the 202 soak did, at 13:16). So the soak, like a production check (300 s in
+/// the seeds' examples), waits longer than the stall; hung hosts are still found in seconds
+/// by their silent agents (`agentHeartbeatTimeout`).
+pub const KUBE_READY_UNKNOWN_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// The schedule's shape for a lab with these timings.
 pub fn shape(options: &SoakOptions, timings: &Timings) -> Shape {
     Shape {
@@ -101,6 +111,12 @@ pub fn run(options: &SoakOptions) -> Result<Outcome> {
             Some(super::nemesis::agent_request_timeout(lease));
     }
     lab_options.live = options.live;
+    // A replica that exits is started again, as systemd or the kubelet would; the exit is in
+    // the history, and a panic is a violation.
+    lab_options.supervise_controllers = true;
+    if options.kubernetes {
+        lab_options.timings.ready_unknown_timeout = Some(KUBE_READY_UNKNOWN_TIMEOUT);
+    }
     lab_options.netns = options.netns && !options.kubernetes;
     lab_options.redfish_power_delay = true;
     lab_options.timings.max_retry = 2;

@@ -255,7 +255,8 @@ impl KubeSide {
                 "selector": {"matchLabels": {"pool": "control-plane"}},
                 "unhealthyConditions": [
                     {"type": "Ready", "status": "False", "timeout": ms(t.unhealthy_timeout)},
-                    {"type": "Ready", "status": "Unknown", "timeout": ms(t.unhealthy_timeout)},
+                    {"type": "Ready", "status": "Unknown",
+                        "timeout": ms(t.ready_unknown_timeout.unwrap_or(t.unhealthy_timeout))},
                 ],
                 "agentHeartbeatTimeout": ms(t.heartbeat_timeout),
                 "remediation": {

@@ -86,6 +86,21 @@ fn event() -> impl Strategy<Value = Event> {
             reason
         }),
         (name(), any::<u64>()).prop_map(|(controller, term)| Event::Leader { controller, term }),
+        (
+            name(),
+            proptest::option::of(prop_oneof![Just(1), Just(101), any::<i32>()]),
+            proptest::option::of(1i32..32),
+            word()
+        )
+            .prop_map(
+                |(controller, code, signal, last_line)| Event::ControllerExit {
+                    controller,
+                    code,
+                    signal,
+                    restart_in_ms: 10_000,
+                    last_line,
+                }
+            ),
         (proptest::collection::vec(member, 0..7), any::<bool>())
             .prop_map(|(members, quorum)| Event::EtcdSample { members, quorum }),
         (word(), name(), word()).prop_map(|(id, target, phase)| Event::Remediation {
@@ -165,6 +180,7 @@ fn source(event: &Event) -> String {
         Event::Leader { controller, .. } | Event::Intent { controller, .. } => {
             format!("controller {controller}")
         }
+        Event::ControllerExit { controller, .. } => format!("supervisor {controller}"),
         Event::EtcdSample { .. } => "observer".into(),
         Event::Remediation { .. } => "store".into(),
         Event::HostHealth { .. } => "health".into(),

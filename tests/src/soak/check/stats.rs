@@ -26,6 +26,8 @@ pub struct Stats {
     pub commands_refused_older_term: u64,
     /// Power cuts the agents' own quorum check refused.
     pub power_cuts_refused: u64,
+    /// Controller replicas that exited on their own and were started again.
+    pub controller_exits: u64,
     /// Leaderships begun.
     pub leaderships: u64,
     /// The highest term a leadership began in.
@@ -73,6 +75,7 @@ impl Stats {
                 Event::CommandRefused { .. } => bump(&mut stats.commands_refused_older_term, 1),
                 Event::PowerCutRefused { .. } => bump(&mut stats.power_cuts_refused, 1),
                 Event::TermSeen { .. } => bump(&mut stats.terms_seen, 1),
+                Event::ControllerExit { .. } => bump(&mut stats.controller_exits, 1),
                 Event::Leader { term, .. } => {
                     bump(&mut stats.leaderships, 1);
                     stats.highest_term = stats.highest_term.max(*term);

@@ -1,8 +1,9 @@
 //! The rules over the cluster: quorum-lost and schedule-exceeded, older-term-executed,
-//! no-recovery and acked-lost.
+//! no-recovery, acked-lost and controller-crashed.
 
 use super::{HistoryBuilder, found, quiet, s, verdict};
 use crate::soak::check::Rule;
+use crate::soak::history::Event;
 use crate::soak::history::FaultKind::{AgentKill, EtcdHang, HostHang, Partition};
 
 #[test]
@@ -192,4 +193,30 @@ fn failed_writes_with_nothing_acknowledged_lost_are_no_violation() {
     b.workload(s(10), 500, 3, &[]);
     assert_eq!(found(&b, Rule::AckedLost), Vec::<String>::new());
     assert_eq!(verdict(&b).stats.workload.map(|w| w.failed), Some(3));
+}
+
+fn controller_exit(code: Option<i32>, signal: Option<i32>) -> Event {
+    Event::ControllerExit {
+        controller: "ctl-2".into(),
+        code,
+        signal,
+        restart_in_ms: 10_000,
+        last_line: "error: the API server could not be reached".into(),
+    }
+}
+
+#[test]
+fn a_controller_that_panicked_or_died_of_a_signal_crashed_and_one_that_gave_up_did_not() {
+    let mut b = quiet(10);
+    b.push(s(2), controller_exit(Some(1), None))
+        .push(s(4), controller_exit(Some(101), None))
+        .push(s(6), controller_exit(None, Some(6)));
+    assert_eq!(
+        found(&b, Rule::ControllerCrashed),
+        vec![
+            "ctl-2 panicked (exit code 101); its log ends: error: the API server could not be reached",
+            "ctl-2 was ended by signal 6; its log ends: error: the API server could not be reached",
+        ]
+    );
+    assert_eq!(verdict(&b).stats.controller_exits, 3);
 }
