@@ -99,7 +99,20 @@ fn build_with_views_since(
                 // seen (the Node was deleted), one with neither gets the startup timeout.
                 node: match &state.nodes {
                     Some(nodes) => nodes.get(&h.name).cloned(),
-                    None => stored.map(|s| node_of(&s.report, known_since)),
+                    None => stored.map(|s| {
+                        // Conditions of a report received before this leadership began
+                        // count from when it began: a new leader does not judge on what it
+                        // heard before (a report held from before a pause said the member
+                        // was unhealthy; the soak fenced that host 29 s after it recovered,
+                        // 1.8 s into the new leadership). A fresh report replaces it within a
+                        // report interval; a silent agent is judged by its silence.
+                        let heard_since = if s.received_at < views_since {
+                            views_since
+                        } else {
+                            Timestamp(0)
+                        };
+                        node_of(&s.report, known_since, heard_since)
+                    }),
                 },
                 node_seen: stored.is_some()
                     || state
@@ -183,7 +196,14 @@ pub fn powered_off_for_retirement(state: &State, host: &str) -> bool {
 /// and the kubelet's, [`metalguard_api::protocol::RESERVED_CONDITION_TYPES`]) are dropped:
 /// an agent reporting `Ready=True` must not overrule the failing conditions next to it (the
 /// loop logs them).
-fn node_of(report: &metalguard_api::protocol::AgentReport, known_since: Timestamp) -> NodeStatus {
+/// The node a standalone host's report stands for: its conditions and a synthesized
+/// `Ready`. No condition has held longer than since `heard_since` (when the report is older
+/// than the leadership judging it; `Timestamp(0)` otherwise).
+fn node_of(
+    report: &metalguard_api::protocol::AgentReport,
+    known_since: Timestamp,
+    heard_since: Timestamp,
+) -> NodeStatus {
     let mut conditions: Vec<NodeCondition> = report
         .conditions
         .iter()
@@ -191,7 +211,7 @@ fn node_of(report: &metalguard_api::protocol::AgentReport, known_since: Timestam
         .map(|c| NodeCondition {
             type_: c.type_.clone(),
             status: c.status,
-            last_transition: c.last_transition,
+            last_transition: c.last_transition.max(heard_since),
         })
         .collect();
     conditions.push(synthesized_ready(&conditions));
@@ -298,7 +318,7 @@ role = "control-plane"
     }
 
     fn ready(report: &Report) -> ConditionStatus {
-        node_of(report, Timestamp(1))
+        node_of(report, Timestamp(1), Timestamp(0))
             .conditions
             .iter()
             .find(|c| c.type_ == READY)
@@ -381,6 +401,51 @@ role = "control-plane"
                 now
             )),
             2
+        );
+    }
+
+    #[test]
+    fn a_round_counts_a_condition_of_a_report_from_before_its_leadership_only_from_when_it_began() {
+        use std::time::Duration;
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+        let mut state = State::default();
+        let mut stored = report("cp-1", &[(1, "cp-1", false)]);
+        // Unhealthy since t=3, received at t=9.
+        stored.report.conditions = vec![condition("EtcdMemberHealthy", ConditionStatus::False)];
+        state.reports.insert("cp-1".into(), stored);
+        let received = state.reports["cp-1"].received_at;
+        let ready_since = |s: &Snapshot| {
+            let host = s.hosts.iter().find(|h| h.name == "cp-1").unwrap();
+            let ready = host.node.as_ref().unwrap().conditions.iter();
+            let ready = ready.clone().find(|c| c.type_ == READY).unwrap();
+            (ready.status, ready.last_transition)
+        };
+        let began = received.after(Duration::from_secs(20));
+        let now = began.after(Duration::from_secs(2));
+        // status: the report as it is.
+        assert_eq!(
+            ready_since(&build(&inventory, &state, began, now)),
+            (ConditionStatus::False, Timestamp(3))
+        );
+        // A leadership that began after the report was received: from when it began.
+        assert_eq!(
+            ready_since(&build_for_round(
+                &inventory,
+                &state,
+                (began, &Hearing::default()),
+                now
+            )),
+            (ConditionStatus::False, began)
+        );
+        // One that began before: the agent's own time.
+        assert_eq!(
+            ready_since(&build_for_round(
+                &inventory,
+                &state,
+                (received, &Hearing::default()),
+                now
+            )),
+            (ConditionStatus::False, Timestamp(3))
         );
     }
 
@@ -499,7 +564,7 @@ role = "control-plane"
             condition("MemoryPressure", False),
             condition("EtcdMemberHealthy", False),
         ];
-        let node = node_of(&stored.report, Timestamp(1));
+        let node = node_of(&stored.report, Timestamp(1), Timestamp(0));
         let types: Vec<&str> = node.conditions.iter().map(|c| c.type_.as_str()).collect();
         assert_eq!(
             types,
