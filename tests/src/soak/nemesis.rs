@@ -87,7 +87,6 @@ impl Nemesis {
 
     /// Starts the faults due at `now` and heals the expired ones.
     pub fn step(&mut self, lab: &mut Lab, rec: &mut Recorder, now: Duration) -> Result<()> {
-        let mut recovered = Vec::new();
         let mut i = 0;
         while i < self.active.len() {
             if self.active[i].until <= now {
@@ -96,16 +95,12 @@ impl Nemesis {
             } else {
                 let a = &mut self.active[i];
                 if let (Some(since), Hit::Controller(c)) = (a.kill_after_intent, a.hit)
-                    && let Some(target) =
-                        rec.power_off_intent_after(&lab.controller_names()[c], since)
+                    && rec.power_off_intent_after(&lab.controller_names()[c], since)
                 {
                     // Its answers (the command among them) are held in the relay: it crashes
                     // with them in flight. A power-off begins a remediation: agents are
                     // waiting on a long-poll for it (after a command, its executor is busy
                     // sending the result, and gets the next one from whoever leads next).
-                    // The target recovers at the same moment, so the next leader has reason
-                    // to call the fence off, and only a term check stops the held command.
-                    recovered.push(target.to_owned());
                     lab.kill_controller_in(c);
                     a.kill_after_intent = None;
                 }
@@ -117,18 +112,6 @@ impl Nemesis {
                     a.toggle = Some((now + next, !frozen));
                 }
                 i += 1;
-            }
-        }
-        for target in recovered {
-            let Some(h) = lab.hosts().iter().position(|x| x.name == target) else {
-                continue;
-            };
-            let (ending, staying): (Vec<Active>, Vec<Active>) = std::mem::take(&mut self.active)
-                .into_iter()
-                .partition(|a| a.hit == Hit::Host(h) && a.fault.afflicts_host());
-            self.active = staying;
-            for a in ending {
-                heal(lab, rec, &a)?;
             }
         }
         while self.plan.front().is_some_and(|p| p.at <= now) {

@@ -53,9 +53,8 @@ pub struct Recorder {
     samples: Receiver<(u64, Event)>,
     /// The highest term each controller replica has begun leading in.
     leader_terms: BTreeMap<String, u64>,
-    /// When each controller replica last persisted a power-off intent (history time), and
-    /// its target.
-    last_power_off: BTreeMap<String, (u64, String)>,
+    /// When each controller replica last persisted a power-off intent (history time).
+    last_power_off: BTreeMap<String, u64>,
 }
 
 impl Recorder {
@@ -115,14 +114,8 @@ impl Recorder {
         if let Event::Intent { controller, op, .. } = &entry.event
             && op.ends_with("/power-off")
         {
-            let target = op.split('/').nth(1).unwrap_or_default().to_owned();
-            let last = self
-                .last_power_off
-                .entry(controller.clone())
-                .or_insert((0, String::new()));
-            if entry.t >= last.0 {
-                *last = (entry.t, target);
-            }
+            let last = self.last_power_off.entry(controller.clone()).or_default();
+            *last = (*last).max(entry.t);
         }
         if let Ok(line) = serde_json::to_string(&entry) {
             let _ = writeln!(self.raw, "{line}");
@@ -130,13 +123,11 @@ impl Recorder {
         self.entries.push(entry);
     }
 
-    /// The target of the power-off intent `controller` persisted after history time `since`,
-    /// if it did.
-    pub fn power_off_intent_after(&self, controller: &str, since: u64) -> Option<&str> {
+    /// Whether `controller` persisted a power-off intent after history time `since`.
+    pub fn power_off_intent_after(&self, controller: &str, since: u64) -> bool {
         self.last_power_off
             .get(controller)
-            .filter(|(t, _)| *t > since)
-            .map(|(_, target)| target.as_str())
+            .is_some_and(|&t| t > since)
     }
 
     /// The controller replica that began the newest leadership seen in the logs.
