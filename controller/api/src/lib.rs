@@ -13,6 +13,7 @@
 
 pub mod bmc;
 pub mod duration;
+pub mod identity;
 #[cfg(feature = "k8s")]
 pub mod k8s;
 pub mod limits;
