@@ -60,6 +60,11 @@ pub struct IpmiOptions {
     pub password: String,
     /// The address the BMC listens on (127.0.0.1 by default).
     pub bind: Ipv4Addr,
+    /// The system UUID the BMC answers Get System GUID with (canonical text; random by
+    /// default), sent in SMBIOS byte order ([`smbios_guid_hex`]). `None`: pyghmi answers Get
+    /// System GUID with completion code 0xC1; ipmi_sim refuses to start (it needs a GUID for
+    /// RMCP+).
+    pub system_uuid: Option<String>,
 }
 
 impl Default for IpmiOptions {
@@ -68,8 +73,27 @@ impl Default for IpmiOptions {
             initially_on: true,
             password: tools::random_token(16),
             bind: Ipv4Addr::LOCALHOST,
+            system_uuid: Some(tools::random_uuid()),
         }
     }
+}
+
+/// `uuid` (canonical text) as the 32 hex digits of its 16 bytes in SMBIOS order (DSP0134
+/// §7.2.1: `time_low`, `time_mid` and `time_hi_and_version` little-endian, the rest as
+/// written): what a BMC following that convention sends for Get System GUID. Written here
+/// independently of the client's decoder, which the tests check against it.
+pub fn smbios_guid_hex(uuid: &str) -> Result<String> {
+    let hex: String = uuid.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(HarnessError::Other(format!("not a uuid: {uuid}")));
+    }
+    let byte = |i: usize| &hex[i * 2..i * 2 + 2];
+    let order = [3, 2, 1, 0, 5, 4, 7, 6, 8, 9, 10, 11, 12, 13, 14, 15];
+    Ok(order
+        .iter()
+        .map(|&i| byte(i))
+        .collect::<String>()
+        .to_lowercase())
 }
 
 /// State shared by both IPMI flavours: the directory, the port and the power record.
@@ -78,6 +102,7 @@ struct IpmiState {
     bind: Ipv4Addr,
     port: PortLease,
     password: String,
+    system_uuid: Option<String>,
     dir: tempfile::TempDir,
 }
 
@@ -93,6 +118,7 @@ impl IpmiState {
             bind: options.bind,
             port: reserve_port()?,
             password: options.password,
+            system_uuid: options.system_uuid,
             dir,
         };
         power::init(state.dir.path(), options.initially_on)?;
@@ -178,6 +204,12 @@ impl IpmiSim {
     /// Starts the simulator and waits until it answers.
     pub fn start(options: IpmiOptions) -> Result<Self> {
         let program = tools::program("ipmi_sim")?;
+        let Some(uuid) = options.system_uuid.as_deref() else {
+            return Err(HarnessError::Other(
+                "ipmi_sim needs a system GUID: it offers RMCP+ only with one".into(),
+            ));
+        };
+        let guid = smbios_guid_hex(uuid)?;
         let state = IpmiState::new("ipmisim", options)?;
         let dir = state.dir.path();
         let control = dir.join("chassis_control");
@@ -185,7 +217,14 @@ impl IpmiSim {
         let lan_conf = dir.join("lan.conf");
         write_file(
             &lan_conf,
-            lan_config(state.bind, state.port.port(), &control, &state.password).as_bytes(),
+            lan_config(
+                state.bind,
+                state.port.port(),
+                &control,
+                &state.password,
+                &guid,
+            )
+            .as_bytes(),
             0o600,
         )?;
         let emu = dir.join("sim.emu");
@@ -230,6 +269,11 @@ impl IpmiSim {
     /// The shared password (tests use it to check that it never leaks).
     pub fn password(&self) -> &str {
         &self.state.password
+    }
+
+    /// The system UUID it answers Get System GUID with.
+    pub fn system_uuid(&self) -> Option<&str> {
+        self.state.system_uuid.as_deref()
     }
 
     /// Whether the simulated host is powered on.
@@ -288,6 +332,9 @@ impl PyghmiBmc {
             .arg("--password-file")
             .arg(&password_file)
             .env("PYTHONDONTWRITEBYTECODE", "1");
+        if let Some(uuid) = &state.system_uuid {
+            command.arg("--system-uuid").arg(uuid);
+        }
         let mut proc = Proc::spawn("pyghmi bmc", command, &dir.join("pyghmi.log"))?;
         state.wait_answering(&mut proc)?;
         Ok(Self { proc, state })
@@ -311,6 +358,11 @@ impl PyghmiBmc {
     /// The password (tests use it to check that it never leaks).
     pub fn password(&self) -> &str {
         &self.state.password
+    }
+
+    /// The system UUID it answers Get System GUID with (`None`: it answers 0xC1).
+    pub fn system_uuid(&self) -> Option<&str> {
+        self.state.system_uuid.as_deref()
     }
 
     /// Whether the simulated host is powered on.
@@ -350,7 +402,7 @@ sel_enable 0x20 1000 0x0a
 mc_enable 0x20
 ";
 
-fn lan_config(bind: Ipv4Addr, port: u16, control: &Path, password: &str) -> String {
+fn lan_config(bind: Ipv4Addr, port: u16, control: &Path, password: &str, guid: &str) -> String {
     let auths = "none md2 md5 straight";
     let mut text = format!(
         "name \"mgsim\"\n\
@@ -362,7 +414,7 @@ fn lan_config(bind: Ipv4Addr, port: u16, control: &Path, password: &str) -> Stri
          \x20   allowed_auths_user {auths}\n\
          \x20   allowed_auths_operator {auths}\n\
          \x20   allowed_auths_admin {auths}\n\
-         \x20   guid a123456789abcdefa123456789abcdef\n\
+         \x20   guid {guid}\n\
          \x20 endlan\n\
          \x20 chassis_control \"{}\"\n\
          \x20 user 1 false \"\" \"\" user 10 none\n",

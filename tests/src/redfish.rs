@@ -55,6 +55,9 @@ pub struct RedfishOptions {
     pub password: String,
     /// The address it listens on (127.0.0.1 by default; the HTTPS certificate names it).
     pub bind: Ipv4Addr,
+    /// Give every system a `SerialNumber` (sushy-tools has none; the launcher adds it): true
+    /// by default.
+    pub serial_numbers: bool,
 }
 
 impl Default for RedfishOptions {
@@ -68,6 +71,7 @@ impl Default for RedfishOptions {
             username: "admin".to_owned(),
             password: tools::random_token(16),
             bind: Ipv4Addr::LOCALHOST,
+            serial_numbers: true,
         }
     }
 }
@@ -79,6 +83,7 @@ pub struct RedfishBmc {
     port: PortLease,
     options: RedfishOptions,
     system_ids: Vec<String>,
+    serial_numbers: Vec<String>,
     cert: Option<(ServerCert, ServerCertFiles)>,
     creds_dir: PathBuf,
     dir: tempfile::TempDir,
@@ -121,6 +126,18 @@ impl RedfishBmc {
         };
 
         let system_ids: Vec<String> = (0..options.systems).map(|_| tools::random_uuid()).collect();
+        let serial_numbers: Vec<String> = if options.serial_numbers {
+            (0..options.systems)
+                .map(|i| format!("MG-{i}-{}", tools::random_token(8).to_uppercase()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let serials: serde_json::Map<String, serde_json::Value> = system_ids
+            .iter()
+            .zip(&serial_numbers)
+            .map(|(id, serial)| (id.clone(), serde_json::Value::from(serial.as_str())))
+            .collect();
         let config = dir.path().join("emulator.conf");
         let text = emulator_config(
             &options,
@@ -150,6 +167,10 @@ impl RedfishBmc {
             )
             .env("MG_POWER_DIR", dir.path())
             .env(
+                "MG_SUSHY_SERIALS",
+                serde_json::Value::Object(serials).to_string(),
+            )
+            .env(
                 "MG_POWER_INITIAL",
                 if options.initially_on { "On" } else { "Off" },
             )
@@ -160,6 +181,7 @@ impl RedfishBmc {
             port,
             options,
             system_ids,
+            serial_numbers,
             cert,
             creds_dir,
             dir,
@@ -191,6 +213,12 @@ impl RedfishBmc {
     /// The system ids (UUIDs) the emulator lists, in creation order.
     pub fn system_ids(&self) -> &[String] {
         &self.system_ids
+    }
+
+    /// The `SerialNumber` of system `i`, if it has one ([`RedfishOptions::serial_numbers`]).
+    /// Its `UUID` is its id ([`RedfishBmc::system_ids`]).
+    pub fn serial_number(&self, i: usize) -> Option<&str> {
+        self.serial_numbers.get(i).map(String::as_str)
     }
 
     /// `/redfish/v1/Systems/<id>` of system `i`.

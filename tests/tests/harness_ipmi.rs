@@ -165,3 +165,75 @@ fn pyghmi_bmc_power_is_switched_and_replies_can_be_delayed() {
     );
     assert!(bmc.power_on().unwrap());
 }
+
+/// DSP0134 §7.2.1's example UUID and its SMBIOS-order bytes.
+const SPEC_UUID: &str = "00112233-4455-6677-8899-aabbccddeeff";
+const SPEC_WIRE: &str = "33 22 11 00 55 44 77 66 88 99 aa bb cc dd ee ff";
+
+/// The bytes `ipmitool raw 0x06 0x37` (Get System GUID, an independent client) prints.
+fn raw_system_guid(port: u16, creds: &Path) -> String {
+    let out = ipmitool(port, creds, "ADMINISTRATOR", &["raw", "0x06", "0x37"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn both_simulators_send_the_configured_system_uuid_in_smbios_order() {
+    assert_eq!(
+        metalguard_e2e::ipmi::smbios_guid_hex(SPEC_UUID).unwrap(),
+        SPEC_WIRE.replace(' ', "")
+    );
+    let options = || IpmiOptions {
+        system_uuid: Some(SPEC_UUID.to_owned()),
+        ..IpmiOptions::default()
+    };
+    let sim = IpmiSim::start(options()).unwrap();
+    assert_eq!(
+        raw_system_guid(sim.port(), &sim.credentials_dir(Privilege::Admin)),
+        SPEC_WIRE
+    );
+    let bmc = PyghmiBmc::start(options()).unwrap();
+    assert_eq!(
+        raw_system_guid(bmc.port(), &bmc.credentials_dir()),
+        SPEC_WIRE
+    );
+    // Reading the identity changed no power.
+    assert!(sim.power_log().unwrap().is_empty());
+    assert!(bmc.power_log().unwrap().is_empty());
+}
+
+#[test]
+fn pyghmi_without_a_system_uuid_refuses_get_system_guid() {
+    let bmc = PyghmiBmc::start(IpmiOptions {
+        system_uuid: None,
+        ..IpmiOptions::default()
+    })
+    .unwrap();
+    let out = ipmitool(
+        bmc.port(),
+        &bmc.credentials_dir(),
+        "ADMINISTRATOR",
+        &["raw", "0x06", "0x37"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("rsp=0xc1"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        IpmiSim::start(IpmiOptions {
+            system_uuid: None,
+            ..IpmiOptions::default()
+        })
+        .is_err(),
+        "ipmi_sim offers RMCP+ only with a GUID"
+    );
+}

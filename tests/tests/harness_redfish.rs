@@ -106,3 +106,26 @@ fn stock_emulator_applies_power_changes_after_a_delay() {
         "the seeded first delay is 1-2 s"
     );
 }
+
+#[test]
+fn systems_carry_their_uuid_and_the_launchers_serial_number() {
+    let system = |bmc: &RedfishBmc| -> serde_json::Value {
+        let (code, body) = bmc.curl("GET", &bmc.system_path(0), None).unwrap();
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let bmc = RedfishBmc::start(RedfishOptions::default()).unwrap();
+    let json = system(&bmc);
+    assert_eq!(json["UUID"], bmc.system_ids()[0].as_str());
+    let serial = bmc.serial_number(0).unwrap();
+    assert!(serial.starts_with("MG-0-"), "{serial}");
+    assert_eq!(json["SerialNumber"], serial);
+    assert_eq!(json["PowerState"], "On");
+    let bmc = RedfishBmc::start(RedfishOptions {
+        serial_numbers: false,
+        ..RedfishOptions::default()
+    })
+    .unwrap();
+    assert_eq!(bmc.serial_number(0), None);
+    assert!(system(&bmc).get("SerialNumber").is_none());
+}
