@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::address::Transport;
+use crate::identity::{ReadIdentity, SystemIdentity};
 use crate::redfish::{RedfishClient, RedfishOptions};
 use crate::{
     BmcAddress, BmcError, Capabilities, Credentials, PowerControl, PowerState, Timeline, TlsTrust,
@@ -109,5 +110,11 @@ impl PowerControl for Bmc {
 
     fn timeline_mut(&mut self) -> &mut Timeline {
         dispatch!(self, c => c.timeline_mut())
+    }
+}
+
+impl ReadIdentity for Bmc {
+    async fn identity(&mut self) -> Result<SystemIdentity, BmcError> {
+        dispatch!(self, c => c.identity().await)
     }
 }

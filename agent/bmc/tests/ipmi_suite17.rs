@@ -17,6 +17,11 @@ const PASSWORD: &[u8] = b"suite-17-secret";
 const BMC_SID: u32 = 0x5555_0001;
 const GUID: [u8; 16] = [0xA5; 16];
 const BMC_RANDOM: [u8; 16] = [0x3C; 16];
+/// What the fake BMC answers to Get System GUID: DSP0134 §7.2.1's example of
+/// `00112233-4455-6677-8899-aabbccddeeff` stored in SMBIOS order.
+const SYSTEM_GUID: [u8; 16] = [
+    0x33, 0x22, 0x11, 0x00, 0x55, 0x44, 0x77, 0x66, 0x88, 0x99, 0xAA, 0xBB, 0xCC, 0xDD, 0xEE, 0xFF,
+];
 
 /// What the fake BMC saw, for the test to check.
 #[derive(Debug, PartialEq, Eq)]
@@ -156,6 +161,7 @@ impl FakeBmc {
                 let answer = match (netfn, cmd) {
                     (0x06, 0x3B) => vec![0x04],
                     (0x00, 0x01) => vec![0x01, 0x00, 0x00],
+                    (0x06, 0x37) => SYSTEM_GUID.to_vec(),
                     _ => vec![],
                 };
                 let enc = keys.encrypt([0x11; 16], &ipmi_response(netfn, cmd, rq_seq, &answer));
@@ -280,4 +286,44 @@ async fn a_wrong_password_on_suite_17_is_an_authentication_failure() {
         "{err:?}"
     );
     assert!(!format!("{err} {err:?}").contains("not-the-secret"));
+}
+
+/// Get System GUID inside a suite-17 session: the bytes as sent, read in SMBIOS order, the
+/// serial number absent (IPMI has no command for it), and the session closed afterwards.
+#[tokio::test]
+async fn identity_reads_the_system_guid_in_smbios_order() {
+    use metalguard_bmc::{BmcAddress, Credentials, PowerControl, ReadIdentity};
+
+    let (port, mut rx) = start(&[17]).await.unwrap();
+    let address: BmcAddress = format!("ipmi://127.0.0.1:{port}").parse().unwrap();
+    let credentials = Credentials::new("admin", std::str::from_utf8(PASSWORD).unwrap());
+    let mut bmc = metalguard_bmc::ipmi::IpmiClient::new(
+        &address,
+        &credentials,
+        std::time::Duration::from_millis(250),
+        std::time::Duration::from_secs(2),
+    );
+    let identity = bmc.identity().await.unwrap();
+    bmc.close().await.unwrap();
+    assert_eq!(
+        identity.uuid.unwrap().to_string(),
+        "00112233-4455-6677-8899-aabbccddeeff"
+    );
+    assert_eq!(
+        identity.serial_number_absent.as_deref(),
+        Some("ipmi has no standard command for the system serial number")
+    );
+    let commands: Vec<(u8, u8)> = drain(&mut rx)
+        .iter()
+        .filter_map(|s| match s {
+            Seen::Command { netfn, cmd, .. } => Some((*netfn, *cmd)),
+            Seen::OpenSession { .. } => None,
+        })
+        .collect();
+    assert_eq!(commands, vec![(0x06, 0x3B), (0x06, 0x37), (0x06, 0x3C)]);
+    let timeline = bmc.timeline_mut().to_string();
+    assert!(
+        timeline.contains("ipmi system guid bytes 33 22 11 00 55 44 77 66 88 99 aa bb cc dd ee ff (read in smbios order)"),
+        "{timeline}"
+    );
 }

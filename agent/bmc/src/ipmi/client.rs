@@ -18,8 +18,8 @@ use zeroize::Zeroizing;
 
 use super::commands::{
     self, CC_INSUFFICIENT_PRIVILEGE, CMD_CHASSIS_CONTROL, CMD_CLOSE_SESSION,
-    CMD_GET_CHANNEL_AUTH_CAPS, CMD_GET_CHASSIS_STATUS, CMD_SET_SESSION_PRIVILEGE, ChassisControl,
-    ChassisStatus, NETFN_APP, NETFN_CHASSIS,
+    CMD_GET_CHANNEL_AUTH_CAPS, CMD_GET_CHASSIS_STATUS, CMD_GET_SYSTEM_GUID,
+    CMD_SET_SESSION_PRIVILEGE, ChassisControl, ChassisStatus, NETFN_APP, NETFN_CHASSIS,
 };
 use super::crypto::{self, CipherSuite, MAX_PASSWORD_LEN, MAX_USERNAME_LEN};
 use super::error::IpmiError;
@@ -339,6 +339,26 @@ impl IpmiSession {
             )
             .await?;
         commands::parse_chassis_status(&data).map_err(|source| IpmiError::Malformed {
+            bmc: self.transport.bmc.clone(),
+            step,
+            source,
+        })
+    }
+
+    /// Get System GUID: the 16 bytes as the BMC sent them. A completion code is
+    /// [`IpmiError::Completion`] (the session stays usable).
+    pub async fn system_guid(&mut self) -> Result<[u8; 16], IpmiError> {
+        let step = "get system guid";
+        let data = self
+            .command(
+                NETFN_APP,
+                CMD_GET_SYSTEM_GUID,
+                Vec::new(),
+                step,
+                Retransmit::Fresh,
+            )
+            .await?;
+        commands::parse_system_guid(&data).map_err(|source| IpmiError::Malformed {
             bmc: self.transport.bmc.clone(),
             step,
             source,

@@ -15,6 +15,8 @@ pub const CMD_SET_SESSION_PRIVILEGE: u8 = 0x3B;
 pub const CMD_CLOSE_SESSION: u8 = 0x3C;
 /// Get Channel Cipher Suites.
 pub const CMD_GET_CHANNEL_CIPHER_SUITES: u8 = 0x54;
+/// Get System GUID (IPMI v2.0 §22.14): no request data, 16 bytes of GUID in the answer.
+pub const CMD_GET_SYSTEM_GUID: u8 = 0x37;
 /// Get Chassis Status.
 pub const CMD_GET_CHASSIS_STATUS: u8 = 0x01;
 /// Chassis Control.
@@ -146,6 +148,13 @@ pub fn close_session(bmc_session_id: u32) -> Vec<u8> {
     bmc_session_id.to_le_bytes().to_vec()
 }
 
+/// Parses Get System GUID response data: the 16 GUID bytes as sent (IPMI v2.0 §22.14, format
+/// of §20.8). Which byte order they are in is decided by the caller
+/// ([`crate::identity::IPMI_GUID_ORDER`]). Bytes after the sixteenth are ignored.
+pub fn parse_system_guid(data: &[u8]) -> Result<[u8; 16], DecodeError> {
+    take::<16>(data, 0, "system guid")
+}
+
 /// The parts of Get Chassis Status we use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChassisStatus {
@@ -188,6 +197,18 @@ mod tests {
         assert!(parse_chassis_status(&[0x01, 0, 0]).unwrap().power_on);
         assert!(!parse_chassis_status(&[0x60, 0, 0]).unwrap().power_on);
         assert!(parse_chassis_status(&[]).is_err());
+    }
+
+    #[test]
+    fn system_guid_is_sixteen_bytes_as_sent() {
+        let guid: Vec<u8> = (0u8..16).collect();
+        assert_eq!(parse_system_guid(&guid).unwrap().to_vec(), guid);
+        let mut longer = guid.clone();
+        longer.push(0xEE);
+        assert_eq!(parse_system_guid(&longer).unwrap().to_vec(), guid);
+        let error = parse_system_guid(&guid[..15]).unwrap_err();
+        assert!(error.to_string().contains("system guid"), "{error}");
+        assert!(parse_system_guid(&[]).is_err());
     }
 
     #[test]

@@ -13,9 +13,13 @@ use super::client::{DEFAULT_FIRST_TIMEOUT, Event, IpmiConfig, IpmiSession, Retry
 use super::commands::ChassisControl;
 use super::crypto::CipherSuite;
 use super::error::IpmiError;
+use crate::identity::{IPMI_GUID_ORDER, ReadIdentity, SystemIdentity, SystemUuid};
 use crate::{
     BmcAddress, BmcError, Capabilities, Credentials, Direction, PowerControl, PowerState, Timeline,
 };
+
+/// Why an IPMI BMC's identity never has a serial number.
+pub const IPMI_NO_SERIAL: &str = "ipmi has no standard command for the system serial number";
 
 /// Power control of one host over IPMI v2.0 RMCP+.
 #[derive(Debug)]
@@ -274,6 +278,37 @@ impl PowerControl for IpmiClient {
 
     fn timeline_mut(&mut self) -> &mut Timeline {
         &mut self.timeline
+    }
+}
+
+impl ReadIdentity for IpmiClient {
+    /// Get System GUID in the session (opened if needed). A completion code makes the UUID
+    /// absent with the code's meaning and keeps the session; any other error drops it.
+    async fn identity(&mut self) -> Result<SystemIdentity, BmcError> {
+        let result = self.session().await?.system_guid().await;
+        let mut identity = SystemIdentity::default();
+        match result {
+            Ok(bytes) => {
+                self.record();
+                let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                self.timeline.seen(format!(
+                    "ipmi system guid bytes {} (read in {} order)",
+                    hex.join(" "),
+                    IPMI_GUID_ORDER.as_str()
+                ));
+                identity.set_uuid(Ok(SystemUuid::from_guid_bytes(bytes, IPMI_GUID_ORDER)));
+            }
+            Err(IpmiError::Completion { code, meaning, .. }) => {
+                self.record();
+                identity.set_uuid(Err(format!(
+                    "the bmc answered get system guid with completion code {code:#04x} ({meaning})"
+                )));
+            }
+            Err(e) => return Err(self.fail(e)),
+        }
+        identity.set_serial_number(Err(IPMI_NO_SERIAL.to_owned()));
+        self.timeline.note(format!("identity: {identity}"));
+        Ok(identity)
     }
 }
 

@@ -5,9 +5,11 @@
 //! member of `Systems`; several and none named is an error listing them) → read `PowerState`
 //! and `ResetType@Redfish.AllowableValues` (or the `@Redfish.ActionInfo`) → POST the chosen
 //! `ResetType`. A failed or unanswered reset is only re-sent after reading the power state and
-//! finding the command not yet done. [`RedfishClient::close`] logs the session out.
+//! finding the command not yet done. [`RedfishClient::close`] logs the session out. The
+//! System's `UUID` and `SerialNumber` come from the same GET ([`crate::ReadIdentity`]).
 
 mod http;
+pub(crate) mod identity;
 pub mod models;
 mod reset;
 #[cfg(test)]
@@ -21,6 +23,7 @@ use self::http::{Answer, Auth, Http};
 use self::models::{ActionInfo, Collection, ComputerSystem, ServiceRoot};
 use self::reset::{ResetKind, choose_reset_type};
 use crate::address::Transport;
+use crate::identity::{ReadIdentity, SystemIdentity};
 use crate::tls::{self, TlsTrust};
 use crate::{BmcAddress, BmcError, Capabilities, Credentials, PowerControl, PowerState, Timeline};
 
@@ -503,5 +506,14 @@ impl PowerControl for RedfishClient {
 
     fn timeline_mut(&mut self) -> &mut Timeline {
         &mut self.timeline
+    }
+}
+
+impl ReadIdentity for RedfishClient {
+    async fn identity(&mut self) -> Result<SystemIdentity, BmcError> {
+        let system = self.read_system().await?;
+        let identity = identity::identity_of(&system);
+        self.timeline.note(format!("identity: {identity}"));
+        Ok(identity)
     }
 }

@@ -60,6 +60,13 @@ pub struct ComputerSystem {
     /// `Actions`.
     #[serde(default)]
     pub actions: Option<SystemActions>,
+    /// `UUID`, as any JSON value: a malformed identity must not make the System, and with it
+    /// power control, undecodable. Mapped by `redfish::identity`.
+    #[serde(rename = "UUID", default)]
+    pub uuid: Option<serde_json::Value>,
+    /// `SerialNumber`, as any JSON value (same reason as `uuid`).
+    #[serde(rename = "SerialNumber", default)]
+    pub serial_number: Option<serde_json::Value>,
 }
 
 /// `Actions` of a `ComputerSystem`.
@@ -176,6 +183,19 @@ mod tests {
     }
 
     #[test]
+    fn identity_fields_of_any_type_leave_the_system_decodable() {
+        for identity in [
+            r#""UUID":"674523a1-ab89-efcd-a123-456789abcdef","SerialNumber":"SN1""#,
+            r#""UUID":42,"SerialNumber":{"a":[1]}"#,
+            r#""UUID":null,"SerialNumber":null"#,
+        ] {
+            let json = format!(r#"{{"Id":"1","PowerState":"On",{identity}}}"#);
+            let system: ComputerSystem = serde_json::from_str(&json).unwrap();
+            assert_eq!(system.power_state.as_deref(), Some("On"), "{identity}");
+        }
+    }
+
+    #[test]
     fn root_links_and_errors() {
         let root: ServiceRoot = serde_json::from_str(
             r#"{"Systems":{"@odata.id":"/redfish/v1/Systems"},
@@ -208,6 +228,7 @@ mod tests {
                 .power_state
                 .as_deref()
                 .map(crate::PowerState::from_redfish);
+            let _ = crate::redfish::identity::identity_of(&system);
         }
         let _ = serde_json::from_slice::<super::ActionInfo>(bytes);
         if let Ok(body) = serde_json::from_slice::<ErrorBody>(bytes) {
@@ -237,6 +258,8 @@ mod tests {
             "MessageId",
             "Links",
             "Sessions",
+            "UUID",
+            "SerialNumber",
         ]);
         let leaf = prop_oneof![
             Just(serde_json::Value::Null),

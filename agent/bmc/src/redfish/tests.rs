@@ -16,9 +16,9 @@ use crate::{
 const PASSWORD: &str = "pw-Zq81-never-shown";
 
 #[derive(Debug, Clone)]
-struct Req {
-    method: String,
-    path: String,
+pub(super) struct Req {
+    pub(super) method: String,
+    pub(super) path: String,
     headers: Vec<(String, String)>,
     body: String,
 }
@@ -32,13 +32,13 @@ impl Req {
     }
 }
 
-struct Resp {
+pub(super) struct Resp {
     status: u16,
     headers: Vec<(&'static str, String)>,
     body: String,
 }
 
-fn json(status: u16, body: &str) -> Resp {
+pub(super) fn json(status: u16, body: &str) -> Resp {
     Resp {
         status,
         headers: vec![("Content-Type", "application/json".into())],
@@ -49,9 +49,9 @@ fn json(status: u16, body: &str) -> Resp {
 /// `None`: accept the request and never answer.
 type Handler = Arc<dyn Fn(&Req) -> Option<Resp> + Send + Sync>;
 
-struct Server {
-    url: String,
-    requests: Arc<Mutex<Vec<Req>>>,
+pub(super) struct Server {
+    pub(super) url: String,
+    pub(super) requests: Arc<Mutex<Vec<Req>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -61,7 +61,9 @@ impl Drop for Server {
     }
 }
 
-async fn serve(handler: impl Fn(&Req) -> Option<Resp> + Send + Sync + 'static) -> Server {
+pub(super) async fn serve(
+    handler: impl Fn(&Req) -> Option<Resp> + Send + Sync + 'static,
+) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("redfish+http://{}", listener.local_addr().unwrap());
     let requests = Arc::new(Mutex::new(Vec::new()));
@@ -150,7 +152,7 @@ fn options() -> RedfishOptions {
     }
 }
 
-fn client(url: &str) -> RedfishClient {
+pub(super) fn client(url: &str) -> RedfishClient {
     let address: BmcAddress = url.parse().unwrap();
     RedfishClient::new(
         &address,
@@ -161,7 +163,7 @@ fn client(url: &str) -> RedfishClient {
     .unwrap()
 }
 
-const ROOT: &str = r#"{"Systems":{"@odata.id":"/redfish/v1/Systems"}}"#;
+pub(super) const ROOT: &str = r#"{"Systems":{"@odata.id":"/redfish/v1/Systems"}}"#;
 
 fn system(state: &str, allowed: &str) -> String {
     format!(
