@@ -1,8 +1,9 @@
-//! `metalguard-agent bmc status|on|off|reboot|cycle`: one power operation against one BMC.
+//! `metalguard-agent bmc status|check|on|off|reboot|cycle`: one operation against one BMC.
 //!
 //! Wiring only: arguments → address, credentials file, TLS trust → [`metalguard_bmc::Bmc`] →
-//! [`metalguard_bmc::fence()`] (or a state read) under `--timeout` → a report on stdout (text or
-//! JSON) and an exit code a script can use (see [`EXIT_CODES`]).
+//! [`metalguard_bmc::fence()`] (or a state read; `check` also reads the system's identity)
+//! under `--timeout` → a report on stdout (text or JSON) and an exit code a script can use
+//! (see [`EXIT_CODES`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,14 +13,14 @@ use clap::{Args, ValueEnum};
 use metalguard_bmc::tls::{insecure_handshakes, parse_fingerprint};
 use metalguard_bmc::{
     Bmc, BmcAddress, BmcError, CallTimeouts, Credentials, FenceAction, FenceOptions, FenceStatus,
-    PowerControl, PowerState, TimelineEntry, TlsTrust, fence,
+    PowerControl, PowerState, ReadIdentity, SystemIdentity, TimelineEntry, TlsTrust, fence,
 };
 use serde::Serialize;
 
 /// Exit codes of `bmc`, also printed by `--help`.
 pub(crate) const EXIT_CODES: &str = "\
 Exit codes:
-  0  success (status: the host is on)
+  0  success (status: the host is on; check: the power state and the identity were read)
   1  the operation failed or could not be verified (see the error)
   2  usage error (invalid arguments)
   3  status: the host is off
@@ -54,6 +55,9 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) enum BmcAction {
     /// Read the power state.
     Status,
+    /// Log in and read the power state and the system's identity (UUID, serial number);
+    /// changes nothing. Exit 0 whatever the power state.
+    Check,
     /// Power on and verify On.
     On,
     /// Force off and verify Off (the fence).
@@ -68,6 +72,7 @@ impl BmcAction {
     fn as_str(self) -> &'static str {
         match self {
             Self::Status => "status",
+            Self::Check => "check",
             Self::On => "on",
             Self::Off => "off",
             Self::Reboot => "reboot",
@@ -139,9 +144,12 @@ pub(crate) struct Report {
     pub(crate) action: &'static str,
     /// `ok`, `failed` or `fenced-power-on-failed`.
     pub(crate) result: &'static str,
-    /// The last power state read, for `status`.
+    /// The last power state read, for `status` and `check`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) power_state: Option<String>,
+    /// The system's identity as the BMC reports it, for `check`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) identity: Option<SystemIdentity>,
     /// Whether Off was verified (fencing operations only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) fenced: Option<bool>,
@@ -262,6 +270,7 @@ async fn operate(bmc: &mut Bmc, action: BmcAction, deadline: Duration) -> Report
     let started = tokio::time::Instant::now();
     let mut report = match action {
         BmcAction::Status => status(bmc, deadline).await,
+        BmcAction::Check => check(bmc, deadline).await,
         BmcAction::Cycle => cycle(bmc, deadline).await,
         BmcAction::On => fenced(bmc, action, FenceAction::On, deadline).await,
         BmcAction::Off => fenced(bmc, action, FenceAction::Off, deadline).await,
@@ -284,6 +293,7 @@ fn base_report(bmc: &Bmc, action: BmcAction) -> Report {
         action: action.as_str(),
         result: "ok",
         power_state: None,
+        identity: None,
         fenced: None,
         message: String::new(),
         error: Vec::new(),
@@ -330,6 +340,30 @@ async fn status(bmc: &mut Bmc, deadline: Duration) -> Report {
                 ..report
             }
         }
+        Err(error) => failed(report, &error),
+    }
+}
+
+/// The power state, then the identity, under one deadline; nothing is sent that could change
+/// power.
+async fn check(bmc: &mut Bmc, deadline: Duration) -> Report {
+    let report = base_report(bmc, BmcAction::Check);
+    let read = async {
+        let state = bmc.power_state().await?;
+        let identity = bmc.identity().await?;
+        Ok::<_, BmcError>((state, identity))
+    };
+    let result = match tokio::time::timeout(deadline, read).await {
+        Ok(result) => result,
+        Err(_) => Err(deadline_error(bmc, "check", deadline)),
+    };
+    match result {
+        Ok((state, identity)) => Report {
+            power_state: Some(state.as_str().to_owned()),
+            message: format!("power is {state}; {identity}"),
+            identity: Some(identity),
+            ..report
+        },
         Err(error) => failed(report, &error),
     }
 }

@@ -38,7 +38,8 @@ enum Command {
     Run(daemon::RunArgs),
     /// Check the configuration (agent.toml and agent.d/*.toml) and exit.
     CheckConfig(config::CheckArgs),
-    /// Power control of one host through its BMC (status, on, off, reboot, cycle).
+    /// One host's BMC: power control (status, on, off, reboot, cycle) and a read-only check of
+    /// the credentials and the system's identity (check).
     Bmc(bmc_cmd::BmcArgs),
     /// ClusterLabs fence-agent interface (for Pacemaker and medik8s FAR).
     FenceAgent(fence_agent::FenceAgentArgs),

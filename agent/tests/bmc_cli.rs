@@ -135,6 +135,87 @@ fn bmc_status_off_reboot_on_with_exit_codes_and_json() {
     assert_never_printed(&transcript, bmc.password());
 }
 
+/// `bmc check` logs in, reads the power state and the identity, and changes nothing: against
+/// sushy-tools (the System's UUID and SerialNumber) and ipmi_sim (Get System GUID), with a
+/// wrong password failing with exit 1.
+#[test]
+fn bmc_check_prints_power_and_identity_and_changes_nothing() {
+    use metalguard_e2e::ipmi::{IpmiOptions, IpmiSim, Privilege};
+
+    let mut transcript = String::new();
+    let bmc = RedfishBmc::start(RedfishOptions {
+        initially_on: false,
+        ..RedfishOptions::default()
+    })
+    .unwrap();
+    let creds = bmc.credentials_dir().to_str().unwrap().to_owned();
+    let address = url(&bmc);
+    let args = ["bmc", "check", "--bmc", &address, "--credentials", &creds];
+    let run = cli(&args, None, &mut transcript);
+    assert_eq!(
+        run.code, 0,
+        "check exits 0 whatever the power state: {run:?}"
+    );
+    assert_eq!(
+        run.stdout.split(" (bmc ").next().unwrap(),
+        format!(
+            "check: power is off; uuid {}, serial number {}",
+            bmc.system_ids()[0],
+            bmc.serial_number(0).unwrap()
+        ),
+        "{run:?}"
+    );
+    let mut json_args = args.to_vec();
+    json_args.extend(["--output", "json"]);
+    let run = cli(&json_args, None, &mut transcript);
+    let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(report["result"], "ok");
+    assert_eq!(report["power_state"], "off");
+    assert_eq!(report["identity"]["uuid"], bmc.system_ids()[0].as_str());
+    assert_eq!(
+        report["identity"]["serial_number"],
+        bmc.serial_number(0).unwrap()
+    );
+    assert!(bmc.power_log().unwrap().is_empty());
+    assert_never_printed(&transcript, bmc.password());
+
+    let sim = IpmiSim::start(IpmiOptions::default()).unwrap();
+    let ipmi_creds = sim.credentials_dir(Privilege::Admin);
+    let ipmi_creds = ipmi_creds.to_str().unwrap();
+    let ipmi = sim.url();
+    let run = cli(
+        &["bmc", "check", "--bmc", &ipmi, "--credentials", ipmi_creds],
+        None,
+        &mut transcript,
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.starts_with(&format!(
+            "check: power is on; uuid {}, serial number absent (ipmi has no standard command",
+            sim.system_uuid().unwrap()
+        )),
+        "{run:?}"
+    );
+    let wrong = tempfile::tempdir().unwrap();
+    let wrong_creds = write_creds(wrong.path(), "admin", "not-the-password", 0o600);
+    let run = cli(
+        &[
+            "bmc",
+            "check",
+            "--bmc",
+            &ipmi,
+            "--credentials",
+            &wrong_creds,
+        ],
+        None,
+        &mut transcript,
+    );
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stderr.contains("rejected the credentials"), "{run:?}");
+    assert!(sim.power_log().unwrap().is_empty());
+    assert_never_printed(&transcript, sim.password());
+}
+
 #[test]
 fn bmc_over_https_with_ca_and_with_pinned_fingerprint() {
     let mut transcript = String::new();
