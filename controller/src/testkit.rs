@@ -21,6 +21,7 @@ pub fn stored_report(host: &str, at: u64, etcd: Option<EtcdView>) -> StoredRepor
             unacknowledged_results: vec![],
             holds: vec![],
             seen_term: 0,
+            host_identity: None,
         },
         received_at: Timestamp(at),
     }

@@ -484,6 +484,8 @@ pub async fn report_loop(
                 .collect(),
             holds,
             seen_term: executor.terms().highest(),
+            // Sent once a controller says it takes it (the agent's side follows).
+            host_identity: None,
         };
         let cut = metalguard_api::limits::fit_report(&mut report);
         if cut && !reported_cut {

@@ -6,6 +6,7 @@
 //!
 //! Pure: no I/O.
 
+use crate::identity::SystemIdentity;
 use crate::protocol::{AgentReport, CommandResult};
 use crate::snapshot::Hold;
 use crate::text::truncate_to;
@@ -19,8 +20,10 @@ pub const MAX_HOLD_BYTES: usize = 16 * 1024;
 
 /// A host, member or condition name.
 pub const MAX_NAME: usize = 253;
-/// A version, boot id, reason or alarm name.
+/// A version, boot id, reason, alarm name or serial number.
 pub const MAX_SHORT: usize = 128;
+// A serial number the identity keeps always fits.
+const _: () = assert!(crate::identity::MAX_SERIAL_NUMBER <= MAX_SHORT);
 /// A message, an error, a hold's reason.
 pub const MAX_TEXT: usize = 1024;
 /// A URL, an operation or hold id.
@@ -156,6 +159,24 @@ pub fn check_report(report: &AgentReport) -> Result<(), LimitError> {
     for (i, hold) in report.holds.iter().enumerate() {
         check_hold_fields(&format!("holds[{i}]."), hold)?;
     }
+    if let Some(identity) = &report.host_identity {
+        check_identity("host_identity.", identity)?;
+    }
+    Ok(())
+}
+
+fn check_identity(prefix: &str, identity: &SystemIdentity) -> Result<(), LimitError> {
+    if let Some(serial) = &identity.serial_number {
+        len(|| format!("{prefix}serial_number"), serial, MAX_SHORT)?;
+    }
+    for (field, why) in [
+        ("uuid_absent", &identity.uuid_absent),
+        ("serial_number_absent", &identity.serial_number_absent),
+    ] {
+        if let Some(why) = why {
+            len(|| format!("{prefix}{field}"), why, MAX_TEXT)?;
+        }
+    }
     Ok(())
 }
 
@@ -248,6 +269,27 @@ pub fn fit_report(report: &mut AgentReport) -> bool {
     for hold in &mut report.holds {
         truncate_to(&mut hold.by, MAX_SHORT * 2);
         truncate_to(&mut hold.reason, MAX_TEXT);
+    }
+    if let Some(identity) = &mut report.host_identity {
+        // A cut serial number would be another one: absent instead.
+        if identity
+            .serial_number
+            .as_ref()
+            .is_some_and(|serial| serial.len() > MAX_SHORT)
+        {
+            identity.set_serial_number(Err(format!(
+                "longer than the {MAX_SHORT} bytes the protocol accepts"
+            )));
+        }
+        for why in [
+            &mut identity.uuid_absent,
+            &mut identity.serial_number_absent,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            truncate_to(why, MAX_TEXT);
+        }
     }
     if json_len(report) > MAX_REPORT_BYTES {
         for c in &mut report.conditions {
@@ -407,6 +449,37 @@ mod tests {
         let mut r = report();
         r.unacknowledged_results = vec![OperationId("x".into()); MAX_UNACKNOWLEDGED + 1];
         assert!(check_report(&r).is_err());
+    }
+
+    #[test]
+    fn a_host_identity_beyond_a_bound_is_refused_and_fitted_without_cutting_the_serial() {
+        let mut r = report();
+        let mut identity = SystemIdentity::default();
+        identity.set_serial_number(Ok("SN-1"));
+        identity.set_uuid(Err("u".repeat(MAX_TEXT + 1)));
+        r.host_identity = Some(identity);
+        assert_eq!(
+            check_report(&r).unwrap_err().to_string(),
+            "host_identity.uuid_absent is 1025 bytes long; at most 1024 are accepted"
+        );
+        // A serial number only a hand-made identity can hold: absent after fitting, not cut.
+        r.host_identity.as_mut().unwrap().serial_number = Some("9".repeat(MAX_SHORT + 1));
+        assert!(
+            check_report(&r)
+                .unwrap_err()
+                .to_string()
+                .starts_with("host_identity.serial_number is 129 bytes")
+        );
+        assert!(fit_report(&mut r));
+        assert_eq!(check_report(&r), Ok(()));
+        let identity = r.host_identity.unwrap();
+        assert_eq!(identity.serial_number, None);
+        assert!(
+            identity
+                .serial_number_absent
+                .unwrap()
+                .starts_with("longer than")
+        );
     }
 
     #[test]

@@ -21,6 +21,12 @@
 //! (a person released it). Both fields are left out of the JSON while empty, so an agent
 //! and a controller that predate them keep talking until a hold exists.
 //!
+//! Host identity: an agent asks with [`HOST_IDENTITY_PARAM`] whether the controller takes
+//! [`AgentReport::host_identity`]; it sends the field only after an answer said so
+//! ([`ReportAck::host_identity`]), and stops (resending at once without it) when a report that
+//! carried it is refused as unprocessable (422): an older controller may lead after a
+//! failover, and it refuses unknown fields.
+//!
 //! Pure serde types: no I/O, no clock. Secrets ([`Secret`]) serialize as plain strings on the
 //! wire (inside TLS) but never print through `Debug`.
 
@@ -30,6 +36,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::duration::Timestamp;
+use crate::identity::SystemIdentity;
 use crate::plan::OperationId;
 use crate::snapshot::{ConditionStatus, Hold};
 
@@ -63,6 +70,12 @@ pub const BMC_TARGETS_PARAM: &str = "bmc_targets";
 /// them ignores the parameter and its commands read as term 0.
 pub const TERMS_PARAM: &str = "terms";
 
+/// The query parameter of [`REPORT_PATH`] by which an agent says it can send
+/// [`AgentReport::host_identity`] (`=true`): a controller that takes the field answers with
+/// [`ReportAck::host_identity`] set, and the agent sends its identity from then on. A
+/// controller that predates it ignores the parameter (and would refuse the field).
+pub const HOST_IDENTITY_PARAM: &str = "host_identity";
+
 /// Whether `term` is zero: "no term", left out of the JSON.
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
 pub fn no_term(term: &u64) -> bool {
@@ -74,11 +87,12 @@ pub fn report_path(host: &str) -> String {
     REPORT_PATH.replace(HOST_PLACEHOLDER, host)
 }
 
-/// [`REPORT_PATH`] for `host`, asking for the BMC targets ([`BMC_TARGETS_PARAM`]) and the
-/// leadership term ([`TERMS_PARAM`]) in the answer.
+/// [`REPORT_PATH`] for `host`, asking for the BMC targets ([`BMC_TARGETS_PARAM`]), the
+/// leadership term ([`TERMS_PARAM`]) and whether the controller takes the host's identity
+/// ([`HOST_IDENTITY_PARAM`]) in the answer.
 pub fn report_path_with_bmc_targets(host: &str) -> String {
     format!(
-        "{}?{BMC_TARGETS_PARAM}=true&{TERMS_PARAM}=true",
+        "{}?{BMC_TARGETS_PARAM}=true&{TERMS_PARAM}=true&{HOST_IDENTITY_PARAM}=true",
         report_path(host)
     )
 }
@@ -171,6 +185,13 @@ pub struct AgentReport {
     /// unknown fields; an agent sees a term only from a controller that knows them).
     #[serde(default, skip_serializing_if = "no_term")]
     pub seen_term: u64,
+    /// This host's identity from its firmware tables (Linux: `/sys/class/dmi/id/product_uuid`
+    /// and `product_serial`, or the agent's `[state] dmi_dir`), each field present or absent
+    /// with the reason, for the controller to compare with what the host's BMC says. Sent only
+    /// to a controller that said it takes it ([`ReportAck::host_identity`]; one that predates
+    /// the field refuses unknown fields).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_identity: Option<SystemIdentity>,
 }
 
 /// Condition types an agent may not report: Kubernetes' own Node conditions. `Ready` is the
@@ -324,6 +345,17 @@ pub struct ReportAck {
     /// the highest it has seen and refuses commands from older terms.
     #[serde(default, skip_serializing_if = "no_term")]
     pub term: u64,
+    /// This controller takes [`AgentReport::host_identity`]: the agent sends it from the next
+    /// report on. Only for agents that asked ([`HOST_IDENTITY_PARAM`]): older ones refuse
+    /// unknown fields.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub host_identity: bool,
+}
+
+/// Whether `value` is false: a flag left out of the JSON.
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+pub fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// The controller's answer to a posted [`Hold`].
@@ -688,7 +720,7 @@ mod tests {
         assert_eq!(holds_path("cp-1"), "/v1/hosts/cp-1/holds");
         assert_eq!(
             report_path_with_bmc_targets("cp-1"),
-            "/v1/hosts/cp-1/report?bmc_targets=true&terms=true"
+            "/v1/hosts/cp-1/report?bmc_targets=true&terms=true&host_identity=true"
         );
         assert!(REPORT_PATH.starts_with(&format!("/{API_VERSION}/")));
     }
@@ -747,6 +779,7 @@ mod tests {
             bmc_targets: Vec::new(),
             released_holds: Vec::new(),
             term: 0,
+            host_identity: false,
         };
         assert_eq!(
             serde_json::to_string(&ack).unwrap(),
@@ -761,6 +794,44 @@ mod tests {
         assert_eq!(serde_json::from_str::<ReportAck>(&json).unwrap(), released);
         let ack: HoldAck = serde_json::from_str(r#"{"id":"cp-2/1","first":true}"#).unwrap();
         assert!(ack.first);
+    }
+
+    #[test]
+    fn host_identity_is_left_out_until_a_controller_takes_it() {
+        let mut report: AgentReport = serde_json::from_str(
+            r#"{"host":"cp-2","agent_version":"0.1.0","sequence":1,"sent_at":5}"#,
+        )
+        .unwrap();
+        assert_eq!(report.host_identity, None, "a report from an older agent");
+        assert!(
+            serde_json::to_value(&report)
+                .unwrap()
+                .get("host_identity")
+                .is_none()
+        );
+        let mut identity = SystemIdentity::default();
+        identity.set_uuid(Ok(crate::identity::SystemUuid::from_bytes([7; 16])));
+        identity.set_serial_number(Err("permission denied".into()));
+        report.host_identity = Some(identity);
+        let json = serde_json::to_string(&report).unwrap();
+        assert!(
+            json.contains(r#""host_identity":{"uuid":"07070707-0707-0707-0707-070707070707","serial_number_absent":"permission denied"}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<AgentReport>(&json).unwrap(), report);
+
+        let ack: ReportAck = serde_json::from_str(r#"{"sequence":1,"received_at":2}"#).unwrap();
+        assert!(!ack.host_identity, "an ack from an older controller");
+        let takes = ReportAck {
+            host_identity: true,
+            ..ack
+        };
+        let json = serde_json::to_string(&takes).unwrap();
+        assert_eq!(
+            json,
+            r#"{"sequence":1,"received_at":2,"host_identity":true}"#
+        );
+        assert_eq!(serde_json::from_str::<ReportAck>(&json).unwrap(), takes);
     }
 
     #[test]

@@ -202,6 +202,8 @@ async fn report(
         released_holds: hub.released_among(&report),
         // Only to agents that know terms (older ones refuse the field).
         term: if query.terms { hub.term() } else { 0 },
+        // This controller takes the host's identity; said only to agents that ask.
+        host_identity: query.host_identity,
     };
     if !hub
         .send(Inbound::Report {
@@ -227,6 +229,9 @@ struct ReportQuery {
     /// The agent knows leadership terms (`TERMS_PARAM`).
     #[serde(default)]
     terms: bool,
+    /// The agent can send its host's identity (`HOST_IDENTITY_PARAM`).
+    #[serde(default)]
+    host_identity: bool,
 }
 
 /// The long-poll query.

@@ -263,6 +263,7 @@ pub fn report(host: &str, sequence: u64) -> AgentReport {
         unacknowledged_results: Vec::new(),
         holds: Vec::new(),
         seen_term: 0,
+        host_identity: None,
     }
 }
 

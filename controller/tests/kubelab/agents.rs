@@ -425,5 +425,6 @@ fn report(host: &str, sequence: u64, all: &[String], voter: Option<&str>) -> Age
         unacknowledged_results: Vec::new(),
         holds: Vec::new(),
         seen_term: 0,
+        host_identity: None,
     }
 }
