@@ -181,6 +181,12 @@ pub struct StateConfig {
     /// really booted the host. Set only to simulate hosts (the lab gives each its own file).
     #[serde(default = "boot_id_file")]
     pub boot_id_file: PathBuf,
+    /// Where this host's firmware identity is read: `product_uuid` and `product_serial` in
+    /// this directory (the kernel's DMI attributes, root-only on most kernels). Reported to a
+    /// controller that takes it, to be compared with what the host's BMC says. Set to simulate
+    /// hosts, or to a directory the unit fills with copies readable by the agent's user.
+    #[serde(default = "dmi_dir")]
+    pub dmi_dir: PathBuf,
 }
 
 impl Default for StateConfig {
@@ -188,6 +194,7 @@ impl Default for StateConfig {
         Self {
             dir: state_dir(),
             boot_id_file: boot_id_file(),
+            dmi_dir: dmi_dir(),
         }
     }
 }
@@ -195,8 +202,15 @@ impl Default for StateConfig {
 /// The kernel's boot ID.
 pub const DEFAULT_BOOT_ID_FILE: &str = "/proc/sys/kernel/random/boot_id";
 
+/// The kernel's DMI identification attributes.
+pub const DEFAULT_DMI_DIR: &str = "/sys/class/dmi/id";
+
 fn boot_id_file() -> PathBuf {
     PathBuf::from(DEFAULT_BOOT_ID_FILE)
+}
+
+fn dmi_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_DMI_DIR)
 }
 
 fn state_dir() -> PathBuf {

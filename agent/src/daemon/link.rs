@@ -140,6 +140,8 @@ pub struct Link {
     config: ControllerConfig,
     /// Where the host's boot ID is read (`[state] boot_id_file`).
     boot_id_file: std::path::PathBuf,
+    /// Where the host's DMI identity is read (`[state] dmi_dir`).
+    dmi_dir: std::path::PathBuf,
 }
 
 impl Link {
@@ -155,6 +157,7 @@ impl Link {
             host: host.to_owned(),
             config: config.clone(),
             boot_id_file: std::path::PathBuf::from(crate::config::DEFAULT_BOOT_ID_FILE),
+            dmi_dir: std::path::PathBuf::from(crate::config::DEFAULT_DMI_DIR),
         })
     }
 
@@ -162,6 +165,14 @@ impl Link {
     #[must_use]
     pub fn with_boot_id_file(mut self, path: &std::path::Path) -> Self {
         path.clone_into(&mut self.boot_id_file);
+        self
+    }
+
+    /// Reads the host's DMI identity from `dir` instead of the kernel's (a simulated host, or
+    /// copies the agent's user may read).
+    #[must_use]
+    pub fn with_dmi_dir(mut self, dir: &std::path::Path) -> Self {
+        dir.clone_into(&mut self.dmi_dir);
         self
     }
 
@@ -438,6 +449,45 @@ fn boot_id(path: &std::path::Path) -> String {
         .unwrap_or_default()
 }
 
+/// Whether the next report carries the host's identity: only once a controller said it takes
+/// it ([`ReportAck::host_identity`]), and no longer after a report that carried it was
+/// refused as unprocessable — an older controller, leading after a failover, refuses the
+/// unknown field, and the heartbeat must get through.
+#[derive(Debug, Default)]
+struct IdentityOffer {
+    accepted: bool,
+}
+
+impl IdentityOffer {
+    /// The identity to put in the next report.
+    fn attach(
+        &self,
+        identity: &metalguard_api::identity::SystemIdentity,
+    ) -> Option<metalguard_api::identity::SystemIdentity> {
+        self.accepted.then(|| identity.clone())
+    }
+
+    /// Takes the controller's word from an answer.
+    fn answered(&mut self, ack: &ReportAck) {
+        if ack.host_identity && !self.accepted {
+            tracing::info!("the controller takes this host's identity; sending it from now on");
+        }
+        self.accepted = ack.host_identity;
+    }
+
+    /// After a failed report that carried the identity (`carried`): true when the report
+    /// should go again at once without it.
+    fn refused(&mut self, carried: bool, err: &LinkError) -> bool {
+        let unprocessable = matches!(err, LinkError::Status { status, .. } if *status == reqwest::StatusCode::UNPROCESSABLE_ENTITY);
+        if carried && unprocessable {
+            tracing::warn!(error = %error_chain(err), "a report with this host's identity was refused; sending reports without it until a controller says it takes it");
+            self.accepted = false;
+            return true;
+        }
+        false
+    }
+}
+
 /// Reports every interval and whenever a probe verdict or a BMC's reachability changes;
 /// hands the BMC targets of each answer to `reach`.
 pub async fn report_loop(
@@ -459,6 +509,8 @@ pub async fn report_loop(
     // store or API server stalled, a takeover) must hear from every agent within one interval
     // of answering again (with a backoff doubling to 5 s, retries after a 5 s API server
     // freeze could come 4 s apart, close to the lab's 5 s heartbeat timeout).
+    let identity = super::host_identity::read_and_log(&link.dmi_dir);
+    let mut offer = IdentityOffer::default();
     let mut backoff = Backoff::up_to(link.config.report_interval);
     let mut holds_problem = String::new();
     let mut reported_cut = false;
@@ -484,8 +536,7 @@ pub async fn report_loop(
                 .collect(),
             holds,
             seen_term: executor.terms().highest(),
-            // Sent once a controller says it takes it (the agent's side follows).
-            host_identity: None,
+            host_identity: offer.attach(&identity),
         };
         let cut = metalguard_api::limits::fit_report(&mut report);
         if cut && !reported_cut {
@@ -497,6 +548,7 @@ pub async fn report_loop(
         let wait = match link.report(&report).await {
             Ok(ack) => {
                 backoff.reset();
+                offer.answered(&ack);
                 if let Err(err) = executor.terms().observe(ack.term) {
                     tracing::error!(term = ack.term, error = %err, "the controller's leadership term could not be recorded");
                 }
@@ -509,6 +561,7 @@ pub async fn report_loop(
                     link.config.report_interval
                 }
             }
+            Err(err) if offer.refused(report.host_identity.is_some(), &err) => Duration::ZERO,
             Err(err) => {
                 let delay = wait_after(&err, &mut backoff);
                 tracing::warn!(error = %error_chain(&err), retry_in = ?delay, "report not delivered");
@@ -743,5 +796,55 @@ mod tests {
         assert_eq!((0..8).map(|_| slow.next()).max(), Some(BACKOFF_MAX));
         let mut fast = Backoff::up_to(Duration::from_millis(10));
         assert_eq!((fast.next(), fast.next()), (BACKOFF_START, BACKOFF_START));
+    }
+
+    fn ack(host_identity: bool) -> ReportAck {
+        ReportAck {
+            sequence: 1,
+            received_at: Timestamp(1),
+            bmc_targets: Vec::new(),
+            released_holds: Vec::new(),
+            term: 0,
+            host_identity,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_identity_goes_only_to_a_controller_that_takes_it_and_stops_when_refused() {
+        let mut identity = metalguard_api::identity::SystemIdentity::default();
+        identity.set_serial_number(Ok("SN-1"));
+        let mut offer = IdentityOffer::default();
+        assert_eq!(
+            offer.attach(&identity),
+            None,
+            "not before a controller said so"
+        );
+        offer.answered(&ack(false));
+        assert_eq!(offer.attach(&identity), None, "an older controller");
+        offer.answered(&ack(true));
+        assert_eq!(offer.attach(&identity), Some(identity.clone()));
+        // An older controller leads now: it refuses the unknown field (axum: 422).
+        let refused = LinkError::from_answer(answer(
+            422,
+            None,
+            r#"{"error":"failed to deserialize the JSON body: host_identity: unknown field"}"#,
+        ))
+        .await;
+        let unavailable = LinkError::from_answer(answer(503, None, "{}")).await;
+        assert!(
+            !offer.refused(true, &unavailable),
+            "not a refusal of the field"
+        );
+        assert!(offer.attach(&identity).is_some());
+        assert!(
+            !offer.refused(false, &refused),
+            "the report did not carry it"
+        );
+        assert!(offer.attach(&identity).is_some());
+        assert!(offer.refused(true, &refused), "resent at once");
+        assert_eq!(offer.attach(&identity), None);
+        // Until a controller says again that it takes it.
+        offer.answered(&ack(true));
+        assert!(offer.attach(&identity).is_some());
     }
 }

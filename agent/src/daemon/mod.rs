@@ -9,6 +9,7 @@ pub mod bmc_reach;
 #[cfg(test)]
 mod etcd_tests;
 pub(crate) mod execute;
+mod host_identity;
 mod identity;
 mod join;
 mod journal;
@@ -168,7 +169,9 @@ async fn serve(config: AgentConfig, notifier: Notifier) -> ExitCode {
             }
         };
         let link = match link::Link::new(controller, &host) {
-            Ok(link) => link.with_boot_id_file(&config.state.boot_id_file),
+            Ok(link) => link
+                .with_boot_id_file(&config.state.boot_id_file)
+                .with_dmi_dir(&config.state.dmi_dir),
             Err(err) => {
                 tracing::error!(error = %err, "cannot set up the controller client; refusing to start");
                 cancel.cancel();
