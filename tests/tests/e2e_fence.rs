@@ -54,12 +54,20 @@ struct Agent {
 }
 
 /// The agent of `host`; `etcd` gives it an `[etcd]` section (endpoints and its TLS lines).
+/// Its firmware identity is `dmi_uuid` (the UUID its BMC reports), read from its own
+/// `dmi_dir`: the test hosts share this machine's `/sys/class/dmi/id`.
 fn start_agent(
     dir: &Path,
     host: &str,
     controller_ports: &[u16],
     etcd: Option<(&[String], &str)>,
+    dmi_uuid: Option<&str>,
 ) -> Agent {
+    let dmi = dir.join(format!("{host}-dmi"));
+    std::fs::create_dir_all(&dmi).unwrap();
+    if let Some(uuid) = dmi_uuid {
+        std::fs::write(dmi.join("product_uuid"), format!("{uuid}\n")).unwrap();
+    }
     let tls = dir.join("tls");
     let flag = dir.join(format!("{host}.kubelet-ok"));
     std::fs::write(&flag, "").unwrap();
@@ -69,7 +77,7 @@ fn start_agent(
          [controller]\nurl = \"https://127.0.0.1:{first}\"\nurls = [{more}]\n\
          ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{host}.pem\"\nkey = \"{tls}/{host}-key.pem\"\n\
          report_interval = \"1s\"\ncommand_wait = \"5s\"\n\
-         [state]\ndir = \"{dir}/{host}-state\"\n\
+         [state]\ndir = \"{dir}/{host}-state\"\ndmi_dir = \"{dmi}\"\n\
          [metrics]\nlisten = \"127.0.0.1:{m}\"\n\
          [[probes.exec]]\nname = \"KubeletHealthy\"\ncommand = [\"/usr/bin/test\", \"-e\", \"{flag}\"]\n\
          period = \"200ms\"\ntimeout = \"200ms\"\nfailure_threshold = 1\n",
@@ -83,6 +91,7 @@ fn start_agent(
         dir = dir.display(),
         m = metrics.port(),
         flag = flag.display(),
+        dmi = dmi.display(),
     );
     if let Some((endpoints, tls)) = etcd {
         let list: Vec<String> = endpoints.iter().map(|e| format!("{e:?}")).collect();
@@ -227,7 +236,12 @@ impl Stack {
             .into_iter()
             .map(|host| {
                 let etcd = (host == "cp-1").then_some((endpoints.as_slice(), tls.as_str()));
-                start_agent(self.dir.path(), host, ports, etcd)
+                let uuid = if host == "w-2" {
+                    self.sim.system_uuid()
+                } else {
+                    None
+                };
+                start_agent(self.dir.path(), host, ports, etcd, uuid)
             })
             .collect()
     }

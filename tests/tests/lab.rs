@@ -106,6 +106,19 @@ fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
 }
 
 #[test]
+fn a_bmc_line_copied_from_another_host_is_refused_by_identity_and_touches_nothing() {
+    let mut lab = start();
+    let report = labrun::run(&mut lab, "swapped-bmc");
+    assert!(
+        report.ok
+            && report.seen.contains("answers for another machine")
+            && report.seen.ends_with("0 power events"),
+        "{}",
+        report.seen
+    );
+}
+
+#[test]
 fn a_controller_killed_twice_mid_remediation_is_replaced_and_the_fence_happens_once() {
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.redfish_power_delay = true;

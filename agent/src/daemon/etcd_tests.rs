@@ -316,6 +316,7 @@ fn power_off(
                 },
                 etcd_member: None,
                 forced: None,
+                expected_identity: None,
             }),
         )
     }

@@ -310,15 +310,24 @@ impl Executor {
             PowerAction::On => FenceAction::On,
             PowerAction::Reboot => FenceAction::Reboot,
         };
+        let identity = match super::identity_gate::check(&mut bmc, command).await {
+            Ok(note) => note,
+            Err(refusal) => {
+                let _ = bmc.close().await;
+                return rejected(&refusal);
+            }
+        };
         let outcome = metalguard_bmc::fence(&mut bmc, action, &self.fence).await;
         let _ = bmc.close().await;
-        let checked = checked.map(|what| TimelineEntry {
-            elapsed_ms: 0,
-            direction: TimelineDirection::Note,
-            what,
-        });
-        let timeline = checked
+        let notes = checked
             .into_iter()
+            .chain(identity)
+            .map(|what| TimelineEntry {
+                elapsed_ms: 0,
+                direction: TimelineDirection::Note,
+                what,
+            });
+        let timeline = notes
             .chain(outcome.timeline.entries().iter().map(|e| TimelineEntry {
                 elapsed_ms: u64::try_from(e.elapsed.as_millis()).unwrap_or(u64::MAX),
                 direction: match e.direction {
@@ -569,6 +578,7 @@ mod tests {
                 },
                 etcd_member: None,
                 forced: None,
+                expected_identity: None,
             }),
             term: 0,
         }

@@ -11,6 +11,7 @@ mod etcd_tests;
 pub(crate) mod execute;
 mod host_identity;
 mod identity;
+mod identity_gate;
 mod join;
 mod journal;
 pub(crate) mod link;

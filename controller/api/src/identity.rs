@@ -286,6 +286,99 @@ impl fmt::Display for SystemIdentity {
     }
 }
 
+/// Serial numbers firmware ships before a vendor sets one (compared case-insensitively):
+/// they name no machine, so they never prove or disprove anything.
+const PLACEHOLDER_SERIALS: [&str; 9] = [
+    "to be filled by o.e.m.",
+    "default string",
+    "system serial number",
+    "not specified",
+    "not applicable",
+    "none",
+    "0",
+    "0123456789",
+    "123456789",
+];
+
+fn usable_serial(identity: &SystemIdentity) -> Option<&str> {
+    identity
+        .serial_number
+        .as_deref()
+        .filter(|s| !PLACEHOLDER_SERIALS.contains(&s.to_ascii_lowercase().as_str()))
+}
+
+/// What comparing a host's own identity (its agent's DMI read) with what a BMC says found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "result")]
+pub enum IdentityMatch {
+    /// The same machine; `by` says how it was told (`uuid`, `uuid (ipmi-reversed byte order)`,
+    /// `serial number`).
+    Same {
+        /// How the match was made.
+        by: String,
+    },
+    /// Another machine: both identities in the reason.
+    Different {
+        /// What differs, with both values.
+        reason: String,
+    },
+    /// Nothing both sides name could be compared (each side's reason given).
+    Unknown {
+        /// Why not.
+        reason: String,
+    },
+}
+
+impl IdentityMatch {
+    /// Whether the BMC was shown to belong to another machine.
+    pub fn is_different(&self) -> bool {
+        matches!(self, Self::Different { .. })
+    }
+}
+
+/// Compares `host` (what the host's agent read from DMI) with `bmc` (what its BMC says).
+///
+/// The UUID decides when both sides have one: equal in text, or equal once the BMC's bytes
+/// are read in another GUID byte order (firmware differs on it, and a byte order is not a
+/// swapped cable), named in `by`. Only when a side has no UUID do serial numbers decide
+/// (exact after trimming; vendor placeholders such as `To Be Filled By O.E.M.` decide
+/// nothing). With neither, the answer is [`IdentityMatch::Unknown`], never a match.
+pub fn compare(host: &SystemIdentity, bmc: &SystemIdentity) -> IdentityMatch {
+    if let (Some(h), Some(b)) = (&host.uuid, &bmc.uuid) {
+        if h == b {
+            return IdentityMatch::Same { by: "uuid".into() };
+        }
+        if let Some((order, _)) = b.readings_of_ipmi_guid().iter().find(|(_, r)| r == h) {
+            return IdentityMatch::Same {
+                by: format!("uuid ({} byte order)", order.as_str()),
+            };
+        }
+        return IdentityMatch::Different {
+            reason: format!("the host's uuid is {h}, its BMC's is {b}"),
+        };
+    }
+    match (usable_serial(host), usable_serial(bmc)) {
+        (Some(h), Some(b)) if h == b => IdentityMatch::Same {
+            by: "serial number".into(),
+        },
+        (Some(h), Some(b)) => IdentityMatch::Different {
+            reason: format!(
+                "the host's serial number is {}, its BMC's is {} (no uuid on {})",
+                crate::text::escaped(h),
+                crate::text::escaped(b),
+                if host.uuid.is_none() {
+                    "the host"
+                } else {
+                    "the BMC"
+                }
+            ),
+        },
+        _ => IdentityMatch::Unknown {
+            reason: format!("nothing to compare: the host says {host}; its BMC says {bmc}"),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,6 +485,62 @@ mod tests {
                 .unwrap()
                 .starts_with("129 bytes long")
         );
+    }
+
+    fn identity(uuid: Option<&str>, serial: Option<&str>) -> SystemIdentity {
+        let mut id = SystemIdentity::default();
+        id.set_uuid(uuid.map_or_else(|| Err("not sent".to_owned()), |u| Ok(u.parse().unwrap())));
+        id.set_serial_number(serial.ok_or_else(|| "not sent".to_owned()));
+        id
+    }
+
+    #[test]
+    fn the_uuid_decides_in_any_byte_order_and_a_foreign_one_is_named_with_both() {
+        let host = identity(Some(SPEC_TEXT), Some("ABC1"));
+        assert_eq!(
+            compare(&host, &identity(Some(SPEC_TEXT), Some("other"))),
+            IdentityMatch::Same { by: "uuid".into() }
+        );
+        // A BMC that sends the SMBIOS bytes as if they were in RFC 4122 order.
+        let bmc_says = SystemUuid::from_guid_bytes(SPEC_WIRE, GuidByteOrder::Rfc4122);
+        assert_ne!(bmc_says.to_string(), SPEC_TEXT);
+        match compare(&host, &identity(Some(&bmc_says.to_string()), None)) {
+            IdentityMatch::Same { by } => assert!(by.ends_with(" byte order)"), "{by}"),
+            other => panic!("{other:?}"),
+        }
+        let other = "10112233-4455-6677-8899-aabbccddeeff";
+        assert_eq!(
+            compare(&host, &identity(Some(other), Some("ABC1"))),
+            IdentityMatch::Different {
+                reason: format!("the host's uuid is {SPEC_TEXT}, its BMC's is {other}")
+            }
+        );
+    }
+
+    #[test]
+    fn serial_numbers_decide_only_without_a_uuid_and_placeholders_decide_nothing() {
+        let host = identity(None, Some("ABC1"));
+        assert_eq!(
+            compare(&host, &identity(Some(SPEC_TEXT), Some("ABC1"))),
+            IdentityMatch::Same {
+                by: "serial number".into()
+            }
+        );
+        assert!(compare(&host, &identity(None, Some("XYZ9"))).is_different());
+        let placeholder = identity(None, Some("To Be Filled By O.E.M."));
+        assert!(matches!(
+            compare(
+                &placeholder,
+                &identity(None, Some("To Be Filled By O.E.M."))
+            ),
+            IdentityMatch::Unknown { .. }
+        ));
+        match compare(&identity(None, None), &identity(None, None)) {
+            IdentityMatch::Unknown { reason } => {
+                assert!(reason.contains("uuid absent (not sent)"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -98,10 +98,11 @@ pub fn report_path_with_bmc_targets(host: &str) -> String {
 }
 
 /// [`COMMANDS_PATH`] for `host` with a long-poll of `wait` (whole seconds, rounded down),
-/// asking for each command's leadership term ([`TERMS_PARAM`]).
+/// asking for each command's leadership term ([`TERMS_PARAM`]) and a fence's expected target
+/// identity ([`HOST_IDENTITY_PARAM`], [`FenceCommand::expected_identity`]).
 pub fn commands_path(host: &str, wait: Duration) -> String {
     format!(
-        "{}?{WAIT_PARAM}={}&{TERMS_PARAM}=true",
+        "{}?{WAIT_PARAM}={}&{TERMS_PARAM}=true&{HOST_IDENTITY_PARAM}=true",
         COMMANDS_PATH.replace(HOST_PLACEHOLDER, host),
         wait.as_secs()
     )
@@ -419,6 +420,14 @@ impl Command {
             fence.forced = None;
         }
     }
+
+    /// Leaves out a fence's expected target identity, for an agent that did not ask for it
+    /// ([`HOST_IDENTITY_PARAM`]; one that predates it refuses the field).
+    pub fn strip_identity(&mut self) {
+        if let CommandKind::Fence(fence) = &mut self.kind {
+            fence.expected_identity = None;
+        }
+    }
 }
 
 /// What a command asks for.
@@ -488,6 +497,13 @@ pub struct FenceCommand {
     /// in its result as such.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forced: Option<ForcedBy>,
+    /// The target's identity as its own agent last reported it
+    /// ([`AgentReport::host_identity`]). Before a power-off or reboot the executing agent reads
+    /// the identity of the system behind the BMC and refuses, changing nothing, when it is
+    /// another machine (a swapped cable, a copied address): both identities in the refusal.
+    /// Sent only to agents that ask ([`HOST_IDENTITY_PARAM`] on the long-poll).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_identity: Option<SystemIdentity>,
 }
 
 /// Who forced a fence, and why.
@@ -688,6 +704,7 @@ mod tests {
                 },
                 etcd_member: None,
                 forced: None,
+                expected_identity: None,
             }),
             term: 0,
         }
@@ -714,7 +731,7 @@ mod tests {
         assert_eq!(report_path("cp-1"), "/v1/hosts/cp-1/report");
         assert_eq!(
             commands_path("cp-1", Duration::from_millis(30_900)),
-            "/v1/hosts/cp-1/commands?wait=30&terms=true"
+            "/v1/hosts/cp-1/commands?wait=30&terms=true&host_identity=true"
         );
         assert_eq!(results_path("cp-1"), "/v1/hosts/cp-1/results");
         assert_eq!(holds_path("cp-1"), "/v1/hosts/cp-1/holds");

@@ -192,6 +192,7 @@ fn every_protocol_type_matches_its_schema() {
                 },
                 etcd_member: None,
                 forced: None,
+                expected_identity: None,
             }))
         })
         .collect();

@@ -245,6 +245,10 @@ struct WaitQuery {
     /// refuses unknown fields).
     #[serde(default)]
     terms: bool,
+    /// The agent checks a fence target's identity (`HOST_IDENTITY_PARAM`): fences keep
+    /// `expected_identity`.
+    #[serde(default)]
+    host_identity: bool,
 }
 
 async fn commands(
@@ -262,6 +266,11 @@ async fn commands(
         commands
             .iter_mut()
             .for_each(metalguard_api::protocol::Command::strip_terms);
+    }
+    if !query.host_identity {
+        commands
+            .iter_mut()
+            .for_each(metalguard_api::protocol::Command::strip_identity);
     }
     Json(CommandBatch { commands }).into_response()
 }

@@ -264,7 +264,8 @@ pub fn withheld(inventory: &Inventory, state: &State, op: &StoredOperation) -> O
 ///
 /// Every command carries `term`, the leadership offering it. A fence carries what the
 /// executing agent needs for its own quorum check: the target's etcd member as the target's
-/// own agent last reported it, and, for a person's forced fence, who forced it and why.
+/// own agent last reported it, and, for a person's forced fence, who forced it and why; and
+/// for its identity check, the identity the target's agent last reported.
 pub fn pending_commands(
     inventory: &Inventory,
     state: &State,
@@ -294,6 +295,7 @@ pub fn pending_commands(
                         credentials,
                         etcd_member: reported_member(state, target),
                         forced: forced_by(state, op),
+                        expected_identity: reported_identity(state, target),
                     }),
                     Err(error) => {
                         tracing::warn!(operation = %op.id, %error, "fence command could not be built");
@@ -331,6 +333,14 @@ fn reported_member(state: &State, host: &str) -> Option<u64> {
         .etcd
         .as_ref()?
         .local_member_id
+}
+
+/// The identity `host`'s own agent last reported (its firmware's UUID and serial number).
+fn reported_identity(
+    state: &State,
+    host: &str,
+) -> Option<metalguard_api::identity::SystemIdentity> {
+    state.reports.get(host)?.report.host_identity.clone()
 }
 
 /// Who forced the fence `op` belongs to, and why: a forced remediation's recorded reason and

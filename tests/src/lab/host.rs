@@ -84,6 +84,8 @@ pub struct LabHost {
     password: String,
     placement: HostPlacement,
     dir: PathBuf,
+    /// The inventory's `bmc = {…}` for this host when it is not its own (a copied line).
+    bmc_entry_override: Option<String>,
 }
 
 /// Where a lab host's parts live: the address its BMC listens on (a management network) and
@@ -145,10 +147,44 @@ impl LabHost {
             password,
             placement,
             dir,
+            bmc_entry_override: None,
         };
         host.set_known_password(None)?;
+        host.write_dmi()?;
         host.boot()?;
         Ok(host)
+    }
+
+    /// Where the host's agent reads its firmware identity (`[state] dmi_dir`): every simulated
+    /// host shares the machine's `/sys/class/dmi/id`, so each gets files that say what its own
+    /// BMC emulator says (`product_uuid`; `product_serial` where the emulator has one).
+    pub fn dmi_dir(&self) -> PathBuf {
+        self.dir.join("dmi")
+    }
+
+    /// The identity the host's BMC emulator reports: its system UUID and serial number.
+    pub fn bmc_identity(&self) -> (Option<String>, Option<String>) {
+        match &self.bmc {
+            Bmc::Redfish(b) => (
+                b.system_ids().first().cloned(),
+                b.serial_number(0).map(str::to_owned),
+            ),
+            Bmc::Ipmi(s) => (s.system_uuid().map(str::to_owned), None),
+        }
+    }
+
+    fn write_dmi(&self) -> Result<()> {
+        let dir = self.dmi_dir();
+        std::fs::create_dir_all(&dir)
+            .map_err(HarnessError::io("creating a host's dmi directory"))?;
+        let (uuid, serial) = self.bmc_identity();
+        for (file, value) in [("product_uuid", uuid), ("product_serial", serial)] {
+            if let Some(value) = value {
+                std::fs::write(dir.join(file), format!("{value}\n"))
+                    .map_err(HarnessError::io("writing a host's dmi file"))?;
+            }
+        }
+        Ok(())
     }
 
     /// The file the host's agent reads its boot ID from (`[state] boot_id_file`): every
@@ -288,7 +324,8 @@ impl LabHost {
         )
     }
 
-    pub(super) fn inventory_entry(&self) -> String {
+    /// The inventory's `bmc = {…}` value for this host's own BMC.
+    pub(super) fn bmc_entry(&self) -> String {
         let tls = match &self.bmc {
             Bmc::Redfish(b) => b
                 .ca_pem_path()
@@ -297,11 +334,24 @@ impl LabHost {
             Bmc::Ipmi(_) => String::new(),
         };
         format!(
-            "[[hosts]]\nname = \"{}\"\nrole = \"control-plane\"\n\
-             bmc = {{ address = \"{}\", credentials_dir = \"{}\"{tls} }}\n\n",
-            self.name,
+            "{{ address = \"{}\", credentials_dir = \"{}\"{tls} }}",
             self.bmc_address(),
             self.credentials_dir().display(),
+        )
+    }
+
+    /// Makes the inventory name `entry` as this host's BMC (`None`: its own again).
+    pub(super) fn set_bmc_entry_override(&mut self, entry: Option<String>) {
+        self.bmc_entry_override = entry;
+    }
+
+    pub(super) fn inventory_entry(&self) -> String {
+        format!(
+            "[[hosts]]\nname = \"{}\"\nrole = \"control-plane\"\nbmc = {}\n\n",
+            self.name,
+            self.bmc_entry_override
+                .clone()
+                .unwrap_or_else(|| self.bmc_entry()),
         )
     }
 

@@ -624,7 +624,7 @@ impl Lab {
              [controller]\nurl = \"https://{address}:{port}\"\nurls = [{more}]\n\
              ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{name}.pem\"\nkey = \"{tls}/{name}-key.pem\"\n\
              report_interval = \"{report}\"\ncommand_wait = \"5s\"\n{request_timeout}\
-             [state]\ndir = \"{state}\"\nboot_id_file = \"{boot}\"\n\
+             [state]\ndir = \"{state}\"\nboot_id_file = \"{boot}\"\ndmi_dir = \"{dmi}\"\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
              [etcd]\nendpoints = [{list}]\n{etcd_tls}\
              [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n",
@@ -646,6 +646,7 @@ impl Lab {
                 .unwrap_or_default(),
             state = h.dir().join("agent-state").display(),
             boot = h.boot_id_file().display(),
+            dmi = h.dmi_dir().display(),
             metrics = h.metrics_port(),
             list = list.join(", "),
             etcd_tls = self.agent_etcd_tls(i),
@@ -831,6 +832,32 @@ impl Lab {
         let mut endpoints = self.etcd.endpoints();
         endpoints.remove(i);
         endpoints
+    }
+
+    /// Swaps the BMC entries (address, credentials, trust) of hosts `a` and `b` in the
+    /// inventory, as a copy-paste error would (`false`: each its own again). Standalone only:
+    /// in Kubernetes mode the BMCs are on the GuardedHosts.
+    pub fn swap_bmcs(&mut self, a: usize, b: usize, swapped: bool) -> Result<()> {
+        if self.kube.is_some() {
+            return Err(HarnessError::Other(
+                "swapping BMC entries is done in the standalone inventory".into(),
+            ));
+        }
+        let (entry_a, entry_b) = (self.hosts[a].bmc_entry(), self.hosts[b].bmc_entry());
+        self.hosts[a].set_bmc_entry_override(swapped.then_some(entry_b));
+        self.hosts[b].set_bmc_entry_override(swapped.then_some(entry_a));
+        self.write_inventory()?;
+        let (na, nb) = (self.hosts[a].name.clone(), self.hosts[b].name.clone());
+        self.timeline.add(
+            "lab",
+            if swapped {
+                format!("the inventory swaps the BMC lines of {na} and {nb} (valid credentials, the other server)")
+            } else {
+                format!("the inventory names {na}'s and {nb}'s own BMCs again")
+            },
+            "",
+        );
+        Ok(())
     }
 
     /// Replaces the BMC password the controller knows for host `i` (the BMC keeps its own).

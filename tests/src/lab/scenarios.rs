@@ -54,11 +54,12 @@ pub fn run(lab: &mut Lab, name: &str) -> Result<Report> {
         "double-failure" => double_failure(lab),
         "admin-fence" => admin_fence(lab),
         "bad-bmc" => bad_bmc(lab),
+        "swapped-bmc" => swapped_bmc(lab),
         "controller-crash" => controller_crash(lab),
         "replace" => replace(lab),
         "break-glass" => break_glass(lab),
         other => Err(HarnessError::Other(format!(
-            "unknown scenario {other} (one of {}, controller-crash, partition, break-glass)",
+            "unknown scenario {other} (one of {}, controller-crash, partition, break-glass, swapped-bmc)",
             ALL.join(", ")
         ))),
     }
@@ -354,6 +355,72 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
         name: "bad-bmc",
         expected: format!(
             "{name} ends in needs-a-person with the reason; no power change anywhere"
+        ),
+        seen: format!(
+            "needs-a-person after {:.1}s: {reason}; {} power events",
+            waited.as_secs_f64(),
+            events.len()
+        ),
+        ok,
+        took: started.elapsed(),
+        timings: Vec::new(),
+    })
+}
+
+/// `swapped-bmc`: the inventory gives two hosts each other's BMC (address and valid
+/// credentials: a copied line) → one of them hangs → the executing agent reads the identity
+/// of the system behind the BMC it was given, finds the other host, and refuses; the
+/// remediation ends with a person, with both identities in the reason, and no host's power
+/// changes (the healthy one behind that BMC least of all).
+pub fn swapped_bmc(lab: &mut Lab) -> Result<Report> {
+    lab.new_scenario();
+    let started = Instant::now();
+    let since = unix_ms();
+    let serving = lab.in_service();
+    let target = serving.last().copied().unwrap_or(0);
+    let other = serving.first().copied().unwrap_or(0);
+    let name = lab.hosts()[target].name.clone();
+    let t = lab.options().timings.clone();
+    lab.swap_bmcs(target, other, true)?;
+    // The controller notices the new inventory within a plan round or two.
+    lab.idle(Duration::from_secs(2))?;
+    lab.freeze(target)?;
+    let budget = t.heartbeat_timeout.max(t.unhealthy_timeout)
+        + (t.retry_period + Duration::from_secs(10)) * (t.max_retry + 1)
+        + OVERHEAD
+        + lab.frozen_member_stall();
+    let mut reason = String::new();
+    let waited = lab.wait_for(&format!("{name} to need a person"), budget, |lab| {
+        let Some(status) = lab.last_status() else {
+            return Ok(false);
+        };
+        let found = status["remediations"].as_array().and_then(|l| {
+            l.iter()
+                .find(|r| r["target"] == name.as_str() && r["phase"]["phase"] == "needs-person")
+        });
+        if let Some(r) = found {
+            r["phase"]["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .clone_into(&mut reason);
+            return Ok(true);
+        }
+        Ok(false)
+    })?;
+    let events = lab.power_events_since(since)?;
+    // The person: fix the inventory and thaw the host.
+    lab.swap_bmcs(target, other, false)?;
+    lab.thaw(target)?;
+    let (uuid_target, _) = lab.hosts()[target].bmc_identity();
+    let (uuid_other, _) = lab.hosts()[other].bmc_identity();
+    let names_both = [uuid_target, uuid_other]
+        .iter()
+        .all(|u| u.as_deref().is_some_and(|u| reason.contains(u)));
+    let ok = events.is_empty() && names_both;
+    Ok(Report {
+        name: "swapped-bmc",
+        expected: format!(
+            "{name} ends in needs-a-person with both identities in the reason; no power change anywhere"
         ),
         seen: format!(
             "needs-a-person after {:.1}s: {reason}; {} power events",
