@@ -24,7 +24,7 @@ pub async fn check(
     bmc: &mut metalguard_bmc::Bmc,
     command: &FenceCommand,
 ) -> Result<Option<String>, String> {
-    let Some(expected) = &command.expected_identity else {
+    let Some(expected) = command.expected_identity.as_deref() else {
         return Ok(None);
     };
     if command.action == PowerAction::On {

@@ -503,7 +503,7 @@ pub struct FenceCommand {
     /// another machine (a swapped cable, a copied address): both identities in the refusal.
     /// Sent only to agents that ask ([`HOST_IDENTITY_PARAM`] on the long-poll).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expected_identity: Option<SystemIdentity>,
+    pub expected_identity: Option<Box<SystemIdentity>>,
 }
 
 /// Who forced a fence, and why.

@@ -69,6 +69,7 @@ fn schemas() -> Value {
         ("credentials", reference("BmcCredentials")),
         ("etcd_member", nullable(&integer())),
         ("forced", nullable(&reference("ForcedBy"))),
+        ("expected_identity", nullable(&reference("SystemIdentity"))),
     ];
     json!({
         "AgentReport": object(&[
@@ -333,6 +334,10 @@ pub fn document() -> Value {
                 }, {
                     "name": TERMS_PARAM, "in": "query", "required": false,
                     "description": "true: the agent knows leadership terms (the answer carries the leader's term; commands carry theirs)",
+                    "schema": { "type": "boolean" },
+                }, {
+                    "name": HOST_IDENTITY_PARAM, "in": "query", "required": false,
+                    "description": "true: the agent checks a fence target's identity (fences carry expected_identity; agents that predate it refuse the field)",
                     "schema": { "type": "boolean" },
                 }],
                 "responses": with_errors(json!({ "200": ok("CommandBatch", "pending commands; empty when the wait ran out") })),

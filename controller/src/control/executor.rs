@@ -295,7 +295,7 @@ pub fn pending_commands(
                         credentials,
                         etcd_member: reported_member(state, target),
                         forced: forced_by(state, op),
-                        expected_identity: reported_identity(state, target),
+                        expected_identity: reported_identity(state, target).map(Box::new),
                     }),
                     Err(error) => {
                         tracing::warn!(operation = %op.id, %error, "fence command could not be built");
