@@ -311,19 +311,10 @@ pub fn double_failure(lab: &mut Lab) -> Result<Report> {
     })
 }
 
-/// `bad-bmc`: the controller's BMC password for a host is wrong → the host hangs →
-/// remediation fails after its retries → the host needs a person, with the reason; nothing
-/// else is touched.
-pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
-    lab.new_scenario();
-    let started = Instant::now();
-    let since = unix_ms();
-    // The last host in service: a spare on standby is not in the inventory.
-    let target = lab.in_service().last().copied().unwrap_or(0);
-    let name = lab.hosts()[target].name.clone();
+/// Waits, with the budget of every attempt and retry, until host `name`'s remediation needs a
+/// person; returns its reason and how long that took.
+fn wait_needs_person(lab: &mut Lab, name: &str) -> Result<(String, Duration)> {
     let t = lab.options().timings.clone();
-    lab.set_known_password(target, Some("not-the-password"))?;
-    lab.freeze(target)?;
     let budget = t.heartbeat_timeout.max(t.unhealthy_timeout)
         + (t.retry_period + Duration::from_secs(10)) * (t.max_retry + 1)
         + OVERHEAD
@@ -335,7 +326,7 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
         };
         let found = status["remediations"].as_array().and_then(|l| {
             l.iter()
-                .find(|r| r["target"] == name.as_str() && r["phase"]["phase"] == "needs-person")
+                .find(|r| r["target"] == name && r["phase"]["phase"] == "needs-person")
         });
         if let Some(r) = found {
             r["phase"]["reason"]
@@ -346,6 +337,22 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
         }
         Ok(false)
     })?;
+    Ok((reason, waited))
+}
+
+/// `bad-bmc`: the controller's BMC password for a host is wrong → the host hangs →
+/// remediation fails after its retries → the host needs a person, with the reason; nothing
+/// else is touched.
+pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
+    lab.new_scenario();
+    let started = Instant::now();
+    let since = unix_ms();
+    // The last host in service: a spare on standby is not in the inventory.
+    let target = lab.in_service().last().copied().unwrap_or(0);
+    let name = lab.hosts()[target].name.clone();
+    lab.set_known_password(target, Some("not-the-password"))?;
+    lab.freeze(target)?;
+    let (reason, waited) = wait_needs_person(lab, &name)?;
     let events = lab.power_events_since(since)?;
     // The person: thaw the host and fix the password.
     lab.thaw(target)?;
@@ -380,33 +387,11 @@ pub fn swapped_bmc(lab: &mut Lab) -> Result<Report> {
     let target = serving.last().copied().unwrap_or(0);
     let other = serving.first().copied().unwrap_or(0);
     let name = lab.hosts()[target].name.clone();
-    let t = lab.options().timings.clone();
     lab.swap_bmcs(target, other, true)?;
     // The controller notices the new inventory within a plan round or two.
     lab.idle(Duration::from_secs(2))?;
     lab.freeze(target)?;
-    let budget = t.heartbeat_timeout.max(t.unhealthy_timeout)
-        + (t.retry_period + Duration::from_secs(10)) * (t.max_retry + 1)
-        + OVERHEAD
-        + lab.frozen_member_stall();
-    let mut reason = String::new();
-    let waited = lab.wait_for(&format!("{name} to need a person"), budget, |lab| {
-        let Some(status) = lab.last_status() else {
-            return Ok(false);
-        };
-        let found = status["remediations"].as_array().and_then(|l| {
-            l.iter()
-                .find(|r| r["target"] == name.as_str() && r["phase"]["phase"] == "needs-person")
-        });
-        if let Some(r) = found {
-            r["phase"]["reason"]
-                .as_str()
-                .unwrap_or_default()
-                .clone_into(&mut reason);
-            return Ok(true);
-        }
-        Ok(false)
-    })?;
+    let (reason, waited) = wait_needs_person(lab, &name)?;
     let events = lab.power_events_since(since)?;
     // The person: fix the inventory and thaw the host.
     lab.swap_bmcs(target, other, false)?;
