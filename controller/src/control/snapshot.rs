@@ -98,7 +98,10 @@ fn build_with_views_since(
                 // mirrored onto it); a host whose Node is gone but whose agent reports was
                 // seen (the Node was deleted), one with neither gets the startup timeout.
                 node: match &state.nodes {
-                    Some(nodes) => nodes.get(&h.name).cloned(),
+                    Some(nodes) => nodes
+                        .get(&h.name)
+                        .cloned()
+                        .map(|n| conditions_heard_since(n, views_since)),
                     None => stored.map(|s| {
                         // Conditions of a report received before this leadership began
                         // count from when it began: a new leader does not judge on what it
@@ -220,6 +223,26 @@ fn node_of(
         conditions,
         ..NodeStatus::default()
     }
+}
+
+/// A Node (Kubernetes backend) as a leadership that began at `views_since` may judge it: a
+/// condition that is not the kubelet's ([`metalguard_api::protocol::RESERVED_CONDITION_TYPES`])
+/// has held at most since then. Those are the agents' conditions as a leader mirrored them,
+/// maybe the previous leader from a report since superseded (a paused leader's mirror is
+/// frozen while the agent recovers), as in the standalone backend's [`node_of`]; the
+/// controller cannot tell them from another writer's (node-problem-detector), whose
+/// judgement a takeover delays by at most its timeout, the safe side. The kubelet's own
+/// conditions keep their times, as machine health checks judge them (seed 003: "if a
+/// condition is met for the duration of the timeout").
+fn conditions_heard_since(mut node: NodeStatus, views_since: Timestamp) -> NodeStatus {
+    for c in node
+        .conditions
+        .iter_mut()
+        .filter(|c| !metalguard_api::protocol::is_reserved_condition(&c.type_))
+    {
+        c.last_transition = c.last_transition.max(views_since);
+    }
+    node
 }
 
 /// `Ready` from the health conditions of a report (see [`node_of`]).

@@ -388,3 +388,50 @@ fn a_retirement_marks_its_host_and_a_verified_power_off_removes_it() {
     assert!(powered_off_for_retirement(&state, "cp-1"));
     assert!(!powered_off_for_retirement(&state, "cp-2"));
 }
+
+#[test]
+fn a_node_condition_not_the_kubelets_counts_only_from_when_the_leadership_began() {
+    let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+    let cond = |type_: &str, status, since| NodeCondition {
+        type_: type_.into(),
+        status,
+        last_transition: Timestamp(since),
+    };
+    let mut state = State::default();
+    let node = NodeStatus {
+        conditions: vec![
+            cond(READY, ConditionStatus::True, 100),
+            cond("MemoryPressure", ConditionStatus::False, 100),
+            cond("EtcdMemberHealthy", ConditionStatus::False, 200),
+            cond("EtcdNoSpace", ConditionStatus::False, 5_000),
+        ],
+        ..NodeStatus::default()
+    };
+    state.nodes = Some([("cp-1".to_owned(), node)].into());
+    let times = |s: &Snapshot| -> Vec<(String, u64)> {
+        let host = s.hosts.iter().find(|h| h.name == "cp-1").unwrap();
+        let node = host.node.as_ref().unwrap();
+        node.conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.last_transition.0))
+            .collect()
+    };
+    // Leading since 1,000: the mirrored EtcdMemberHealthy=False (written at 200, maybe by
+    // the previous leader) counts from 1,000; the kubelet's keep their times; a later one
+    // is untouched.
+    let s = build_for_round(
+        &inventory,
+        &state,
+        (Timestamp(1_000), &Hearing::default()),
+        Timestamp(2_000),
+    );
+    assert_eq!(
+        times(&s),
+        vec![
+            (READY.to_owned(), 100),
+            ("MemoryPressure".to_owned(), 100),
+            ("EtcdMemberHealthy".to_owned(), 1_000),
+            ("EtcdNoSpace".to_owned(), 5_000),
+        ]
+    );
+}
