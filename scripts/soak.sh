@@ -8,9 +8,10 @@
 #   scripts/soak.sh [--kubernetes] [--seed N] [--duration SECONDS] [--out DIR]
 #   scripts/soak.sh --lag ...        also the leader-lag fault: the leader's answers held in a
 #                   relay, then it crashes with a command in flight (docs/design-soak.md)
-#   scripts/soak.sh --mutate skip-term-check|skip-quorum-check ...
-#                   the agents run with one safety check switched off (debug builds only),
-#                   to show the checker finds what the check prevents
+#   scripts/soak.sh --mutate skip-term-check|skip-quorum-check|withdraw-inherited ...
+#                   debug builds only, comma separated: the agents run with one safety check
+#                   switched off, or a new leadership withdraws its predecessor's power cuts,
+#                   to show the checker finds what a check prevents (docs/design-soak.md)
 #   scripts/soak.sh --no-build ...   use the binaries already in target/debug (test.sh)
 #   scripts/soak.sh check target/soak/standalone-seed-1/history.ndjson   check a history again
 # Exit status: 0 no violation, 1 a violation, 2 the soak could not run.

@@ -17,6 +17,7 @@ pub mod identity;
 #[cfg(feature = "k8s")]
 pub mod k8s;
 pub mod limits;
+pub mod mutation;
 pub mod plan;
 pub mod policy;
 pub mod protocol;

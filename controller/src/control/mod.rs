@@ -9,6 +9,7 @@ pub mod executor;
 pub mod members;
 pub mod membership;
 pub mod metrics;
+pub mod mutation;
 pub mod notes;
 pub mod reachability;
 pub mod reload;

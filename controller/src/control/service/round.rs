@@ -102,6 +102,20 @@ impl<B: Backend> Controller<B> {
     /// One plan over `state`; true when it persisted anything.
     pub(super) async fn execute_round(&mut self, state: &crate::backend::State) -> bool {
         let at = now();
+        let withdrawn = crate::control::mutation::withdrawals(
+            state,
+            self.hub.term(),
+            at,
+            metalguard_api::mutation::switched(crate::control::mutation::WITHDRAW_INHERITED),
+        );
+        if !withdrawn.is_empty() {
+            // Test builds only: nothing is offered before the withdrawal is persisted (a
+            // failed write is tried again by the next round; none offers meanwhile).
+            if let Err(error) = self.backend.apply(withdrawn).await {
+                tracing::warn!(error = %crate::error::chain(&error), "withdrawal not persisted");
+            }
+            return true;
+        }
         let started = tokio::time::Instant::now();
         let known_since = self.leader_since.unwrap_or(at);
         let hearing = self.hub.heard();
