@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use metalguard_api::bmc::CheckFailure;
 use metalguard_bmc::tls::{insecure_handshakes, parse_fingerprint};
 use metalguard_bmc::{
     Bmc, BmcAddress, BmcError, CallTimeouts, Credentials, FenceAction, FenceOptions, FenceStatus,
@@ -155,6 +156,10 @@ pub(crate) struct Report {
     pub(crate) fenced: Option<bool>,
     /// A one-line summary.
     pub(crate) message: String,
+    /// The class of the failure (`unreachable`, `tls`, `credentials-refused`,
+    /// `account-locked`, `insufficient-privilege`, `unexpected-answer`), when it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) failure: Option<CheckFailure>,
     /// The error and its causes, outermost first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) error: Vec<String>,
@@ -296,6 +301,7 @@ fn base_report(bmc: &Bmc, action: BmcAction) -> Report {
         identity: None,
         fenced: None,
         message: String::new(),
+        failure: None,
         error: Vec::new(),
         elapsed_ms: 0.0,
         insecure_tls_handshakes: 0,
@@ -307,6 +313,7 @@ fn base_report(bmc: &Bmc, action: BmcAction) -> Report {
 fn failed(mut report: Report, error: &BmcError) -> Report {
     report.result = "failed";
     report.message = error.to_string();
+    report.failure = Some(error.check_failure());
     report.error = chain(error);
     report.exit = EXIT_FAILED;
     report
@@ -464,6 +471,9 @@ pub(crate) fn print_report(report: &Report, output: Output, verbose: bool) {
         Output::Text => {
             if report.result == "failed" {
                 print_error(&report.error);
+                if let Some(class) = report.failure {
+                    eprintln!("  class: {} ({})", class.name(), class.remedy());
+                }
             } else {
                 println!(
                     "{}: {} (bmc {}, {:.0} ms)",

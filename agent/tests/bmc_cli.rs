@@ -212,6 +212,23 @@ fn bmc_check_prints_power_and_identity_and_changes_nothing() {
     );
     assert_eq!(run.code, 1, "{run:?}");
     assert!(run.stderr.contains("rejected the credentials"), "{run:?}");
+    assert!(run.stderr.contains("class: credentials-refused"), "{run:?}");
+    let run = cli(
+        &[
+            "bmc",
+            "check",
+            "--bmc",
+            &ipmi,
+            "--credentials",
+            &wrong_creds,
+            "--output",
+            "json",
+        ],
+        None,
+        &mut transcript,
+    );
+    let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
+    assert_eq!(report["failure"], "credentials-refused", "{run:?}");
     assert!(sim.power_log().unwrap().is_empty());
     assert_never_printed(&transcript, sim.password());
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use metalguard_api::bmc::CheckFailure;
+
 /// How many characters of a string a BMC sent (a power state, reset types, system paths, an
 /// error message) an error or a timeline entry quotes; longer text is cut and control
 /// characters are escaped (a broken BMC once filled an error with 480 KB of escape sequences).
@@ -63,10 +65,12 @@ pub enum BmcError {
         deadline: Duration,
     },
     /// The BMC refused the credentials (HTTP 401, IPMI RAKP failure).
-    #[error("bmc {bmc} rejected the credentials")]
+    #[error("bmc {bmc} rejected the credentials{detail}")]
     Authentication {
         /// The BMC address.
         bmc: String,
+        /// The message the BMC gave (Redfish), prefixed with `: `, or empty.
+        detail: String,
     },
     /// The BMC accepted the credentials but not the privilege the operation needs.
     #[error("bmc {bmc} refused {what}: insufficient privilege")]
@@ -164,4 +168,59 @@ impl BmcError {
             _ => false,
         }
     }
+
+    /// The class of this failure as a check of the BMC reports it. A refused login whose
+    /// message speaks of a locked or disabled account is [`CheckFailure::AccountLocked`]
+    /// (Redfish services say so in the error body; IPMI cannot tell it from a wrong
+    /// password); a connection that failed in its TLS handshake is [`CheckFailure::Tls`].
+    pub fn check_failure(&self) -> CheckFailure {
+        match self {
+            Self::Authentication { detail, .. } => {
+                let lower = detail.to_ascii_lowercase();
+                if lower.contains("lock") || lower.contains("disabled") {
+                    CheckFailure::AccountLocked
+                } else {
+                    CheckFailure::CredentialsRefused
+                }
+            }
+            Self::Privilege { .. } => CheckFailure::InsufficientPrivilege,
+            Self::Tls { .. } => CheckFailure::Tls,
+            Self::Connect { source, .. } | Self::Transport { source, .. }
+                if is_tls_failure(source.as_ref()) =>
+            {
+                CheckFailure::Tls
+            }
+            Self::Connect { .. }
+            | Self::Transport { .. }
+            | Self::Timeout { .. }
+            | Self::Deadline { .. } => CheckFailure::Unreachable,
+            Self::HttpStatus { .. }
+            | Self::Decode { .. }
+            | Self::Protocol { .. }
+            | Self::Unsupported { .. }
+            | Self::AmbiguousSystem { .. }
+            | Self::SystemNotFound { .. }
+            | Self::NotVerified { .. } => CheckFailure::UnexpectedAnswer,
+        }
+    }
+}
+
+/// Whether a transport error's chain holds a TLS failure (a rustls error: an unknown issuer,
+/// a name or fingerprint mismatch, a handshake alert).
+fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }

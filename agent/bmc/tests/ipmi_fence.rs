@@ -98,6 +98,10 @@ async fn a_wrong_password_fence_fails_fast_with_an_authentication_error() {
         panic!("{:?}", out.status);
     };
     assert!(matches!(err, BmcError::Authentication { .. }), "{err:?}");
+    assert_eq!(
+        err.check_failure(),
+        metalguard_api::bmc::CheckFailure::CredentialsRefused
+    );
     assert!(sim.power_on().unwrap());
     let all = format!("{err} {err:?} {}", out.timeline);
     assert!(

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use metalguard_api::bmc::CheckFailure;
 use metalguard_bmc::redfish::{RedfishClient, RedfishOptions};
 use metalguard_bmc::tls::parse_fingerprint;
 use metalguard_bmc::{
@@ -85,6 +86,7 @@ async fn https_with_a_ca_bundle_and_refused_without_it() {
         .await
         .unwrap_err();
     assert!(matches!(error, BmcError::Tls { .. }), "{error:?}");
+    assert_eq!(error.check_failure(), CheckFailure::Tls);
 }
 
 #[tokio::test]
@@ -197,6 +199,7 @@ async fn wrong_password_is_refused_without_leaking_it() {
         matches!(error, BmcError::Authentication { .. }),
         "{error:?}"
     );
+    assert_eq!(error.check_failure(), CheckFailure::CredentialsRefused);
     let text = format!("{outcome:?} {} {error}", outcome.timeline);
     assert!(!text.contains(wrong) && !text.contains(bmc.password()));
     assert_eq!(bmc.power_state(0).unwrap(), "On");
@@ -219,6 +222,7 @@ async fn not_listening_and_black_hole_fail_fast_and_bounded() {
     let started = Instant::now();
     let error = c.power_state().await.unwrap_err();
     assert!(matches!(error, BmcError::Connect { .. }), "{error:?}");
+    assert_eq!(error.check_failure(), CheckFailure::Unreachable);
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "{:?}",

@@ -168,7 +168,10 @@ pub fn to_bmc_error(error: IpmiError) -> BmcError {
             what: step.to_owned(),
             timeout: elapsed,
         },
-        IpmiError::AuthenticationFailed { bmc, .. } => BmcError::Authentication { bmc },
+        IpmiError::AuthenticationFailed { bmc, .. } => BmcError::Authentication {
+            bmc,
+            detail: String::new(),
+        },
         IpmiError::PrivilegeRefused {
             bmc, user, what, ..
         } => BmcError::Privilege {

@@ -46,6 +46,29 @@ impl Answer {
         })
     }
 
+    /// What the BMC said when it refused a login, prefixed with `: `, or empty: its most
+    /// specific message and every `MessageId` (an account lock may be named only there).
+    pub(crate) fn refusal_detail(&self) -> String {
+        let Ok(body) = serde_json::from_slice::<ErrorBody>(&self.body) else {
+            return String::new();
+        };
+        let summary = body.summary();
+        let ids: Vec<String> = body
+            .error
+            .iter()
+            .flat_map(|e| e.extended_info.iter())
+            .filter_map(|info| info.message_id.clone())
+            .filter(|id| summary.as_deref() != Some(id.as_str()))
+            .collect();
+        let text = match (summary, ids.is_empty()) {
+            (Some(summary), true) => summary,
+            (Some(summary), false) => format!("{summary} ({})", ids.join(", ")),
+            (None, false) => ids.join(", "),
+            (None, true) => return String::new(),
+        };
+        format!(": {}", bmc_text(&text))
+    }
+
     /// Maps a failure status to an error; `Ok` for 2xx.
     pub(crate) fn check(&self, bmc: &str, what: &str) -> Result<(), BmcError> {
         if self.status.is_success() {
@@ -54,6 +77,7 @@ impl Answer {
         Err(match self.status {
             StatusCode::UNAUTHORIZED => BmcError::Authentication {
                 bmc: bmc.to_owned(),
+                detail: self.refusal_detail(),
             },
             StatusCode::FORBIDDEN => BmcError::Privilege {
                 bmc: bmc.to_owned(),

@@ -224,6 +224,7 @@ impl RedfishClient {
         if answer.status == StatusCode::UNAUTHORIZED || answer.status == StatusCode::FORBIDDEN {
             return Err(BmcError::Authentication {
                 bmc: self.http.bmc.clone(),
+                detail: answer.refusal_detail(),
             });
         }
         match (answer.status.is_success(), answer.auth_token) {

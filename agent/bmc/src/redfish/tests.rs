@@ -12,6 +12,7 @@ use crate::{
     BmcAddress, BmcError, Credentials, FenceAction, FenceOptions, FenceStatus, PowerControl,
     PowerState, TlsTrust, fence,
 };
+use metalguard_api::bmc::CheckFailure;
 
 const PASSWORD: &str = "pw-Zq81-never-shown";
 
@@ -321,8 +322,32 @@ async fn wrong_password_is_an_authentication_error_without_the_secret() {
         "{error:?}"
     );
     assert!(error.to_string().contains("rejected the credentials"));
+    assert_eq!(error.check_failure(), CheckFailure::CredentialsRefused);
     assert_no_secret(&error_chain(&error));
     assert_no_secret(&format!("{error:?}"));
+}
+
+#[tokio::test]
+async fn a_refused_login_that_names_a_locked_account_is_classified_so() {
+    // The lock named only in a MessageId, as some services do; and in the message.
+    for body in [
+        r#"{"error":{"message":"Login failed","@Message.ExtendedInfo":[{"MessageId":"Acme.1.0.AccountLocked"}]}}"#,
+        r#"{"error":{"@Message.ExtendedInfo":[{"Message":"The account is disabled."}]}}"#,
+    ] {
+        let server = serve(move |_| Some(json(401, body))).await;
+        let error = client(&server.url).power_state().await.unwrap_err();
+        assert_eq!(
+            error.check_failure(),
+            CheckFailure::AccountLocked,
+            "{error}"
+        );
+    }
+    let server = serve(|_| Some(json(403, r#"{"error":{"message":"no"}}"#))).await;
+    let error = client(&server.url).power_state().await.unwrap_err();
+    assert_eq!(error.check_failure(), CheckFailure::InsufficientPrivilege);
+    let server = serve(|_| Some(json(500, r#"{"error":{"message":"oops"}}"#))).await;
+    let error = client(&server.url).power_state().await.unwrap_err();
+    assert_eq!(error.check_failure(), CheckFailure::UnexpectedAnswer);
 }
 
 #[tokio::test]
