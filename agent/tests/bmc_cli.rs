@@ -198,35 +198,20 @@ fn bmc_check_prints_power_and_identity_and_changes_nothing() {
     );
     let wrong = tempfile::tempdir().unwrap();
     let wrong_creds = write_creds(wrong.path(), "admin", "not-the-password", 0o600);
-    let run = cli(
-        &[
-            "bmc",
-            "check",
-            "--bmc",
-            &ipmi,
-            "--credentials",
-            &wrong_creds,
-        ],
-        None,
-        &mut transcript,
-    );
+    let wrong_args = [
+        "bmc",
+        "check",
+        "--bmc",
+        &ipmi,
+        "--credentials",
+        &wrong_creds,
+    ];
+    let run = cli(&wrong_args, None, &mut transcript);
     assert_eq!(run.code, 1, "{run:?}");
     assert!(run.stderr.contains("rejected the credentials"), "{run:?}");
     assert!(run.stderr.contains("class: credentials-refused"), "{run:?}");
-    let run = cli(
-        &[
-            "bmc",
-            "check",
-            "--bmc",
-            &ipmi,
-            "--credentials",
-            &wrong_creds,
-            "--output",
-            "json",
-        ],
-        None,
-        &mut transcript,
-    );
+    let json_args = [&wrong_args[..], &["--output", "json"]].concat();
+    let run = cli(&json_args, None, &mut transcript);
     let report: serde_json::Value = serde_json::from_str(run.stdout.trim()).unwrap();
     assert_eq!(report["failure"], "credentials-refused", "{run:?}");
     assert!(sim.power_log().unwrap().is_empty());
