@@ -32,6 +32,7 @@ mod nodes;
 pub mod observe;
 pub mod record;
 pub mod run;
+mod slim;
 pub mod status;
 mod term;
 #[cfg(test)]

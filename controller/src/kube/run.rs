@@ -81,12 +81,29 @@ where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
+    watch_slimmed(api, writer, what, |_| {})
+}
+
+/// [`watch`], with `slim` applied to every object as it arrives (before it is cached).
+fn watch_slimmed<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    what: &'static str,
+    slim: fn(&mut K),
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
     tokio::spawn(async move {
         // managedFields are never read from the caches and are the bulk of a cached object
         // (every field of every manager, twice with server-side apply): dropped on arrival.
         let stream = watcher(api, watcher::Config::default())
             .default_backoff()
-            .modify(|object| object.managed_fields_mut().clear());
+            .modify(move |object| {
+                object.managed_fields_mut().clear();
+                slim(object);
+            });
         reflector::reflector(writer, stream)
             .for_each(|event| async move {
                 if let Err(error) = event {
@@ -106,7 +123,12 @@ pub async fn start_watches(
 ) -> anyhow::Result<(World, Vec<tokio::task::JoinHandle<()>>)> {
     let (world, writers) = World::new(namespace);
     let tasks = vec![
-        watch(Api::<Node>::all(client.clone()), writers.nodes, "nodes"),
+        watch_slimmed(
+            Api::<Node>::all(client.clone()),
+            writers.nodes,
+            "nodes",
+            super::slim::slim_node,
+        ),
         watch(
             Api::<GuardedHost>::namespaced(client.clone(), namespace),
             writers.hosts,
