@@ -149,10 +149,11 @@ pub async fn start_watches(
             writers.fences,
             "fencerequests",
         ),
-        watch(
+        watch_slimmed(
             Api::<Secret>::namespaced(client.clone(), credentials_namespace),
             writers.secrets,
             "secrets",
+            super::slim::slim_secret,
         ),
     ];
     let ready = async {

@@ -1,7 +1,8 @@
 //! What the watches keep of an object: only what the controller reads (issue 27, "caches
-//! with only what is read").
+//! with only what is read"). Every write is a patch of the fields it names, so nothing is
+//! ever put back from a slimmed object.
 
-use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Secret};
 
 /// Keeps of a watched Node only what the controller reads: its metadata (name, version,
 /// labels, annotations, creation and deletion times), its taints and its conditions. A
@@ -21,6 +22,25 @@ pub fn slim_node(node: &mut Node) {
             conditions: status.conditions.take(),
             ..Default::default()
         };
+    }
+}
+
+/// The keys of a BMC credentials Secret the controller reads.
+pub const CREDENTIAL_KEYS: [&str; 2] = ["username", "password"];
+
+/// Keeps of a watched Secret its name, namespace and version and the two keys the controller
+/// reads ([`CREDENTIAL_KEYS`]). Everything else goes before it is cached: other keys, the
+/// labels, and the annotations, among them `kubectl apply`'s last-applied configuration,
+/// which holds the whole Secret, password included, a second time.
+pub fn slim_secret(secret: &mut Secret) {
+    let meta = &mut secret.metadata;
+    meta.annotations = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    secret.string_data = None;
+    if let Some(data) = secret.data.as_mut() {
+        data.retain(|key, _| CREDENTIAL_KEYS.contains(&key.as_str()));
     }
 }
 
@@ -54,6 +74,28 @@ mod tests {
                     "kubeProxyVersion": "v1.37.2", "operatingSystem": "linux", "architecture": "amd64"},
                 "images": images}}))
         .unwrap()
+    }
+
+    #[test]
+    fn a_slimmed_secret_keeps_the_credentials_and_drops_the_applied_copy() {
+        let mut secret: Secret =
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "bmc-cp-1", "namespace": "mg-bmc", "resourceVersion": "9",
+                "labels": {"team": "infra"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration":
+                    "{\"data\":{\"password\":\"aHVudGVyMg==\"}}"}},
+            "data": {"username": "YWRtaW4=", "password": "aHVudGVyMg==", "notes": "eA=="}}))
+            .unwrap();
+        slim_secret(&mut secret);
+        let json = serde_json::to_value(&secret).unwrap();
+        assert_eq!(json["metadata"]["name"], "bmc-cp-1");
+        assert_eq!(json["metadata"]["resourceVersion"], "9");
+        assert_eq!(
+            json["data"],
+            json!({"username": "YWRtaW4=", "password": "aHVudGVyMg=="})
+        );
+        assert!(json["metadata"].get("annotations").is_none(), "{json}");
+        assert!(json["metadata"].get("labels").is_none(), "{json}");
     }
 
     #[test]
