@@ -982,6 +982,9 @@ impl Lab {
 
     /// Whether host `i` is up: powered, not frozen, its etcd member healthy, its agent's
     /// last report fresh and every reported condition true (a pressure condition false).
+    /// Fresh is what the controller calls it: stored within the heartbeat timeout (an
+    /// unchanged report is stored once per quarter of it, so under load a tighter window
+    /// flapped for healthy hosts and a long soak never settled).
     pub fn host_healthy(&mut self, i: usize) -> bool {
         if !self.hosts[i].powered() || self.hosts[i].agent_frozen() || !self.member_healthy(i) {
             return false;
@@ -1002,7 +1005,7 @@ impl Lab {
             return false;
         };
         let fresh = now.saturating_sub(received)
-            < u64::try_from(self.options.timings.report_interval.as_millis() * 3)
+            < u64::try_from(self.options.timings.heartbeat_timeout.as_millis())
                 .unwrap_or(u64::MAX);
         // Pressure conditions (`EtcdNoSpace`) read the other way: `False` is calm.
         let calm = |c: &Value| {
