@@ -83,6 +83,7 @@ async fn oversized_and_overlong_reports_are_refused_with_an_error_body_and_never
             reachable: true,
             checked_at: Timestamp(1),
             error: None,
+            check: None,
         })
         .collect();
     for (report, names) in [

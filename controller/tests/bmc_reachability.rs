@@ -24,6 +24,7 @@ fn probe(host: &str, error: Option<&str>) -> BmcReachability {
         reachable: error.is_none(),
         checked_at: Timestamp(1),
         error: error.map(str::to_owned),
+        check: None,
     }
 }
 

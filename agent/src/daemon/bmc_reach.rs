@@ -1,13 +1,15 @@
-//! Credential-free reachability checks of the BMCs this agent may be asked to fence.
+//! Checks of the BMCs this agent may be asked to fence, on a period.
 //!
 //! Data flow: the report loop hands the controller's list of targets (each report's answer,
 //! [`ReportAck::bmc_targets`](metalguard_api::protocol::ReportAck)) to
 //! [`Reachability::set_targets`]; [`run`] checks every target each `[bmc_reachability]`
-//! period, concurrently, each under its timeout, with [`metalguard_bmc::check_reachable`]
-//! (no credentials: the agent holds none until a fence command brings them); the results go
-//! into the next report's `bmc_reachability` and the `metalguard_agent_bmc_reachable{host}`
-//! gauge. A target's first result, and any change between reachable and unreachable, wakes
-//! the report loop so the controller hears of it at once.
+//! period, concurrently, each under its timeout: with the credentials the controller handed
+//! out for it, a read-only login, power and identity check ([`super::bmc_check`], refused
+//! logins backed off); without, reachability only with [`metalguard_bmc::check_reachable`].
+//! The results go into the next report's `bmc_reachability` and the
+//! `metalguard_agent_bmc_reachable{host}` gauge. A target's first result, and any change of
+//! reachability or of the check's verdict, wakes the report loop so the controller hears of
+//! it at once.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -86,7 +88,8 @@ impl Reachability {
         self.lock().results.values().cloned().collect()
     }
 
-    /// Changes when a target's reachability changed or it got its first result.
+    /// Changes when a target's reachability or check verdict changed or it got its first
+    /// result.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }
@@ -95,7 +98,8 @@ impl Reachability {
         self.lock().targets.clone()
     }
 
-    /// Keeps `results` of hosts still listed; true when one's reachability is new or changed.
+    /// Keeps `results` of hosts still listed; true when one's reachability, or its
+    /// credentialed check's verdict, is new or changed.
     fn record(&self, results: Vec<BmcReachability>) -> bool {
         let mut inner = self.lock();
         let mut changed = false;
@@ -103,8 +107,9 @@ impl Reachability {
             if !inner.targets.iter().any(|t| t.host == result.host) {
                 continue;
             }
-            let before = inner.results.get(&result.host).map(|r| r.reachable);
-            changed |= before != Some(result.reachable);
+            let verdict = |r: &BmcReachability| (r.reachable, r.check.as_ref().map(|c| c.failure));
+            let before = inner.results.get(&result.host).map(verdict);
+            changed |= before != Some(verdict(&result));
             inner.results.insert(result.host.clone(), result);
         }
         drop(inner);
@@ -115,14 +120,19 @@ impl Reachability {
     }
 }
 
-/// Checks one target without credentials, under `timeout` (and an overall deadline).
+/// Checks one target under `timeout` (and an overall deadline): read-only with the
+/// credentials the controller handed out for it ([`super::bmc_check`]), or without any.
 pub async fn check(target: &BmcTarget, ca_dir: &Path, timeout: Duration) -> BmcReachability {
+    if let Some(credentials) = &target.credentials {
+        return super::bmc_check::check(target, credentials, ca_dir, timeout).await;
+    }
     let outcome = check_target(target, ca_dir, timeout).await;
     BmcReachability {
         host: target.host.clone(),
         reachable: outcome.is_ok(),
         checked_at: Timestamp(now_ms()),
         error: outcome.err(),
+        check: None,
     }
 }
 
@@ -163,19 +173,33 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let name = "bmc-reachability";
-    let stale_after = config.period + (config.timeout + DEADLINE_MARGIN) * 2;
+    // A credentialed check is three calls: log in, power state, identity.
+    let stale_after = config.period + (config.timeout * 3 + DEADLINE_MARGIN) * 2;
+    let mut logins = super::bmc_check::LoginBackoff::default();
     loop {
         beats.beat(name, stale_after);
-        let targets = reach.targets();
+        let started = tokio::time::Instant::now();
+        // A target whose login was refused keeps its last result while it backs off.
+        let targets: Vec<BmcTarget> = reach
+            .targets()
+            .into_iter()
+            .filter(|t| logins.allows(t, started))
+            .collect();
         let mut round = tokio::task::JoinSet::new();
         for target in targets.clone() {
             let ca_dir = ca_dir.clone();
-            round.spawn(async move { check(&target, &ca_dir, config.timeout).await });
+            round.spawn(async move {
+                let result = check(&target, &ca_dir, config.timeout).await;
+                (target, result)
+            });
         }
         let mut results = Vec::with_capacity(targets.len());
         while let Some(done) = round.join_next().await {
             match done {
-                Ok(result) => results.push(result),
+                Ok((target, result)) => {
+                    logins.record(&target, &result, config.period, started);
+                    results.push(result);
+                }
                 Err(error) => tracing::error!(%error, "bmc reachability check task failed"),
             }
         }
@@ -217,6 +241,8 @@ mod tests {
             host: host.into(),
             bmc_address: address,
             tls,
+            credentials: None,
+            expected_identity: None,
         }
     }
 
@@ -327,6 +353,7 @@ mod tests {
             reachable,
             checked_at: Timestamp(1),
             error: (!reachable).then(|| "e".to_owned()),
+            check: None,
         };
         reach.set_targets(vec![t("cp-2"), t("cp-3")]);
         assert!(

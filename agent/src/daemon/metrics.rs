@@ -180,6 +180,7 @@ mod tests {
             reachable,
             checked_at: Timestamp(1),
             error: None,
+            check: None,
         };
         metrics.set_bmc_reachability(&[result("cp-2", true), result("cp-3", false)]);
         let text = metrics.encode();
@@ -211,6 +212,7 @@ mod tests {
             reachable: true,
             checked_at: Timestamp(1),
             error: None,
+            check: None,
         }]);
         let text = metrics.encode();
         let exported: std::collections::BTreeSet<&str> = text

@@ -5,6 +5,7 @@
 //! READY once every probe has run once, pings the watchdog only while every loop beats, and
 //! keeps a STATUS line; SIGTERM (or SIGINT) cancels everything and sends STOPPING.
 
+mod bmc_check;
 pub mod bmc_reach;
 #[cfg(test)]
 mod etcd_tests;

@@ -146,6 +146,16 @@ pub fn check_report(report: &AgentReport) -> Result<(), LimitError> {
         if let Some(error) = &r.error {
             len(|| format!("bmc_reachability[{i}].error"), error, MAX_TEXT)?;
         }
+        if let Some(check) = &r.check {
+            let at = format!("bmc_reachability[{i}].check.");
+            len(|| format!("{at}detail"), &check.detail, MAX_TEXT)?;
+            if let Some(state) = &check.power_state {
+                len(|| format!("{at}power_state"), state, MAX_SHORT)?;
+            }
+            if let Some(identity) = &check.identity {
+                check_identity(&format!("{at}identity."), identity)?;
+            }
+        }
     }
     count(
         "unacknowledged_results",
@@ -263,6 +273,15 @@ pub fn fit_report(report: &mut AgentReport) -> bool {
         if let Some(error) = &mut r.error {
             truncate_to(error, MAX_TEXT);
         }
+        if let Some(check) = &mut r.check {
+            truncate_to(&mut check.detail, MAX_TEXT);
+            if let Some(state) = &mut check.power_state {
+                truncate_to(state, MAX_SHORT);
+            }
+            if let Some(identity) = &mut check.identity {
+                fit_identity(identity);
+            }
+        }
     }
     report.unacknowledged_results.truncate(MAX_UNACKNOWLEDGED);
     report.holds.truncate(MAX_HOLDS);
@@ -271,25 +290,7 @@ pub fn fit_report(report: &mut AgentReport) -> bool {
         truncate_to(&mut hold.reason, MAX_TEXT);
     }
     if let Some(identity) = &mut report.host_identity {
-        // A cut serial number would be another one: absent instead.
-        if identity
-            .serial_number
-            .as_ref()
-            .is_some_and(|serial| serial.len() > MAX_SHORT)
-        {
-            identity.set_serial_number(Err(format!(
-                "longer than the {MAX_SHORT} bytes the protocol accepts"
-            )));
-        }
-        for why in [
-            &mut identity.uuid_absent,
-            &mut identity.serial_number_absent,
-        ]
-        .into_iter()
-        .flatten()
-        {
-            truncate_to(why, MAX_TEXT);
-        }
+        fit_identity(identity);
     }
     if json_len(report) > MAX_REPORT_BYTES {
         for c in &mut report.conditions {
@@ -309,6 +310,9 @@ pub fn fit_report(report: &mut AgentReport) -> bool {
     if json_len(report) > MAX_REPORT_BYTES {
         for r in &mut report.bmc_reachability {
             r.error = None;
+            if let Some(check) = &mut r.check {
+                check.detail.clear();
+            }
         }
     }
     while json_len(report) > MAX_REPORT_BYTES && !report.bmc_reachability.is_empty() {
@@ -316,6 +320,29 @@ pub fn fit_report(report: &mut AgentReport) -> bool {
         report.bmc_reachability.truncate(keep);
     }
     *report != before
+}
+
+/// Cuts `identity` to the bounds [`check_identity`] applies. A cut serial number would be
+/// another one: it becomes absent instead, saying why.
+fn fit_identity(identity: &mut crate::identity::SystemIdentity) {
+    if identity
+        .serial_number
+        .as_ref()
+        .is_some_and(|serial| serial.len() > MAX_SHORT)
+    {
+        identity.set_serial_number(Err(format!(
+            "longer than the {MAX_SHORT} bytes the protocol accepts"
+        )));
+    }
+    for why in [
+        &mut identity.uuid_absent,
+        &mut identity.serial_number_absent,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        truncate_to(why, MAX_TEXT);
+    }
 }
 
 /// Cuts `result` to the bounds [`check_result`] applies and, while its JSON is over
@@ -483,6 +510,34 @@ mod tests {
     }
 
     #[test]
+    fn a_bmc_check_beyond_a_bound_is_refused_and_fitted() {
+        let mut r = report();
+        let mut seen = SystemIdentity::default();
+        seen.set_serial_number(Ok(&"9".repeat(MAX_SHORT + 1)));
+        r.bmc_reachability = vec![BmcReachability {
+            host: "cp-2".into(),
+            reachable: true,
+            checked_at: Timestamp(1),
+            error: None,
+            check: Some(crate::protocol::BmcCheck {
+                failure: None,
+                power_state: Some("on".into()),
+                identity: Some(seen),
+                detail: "d".repeat(MAX_TEXT + 1),
+            }),
+        }];
+        assert_eq!(
+            check_report(&r).unwrap_err().to_string(),
+            "bmc_reachability[0].check.detail is 1025 bytes long; at most 1024 are accepted"
+        );
+        assert!(fit_report(&mut r));
+        assert_eq!(check_report(&r), Ok(()));
+        let check = r.bmc_reachability[0].check.as_ref().unwrap();
+        assert_eq!(check.detail.len(), MAX_TEXT);
+        assert_eq!(check.identity.as_ref().unwrap().serial_number, None);
+    }
+
+    #[test]
     fn a_fitted_report_passes_the_check_and_the_size_limit() {
         let mut r = report();
         r.conditions = (0..100).map(|i| condition(i, "m".repeat(5_000))).collect();
@@ -492,6 +547,7 @@ mod tests {
                 reachable: false,
                 checked_at: Timestamp(1),
                 error: Some("e".repeat(2_000)),
+                check: None,
             })
             .collect();
         assert!(fit_report(&mut r));

@@ -321,6 +321,32 @@ pub struct BmcReachability {
     /// Why it failed, if it did (never contains credentials).
     #[serde(default)]
     pub error: Option<String>,
+    /// The credentialed check, when the controller handed out the credentials for one
+    /// ([`BmcTarget::credentials`]); absent otherwise, so a controller that predates it
+    /// never sees the field unless it sent credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<BmcCheck>,
+}
+
+/// A read-only check of a BMC with the credentials a fence would use (issue 25): log in,
+/// read the power state and the system's identity, compare it with the identity the host's
+/// own agent reported. Never changes power.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcCheck {
+    /// Why the check failed; `None`: it passed (a fence through this BMC would log in, and
+    /// the BMC is not proven to answer for another machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<crate::bmc::CheckFailure>,
+    /// The power state read (`on`, `off`, ...), when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_state: Option<String>,
+    /// The system's identity as the BMC gave it, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<SystemIdentity>,
+    /// What the check found, in one line: the error, or how the identity compared (never
+    /// contains credentials).
+    pub detail: String,
 }
 
 /// The controller's answer to a report.
@@ -381,6 +407,15 @@ pub struct BmcTarget {
     /// How the BMC's TLS certificate is trusted, as in [`FenceCommand::tls`].
     #[serde(default)]
     pub tls: BmcTrust,
+    /// The credentials for a read-only check ([`BmcCheck`]), as in
+    /// [`FenceCommand::credentials`]: only for an agent that asked for them and may execute a
+    /// fence of `host`; absent, the agent checks reachability without credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<BmcCredentials>,
+    /// The identity `host`'s own agent reported, to compare with what the BMC says, as in
+    /// [`FenceCommand::expected_identity`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_identity: Option<Box<SystemIdentity>>,
 }
 
 /// The answer to a long-poll: zero or more commands (empty when the wait ran out).

@@ -454,6 +454,8 @@ mod tests {
             host: host.into(),
             bmc_address: format!("ipmi://{host}-bmc"),
             tls: metalguard_api::protocol::BmcTrust::SystemRoots,
+            credentials: None,
+            expected_identity: None,
         };
         hub.set_bmc_targets(vec![target("cp-1"), target("cp-2"), target("cp-3")]);
         assert_eq!(

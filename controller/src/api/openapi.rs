@@ -136,7 +136,16 @@ fn schemas() -> Value {
             ("reachable", boolean()),
             ("checked_at", timestamp()),
             ("error", nullable(&string())),
+            ("check", reference("BmcCheck")),
         ], &["host", "reachable", "checked_at"]),
+        "BmcCheck": object(&[
+            ("failure", one_of_strings(
+                &metalguard_api::bmc::CheckFailure::ALL.map(metalguard_api::bmc::CheckFailure::name),
+            )),
+            ("power_state", string()),
+            ("identity", reference("SystemIdentity")),
+            ("detail", string()),
+        ], &["detail"]),
         "ReportAck": object(&[
             ("sequence", integer()),
             ("received_at", timestamp()),
@@ -149,6 +158,8 @@ fn schemas() -> Value {
             ("host", string()),
             ("bmc_address", string()),
             ("tls", reference("BmcTrust")),
+            ("credentials", reference("BmcCredentials")),
+            ("expected_identity", reference("SystemIdentity")),
         ], &["host", "bmc_address"]),
         "CommandBatch": object(&[
             ("commands", array(&reference("Command"))),

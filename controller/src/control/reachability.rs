@@ -140,6 +140,7 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
                 reachable: error.is_none(),
                 checked_at: Timestamp(received_at),
                 error: error.map(str::to_owned),
+                check: None,
             })
             .collect();
         stored

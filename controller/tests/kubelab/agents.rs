@@ -420,6 +420,7 @@ fn report(host: &str, sequence: u64, all: &[String], voter: Option<&str>) -> Age
                 reachable: true,
                 checked_at: now,
                 error: None,
+                check: None,
             })
             .collect(),
         unacknowledged_results: Vec::new(),

@@ -92,6 +92,8 @@ impl<B: Backend> Controller<B> {
                     host: h.name.clone(),
                     bmc_address: bmc.address.clone(),
                     tls,
+                    credentials: None,
+                    expected_identity: None,
                 }),
                 Err(error) => {
                     tracing::warn!(host = %h.name, error = %crate::error::chain(&error), "bmc left out of the agents' reachability probes");
