@@ -247,6 +247,17 @@ mod tests {
         }
     }
 
+    /// Checks `target` with the credentials it carries.
+    async fn check_own(target: &BmcTarget, ca_dir: &Path) -> BmcReachability {
+        check(
+            target,
+            target.credentials.as_ref().unwrap(),
+            ca_dir,
+            TIMEOUT,
+        )
+        .await
+    }
+
     fn identity(uuid: &str) -> SystemIdentity {
         let mut id = SystemIdentity::default();
         id.set_uuid(Ok(uuid.parse().unwrap()));
@@ -259,13 +270,7 @@ mod tests {
         let ca_dir = tempfile::tempdir().unwrap();
         let own = identity(&bmc.system_ids()[0]);
         let target = redfish_target(&bmc, Some(own));
-        let passed = check(
-            &target,
-            target.credentials.as_ref().unwrap(),
-            ca_dir.path(),
-            TIMEOUT,
-        )
-        .await;
+        let passed = check_own(&target, ca_dir.path()).await;
         let verdict = passed.check.clone().unwrap();
         assert!(passed.reachable && passed.error.is_none(), "{passed:?}");
         assert_eq!(verdict.failure, None, "{verdict:?}");
@@ -280,13 +285,7 @@ mod tests {
         assert!(!format!("{refused:?}").contains("not-the-password"));
 
         let other = redfish_target(&bmc, Some(identity("4c4c4544-0032-3110-8050-b1c04f4e3132")));
-        let swapped = check(
-            &other,
-            other.credentials.as_ref().unwrap(),
-            ca_dir.path(),
-            TIMEOUT,
-        )
-        .await;
+        let swapped = check_own(&other, ca_dir.path()).await;
         let mismatch = swapped.check.unwrap();
         assert_eq!(mismatch.failure, Some(CheckFailure::IdentityMismatch));
         assert!(
@@ -310,13 +309,7 @@ mod tests {
             credentials: Some(credentials(sim.username(Privilege::Admin), sim.password())),
             expected_identity: Some(Box::new(identity(sim.system_uuid().unwrap()))),
         };
-        let passed = check(
-            &target,
-            target.credentials.as_ref().unwrap(),
-            ca_dir.path(),
-            TIMEOUT,
-        )
-        .await;
+        let passed = check_own(&target, ca_dir.path()).await;
         let result = passed.check.unwrap();
         assert_eq!(result.failure, None, "{result:?}");
         assert_eq!(result.power_state.as_deref(), Some("on"));
@@ -331,13 +324,7 @@ mod tests {
             bmc_address: format!("ipmi://127.0.0.1:{port}"),
             ..target.clone()
         };
-        let result = check(
-            &dead,
-            dead.credentials.as_ref().unwrap(),
-            ca_dir.path(),
-            TIMEOUT,
-        )
-        .await;
+        let result = check_own(&dead, ca_dir.path()).await;
         assert!(!result.reachable, "{result:?}");
         assert_eq!(
             result.check.unwrap().failure,

@@ -1005,8 +1005,7 @@ impl Lab {
             return false;
         };
         let fresh = now.saturating_sub(received)
-            < u64::try_from(self.options.timings.heartbeat_timeout.as_millis())
-                .unwrap_or(u64::MAX);
+            < u64::try_from(self.options.timings.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
         // Pressure conditions (`EtcdNoSpace`) read the other way: `False` is calm.
         let calm = |c: &Value| {
             let pressure = c["type"] == "EtcdNoSpace";
