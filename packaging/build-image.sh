@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds the controller's container image without Docker or a registry (issue 26, item 1):
+# the static (musl) release binary on an empty base, run as 65532:65532 with the entrypoint
+# /metalguard-controller and ports 8443 and 9090, the layout packaging/kubernetes/Dockerfile
+# describes. umoci writes the OCI image layout and skopeo turns it into a docker-archive,
+# which `ctr -n k8s.io images import`, `docker load` and `podman load` all take. The image is
+# tagged docker.io/library/metalguard-controller:VERSION, the name the shipped Deployment's
+# `image: metalguard-controller:VERSION` resolves to, so no registry is needed.
+#   packaging/build-image.sh [--out DIR] [--jobs N]
+# Writes DIR/metalguard-controller-VERSION.tar (default DIR: target/image) and prints its
+# path and size. Needs umoci and skopeo (Debian packages; installed here when missing and
+# root), musl-tools and the rust target x86_64-unknown-linux-musl (added when missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf '[image] %s\n' "$*"; }
+
+out=target/image
+jobs=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift ;;
+    --jobs) jobs=(--jobs "$2"); shift ;;
+    *) echo "usage: packaging/build-image.sh [--out DIR] [--jobs N]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+missing=()
+for tool in umoci skopeo musl-gcc; do
+  command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  [ "$(id -u)" = 0 ] || { echo "missing: ${missing[*]} (apt install umoci skopeo musl-tools)" >&2; exit 2; }
+  say "installing umoci, skopeo and musl-tools"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends umoci skopeo musl-tools >/dev/null
+fi
+target=x86_64-unknown-linux-musl
+rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+ref="docker.io/library/metalguard-controller:$version"
+say "building the static controller $version ($target, release)"
+CC_x86_64_unknown_linux_musl=musl-gcc \
+  cargo build --release --locked "${jobs[@]}" -p metalguard-controller --target "$target"
+bin="target/$target/release/metalguard-controller"
+# A static binary has no program interpreter: it runs on the empty base.
+if readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
+  echo "$bin is not static" >&2
+  exit 1
+fi
+
+mkdir -p "$out"
+layout="$out/layout"
+bundle="$out/bundle"
+archive="$out/metalguard-controller-$version.tar"
+rm -rf "$layout" "$bundle" "$archive"
+umoci init --layout "$layout"
+umoci new --image "$layout:$version"
+umoci unpack --image "$layout:$version" "$bundle"
+install -m 0755 "$bin" "$bundle/rootfs/metalguard-controller"
+umoci repack --image "$layout:$version" "$bundle"
+umoci config --image "$layout:$version" \
+  --os linux --architecture amd64 \
+  --config.entrypoint /metalguard-controller \
+  --config.user 65532:65532 \
+  --config.workingdir / \
+  --config.exposedports 8443/tcp --config.exposedports 9090/tcp \
+  --config.label "org.opencontainers.image.version=$version" \
+  --config.label "org.opencontainers.image.revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+umoci gc --layout "$layout"
+skopeo copy --quiet "oci:$layout:$version" "docker-archive:$archive:$ref"
+rm -rf "$bundle"
+say "$archive ($(du -h "$archive" | cut -f1), binary $(du -h "$bin" | cut -f1)) as $ref"
