@@ -3,7 +3,7 @@
 
 use super::{HistoryBuilder, found, quiet, s, verdict};
 use crate::soak::check::{Params, Rule};
-use crate::soak::history::FaultKind::{BmcLying, ControllerPause, EtcdHang, HostHang};
+use crate::soak::history::FaultKind::{AgentKill, BmcLying, ControllerPause, EtcdHang, HostHang};
 use crate::soak::history::Power::{Off, On};
 
 #[test]
@@ -175,6 +175,36 @@ fn the_latest_sample_in_the_window_judges_the_power_off() {
         .fault(s(10), 1, HostHang, "cp-3")
         .power(s(20), "cp-3", Off);
     assert_eq!(found(&worse, Rule::QuorumCut).len(), 1);
+}
+
+#[test]
+fn a_power_off_during_an_election_is_judged_by_the_sample_after_it() {
+    let all = ["cp-1", "cp-2", "cp-3", "cp-4", "cp-5"];
+    // The soak's case: the leader's member hung, a sample in the election shows nobody
+    // healthy, the next one four; cp-3's cut left three healthy voters of five.
+    let mut election = HistoryBuilder::new();
+    election
+        .sample(s(19), &[], true)
+        .sample(s(19) + 500, &all, false)
+        .sample(s(20) + 500, &["cp-3", "cp-5"], true)
+        .fault(s(10), 1, AgentKill, "cp-3")
+        .power(s(20), "cp-3", Off);
+    assert_eq!(found(&election, Rule::QuorumCut), Vec::<String>::new());
+    // Leaderless after the cut too: a cut into a quorum loss.
+    let mut lost = HistoryBuilder::new();
+    lost.sample(s(19) + 500, &all, false)
+        .sample(s(20) + 500, &all, false)
+        .fault(s(10), 1, AgentKill, "cp-3")
+        .power(s(20), "cp-3", Off);
+    assert_eq!(found(&lost, Rule::QuorumCut).len(), 1);
+    // A sample with a leader before the cut still judges it, whatever comes after.
+    let mut too_few = HistoryBuilder::new();
+    too_few
+        .sample(s(19) + 500, &["cp-1", "cp-2"], true)
+        .sample(s(20) + 500, &[], true)
+        .fault(s(10), 1, AgentKill, "cp-3")
+        .power(s(20), "cp-3", Off);
+    assert_eq!(found(&too_few, Rule::QuorumCut).len(), 1);
 }
 
 #[test]
