@@ -46,6 +46,8 @@ use reserved::ReservedSeen;
 
 /// How often the leader gauge is checked against the hub's lease deadline.
 const LAPSE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long a leader may spend handling what queued up before a round ([`Controller::drain`]).
+const DRAIN_BUDGET: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Sets the leader gauge to 0 as soon as the hub's leadership lapses by itself: the loop
 /// notices only when its current store call returns (up to three etcd timeouts later), and an
@@ -262,6 +264,7 @@ impl<B: Backend> Controller<B> {
                     // Changes that waited for their host's next write slot.
                     self.store_due_reports().await;
                 }
+                self.drain(&mut inbox).await;
                 self.plan_and_execute().await;
             }
         }
@@ -342,6 +345,21 @@ impl<B: Backend> Controller<B> {
         self.hub
             .set_leader_until(self.renewed_at.filter(|_| leader).map(|t| t + grace));
         self.metrics.leader.set(i64::from(leader));
+    }
+
+    /// Handles the messages already queued (for at most [`DRAIN_BUDGET`]), so that a round
+    /// plans on every report the agent API accepted before it. One message per round let a
+    /// backlog build under load: a new leader judged a host on a report its agent had
+    /// superseded 3 s before, the newer one still queued, and fenced it (the 2-hour
+    /// standalone soak, 118:35; docs/design-soak.md).
+    pub(crate) async fn drain(&mut self, inbox: &mut mpsc::Receiver<Inbound>) {
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < DRAIN_BUDGET {
+            match inbox.try_recv() {
+                Ok(message) => self.handle(message).await,
+                Err(_) => break,
+            }
+        }
     }
 
     pub(crate) async fn handle(&mut self, message: Inbound) {
