@@ -68,6 +68,12 @@ impl Hearing {
         }
     }
 
+    /// Whether the agent API accepted a report of `host` later than `handled` (the receive
+    /// time of the report a round plans from): a newer one is still on its way to the loop.
+    pub fn newer_than(&self, host: &str, handled: Timestamp) -> bool {
+        self.accepted.get(host).is_some_and(|&at| at > handled)
+    }
+
     /// The last time `host` was heard as far as silence goes: the later of `handled` (its
     /// latest handled report, or when this leadership began) and the report last accepted,
     /// moved forward by the deaf time after it, never past `now`.

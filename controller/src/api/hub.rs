@@ -391,6 +391,12 @@ impl Hub {
         self.hearing().deaf(from, to);
     }
 
+    /// Whether a report of `host` later than `handled` was accepted (see
+    /// [`Hearing::newer_than`](crate::api::hearing::Hearing::newer_than)), as of now.
+    pub fn report_newer_than(&self, host: &str, handled: Timestamp) -> bool {
+        self.hearing().newer_than(host, handled)
+    }
+
     /// A copy of what was heard, for a plan round.
     pub fn heard(&self) -> crate::api::hearing::Hearing {
         self.hearing().clone()

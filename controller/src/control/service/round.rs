@@ -162,6 +162,11 @@ impl<B: Backend> Controller<B> {
         // safe as a whole over the state it is carried out on.
         let mut judge = metalguard_core::judge::Judge::new(&snapshot, &self.inventory.policy, at);
         for action in executor::actions(&plan) {
+            if let Some(why) = superseded(action, state, &self.hub) {
+                tracing::info!(operation = %action.id, reason = %why, "action left to the next round");
+                waiting.push(why);
+                continue;
+            }
             if let Err(violation) = judge.admit(action) {
                 tracing::error!(operation = %action.id, rule = %violation.rule, reason = %violation.reason, "action rejected by the safety judgement at execution");
                 continue;
@@ -261,5 +266,83 @@ impl<B: Backend> Controller<B> {
                 false
             }
         }
+    }
+}
+
+/// Why `action`, a remediation's start or power-off, waits for the next round, if it does: its
+/// target's agent has a report accepted by the agent API that this round's state does not
+/// have yet (queued behind the round, or arrived while it ran). The decision may rest on what
+/// that report supersedes: the 2-hour standalone soak fenced a healthy host on a report its
+/// agent had replaced 3 s before the round. A hung host sends nothing, so nothing waits for it.
+fn superseded(
+    action: &metalguard_api::plan::Action,
+    state: &crate::backend::State,
+    hub: &crate::api::hub::Hub,
+) -> Option<String> {
+    use metalguard_api::plan::{ActionKind, RemediationStep};
+    let target = match &action.kind {
+        ActionKind::StartRemediation { remediation } => &remediation.target,
+        ActionKind::Remediate {
+            target,
+            step: RemediationStep::PowerOff,
+            ..
+        } => target,
+        _ => return None,
+    };
+    let handled = state.reports.get(target)?.received_at;
+    hub.report_newer_than(target, handled).then(|| {
+        format!("{target}: a newer report of its agent was accepted after this round's state was read; judged again next round")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use metalguard_api::duration::Timestamp;
+    use metalguard_api::plan::{Action, ActionKind, OperationId, RemediationStep};
+
+    use super::superseded;
+
+    fn step(step: RemediationStep) -> Action {
+        Action {
+            id: OperationId("remediation/cp-2/1/x".into()),
+            kind: ActionKind::Remediate {
+                remediation_id: "remediation/cp-2/1".into(),
+                target: "cp-2".into(),
+                executor: "cp-1".into(),
+                step,
+            },
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_power_off_waits_while_a_newer_report_of_its_target_is_on_its_way() {
+        let (hub, _inbox) = crate::api::hub::Hub::new();
+        let mut state = crate::backend::State::default();
+        state.reports.insert(
+            "cp-2".into(),
+            crate::testkit::stored_report("cp-2", 10, None),
+        );
+        let off = step(RemediationStep::PowerOff);
+        assert_eq!(superseded(&off, &state, &hub), None, "nothing newer");
+        hub.report_accepted("cp-2", Timestamp(10));
+        assert_eq!(
+            superseded(&off, &state, &hub),
+            None,
+            "the one the round has"
+        );
+        hub.report_accepted("cp-2", Timestamp(11));
+        assert!(
+            superseded(&off, &state, &hub)
+                .is_some_and(|why| why.starts_with("cp-2: a newer report")),
+        );
+        // Later steps go on: the power is already being cut or restored.
+        assert_eq!(
+            superseded(&step(RemediationStep::PowerOn), &state, &hub),
+            None
+        );
+        // A host with no report (never heard, or silent) never waits.
+        state.reports.clear();
+        assert_eq!(superseded(&off, &state, &hub), None);
     }
 }
