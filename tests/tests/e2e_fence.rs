@@ -413,8 +413,36 @@ fn an_unhealthy_worker_is_fenced_exactly_once_by_another_agent_and_powered_on_ag
     let (mut ctl, ctl_log) = stack.controller("ctl");
     let agents = stack.agents();
     let logs = || Stack::logs(&agents, &[&ctl_log]);
-    // Let the agents report healthy for a while (the controller knows every host).
+    // Let the agents report healthy for a while (the controller knows every host), and wait
+    // until `status` shows every agent and the BMC probes: under the suite's load an agent
+    // can take longer than a fixed sleep to start and report (a 4 s sleep once missed w-2).
     std::thread::sleep(Duration::from_secs(4));
+    let reached = format!("  w-2 ({}): reached by cp-1, w-1\n", stack.sim.url());
+    let status_now = || {
+        let out = Command::new(workspace_bin("metalguard-controller"))
+            .args(["status", "--inventory"])
+            .arg(&stack.inventory)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let seen_all = |status: &str| {
+        HOSTS
+            .iter()
+            .all(|host| status.contains(&format!("  {host}: agent {}", env!("CARGO_PKG_VERSION"))))
+            && status.contains(&reached)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (ok, status) = loop {
+        let (ok, status) = status_now();
+        if (ok && seen_all(&status)) || std::time::Instant::now() > deadline {
+            break (ok, status);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
     ctl.ensure_running().unwrap();
     assert!(
         stack.sim.power_log().unwrap().is_empty(),
@@ -422,23 +450,13 @@ fn an_unhealthy_worker_is_fenced_exactly_once_by_another_agent_and_powered_on_ag
         logs()
     );
     // `status` shows every real agent's report with its conditions.
-    let out = Command::new(workspace_bin("metalguard-controller"))
-        .args(["status", "--inventory"])
-        .arg(&stack.inventory)
-        .output()
-        .unwrap();
-    let status = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && status.contains("leader: ctl"),
-        "{status}"
-    );
+    assert!(ok && status.contains("leader: ctl"), "{status}");
     for host in HOSTS {
         let version = format!("  {host}: agent {}", env!("CARGO_PKG_VERSION"));
         assert!(status.contains(&version), "{host} missing:\n{status}");
     }
     assert!(status.contains("KubeletHealthy = True"), "{status}");
     // The other agents were told w-2's BMC and reached it without credentials.
-    let reached = format!("  w-2 ({}): reached by cp-1, w-1\n", stack.sim.url());
     assert!(status.contains(&reached), "{status}\n{}", logs());
 
     // w-2's kubelet fails: after the 1 s timeout the controller fences it.
