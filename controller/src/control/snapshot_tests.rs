@@ -23,6 +23,11 @@ name = "cp-2"
 role = "control-plane"
 "#;
 
+/// The two-host inventory of these tests.
+fn inventory() -> Inventory {
+    Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap()
+}
+
 fn report(host: &str, members: &[(u64, &str, bool)]) -> StoredReport {
     let members = members
         .iter()
@@ -58,7 +63,7 @@ fn ready(report: &Report) -> ConditionStatus {
 #[test]
 fn a_nospace_alarm_keeps_the_host_ready_and_its_member_a_healthy_voter() {
     use ConditionStatus::{False, True};
-    let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+    let inventory = inventory();
     let mut stored = report("cp-1", &[(1, "cp-1", false), (2, "cp-2", false)]);
     let r = &mut stored.report;
     r.conditions = vec![
@@ -90,7 +95,7 @@ fn a_nospace_alarm_keeps_the_host_ready_and_its_member_a_healthy_voter() {
 
 #[test]
 fn a_round_counts_only_the_views_received_since_its_leadership_began() {
-    let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+    let inventory = inventory();
     let mut state = State::default();
     // Taken at t=9 (received_at 9): both members healthy then.
     state.reports.insert(
@@ -136,7 +141,7 @@ fn a_round_counts_only_the_views_received_since_its_leadership_began() {
 #[test]
 fn a_round_counts_a_condition_of_a_report_from_before_its_leadership_only_from_when_it_began() {
     use std::time::Duration;
-    let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+    let inventory = inventory();
     let mut state = State::default();
     let mut stored = report("cp-1", &[(1, "cp-1", false)]);
     // Unhealthy since t=3, received at t=9.
@@ -244,7 +249,7 @@ fn a_view_stops_counting_once_its_agent_is_silent_past_its_heartbeat_timeout() {
 fn a_report_accepted_but_not_yet_handled_and_deaf_time_are_not_silence_yet_views_stay_as_old_as_their_reports()
  {
     use std::time::Duration;
-    let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+    let inventory = inventory();
     let mut state = State::default();
     let both = [(1, "cp-1", false), (2, "cp-2", false)];
     state.reports.insert("cp-1".into(), report("cp-1", &both));
@@ -286,7 +291,7 @@ fn pending_probes_make_the_host_ready_unknown_not_ready() {
 #[test]
 fn an_agent_reporting_ready_true_with_a_failing_condition_is_judged_not_ready() {
     use ConditionStatus::{False, True};
-    let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+    let inventory = inventory();
     let mut stored = report("cp-1", &[(1, "cp-1", false)]);
     stored.report.conditions = vec![
         condition("Ready", True),
@@ -335,7 +340,7 @@ fn an_inventory_hosts_annotations_reach_the_snapshot() {
 
 #[test]
 fn a_retirement_marks_its_host_and_a_verified_power_off_removes_it() {
-    let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+    let inventory = inventory();
     let mut state = State::default();
     let retirement = Retirement {
         requested_at: Timestamp(5),
@@ -391,7 +396,7 @@ fn a_retirement_marks_its_host_and_a_verified_power_off_removes_it() {
 
 #[test]
 fn a_node_condition_not_the_kubelets_counts_only_from_when_the_leadership_began() {
-    let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+    let inventory = inventory();
     let cond = |type_: &str, status, since| NodeCondition {
         type_: type_.into(),
         status,
