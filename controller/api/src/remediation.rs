@@ -130,7 +130,11 @@ impl RemediationPhase {
         match self {
             P::Detected => matches!(next, P::Gated | P::Cancelled { .. }),
             P::Gated => matches!(next, P::PoweringOff | P::Cancelled { .. }),
-            P::PoweringOff => matches!(next, P::VerifiedOff | P::PoweringOn),
+            // Cancelled from PoweringOff only when the power-off was never answered and a
+            // newer leadership withdrew it: the target reported healthy to that leadership
+            // (the controller's re-validation of an inherited power cut). The planner never
+            // cancels from here; it powers back on.
+            P::PoweringOff => matches!(next, P::VerifiedOff | P::PoweringOn | P::Cancelled { .. }),
             P::VerifiedOff => matches!(next, P::BackedUp | P::PoweringOn),
             P::BackedUp => matches!(next, P::NodeRemoved | P::PoweringOn),
             P::NodeRemoved => matches!(next, P::PoweringOn),

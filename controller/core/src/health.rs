@@ -200,22 +200,6 @@ pub struct HealthInputs<'a> {
 impl<'a> HealthInputs<'a> {
     /// The inputs of `snapshot`.
     pub fn from_snapshot(snapshot: &'a Snapshot, view: &EtcdView<'_>) -> Self {
-        let mut boots: BTreeMap<&str, Timestamp> = BTreeMap::new();
-        for r in &snapshot.remediations {
-            let Some(on) = r.powered_on_at else {
-                continue;
-            };
-            // A remediation that ended after its power-on (done, or cancelled once the host
-            // was back) saw the host Ready when it ended: evidence older than that end is
-            // stale (a report kept from before, read again by a new leader), so the grace
-            // runs from the end.
-            let at = match r.phase {
-                P::Done | P::Cancelled { .. } => on.max(r.phase_since),
-                _ => on,
-            };
-            let e = boots.entry(r.target.as_str()).or_insert(at);
-            *e = (*e).max(at);
-        }
         HealthInputs {
             hosts: &snapshot.hosts,
             remediating: snapshot
@@ -224,10 +208,80 @@ impl<'a> HealthInputs<'a> {
                 .filter(|r| r.phase.is_active())
                 .map(|r| r.target.as_str())
                 .collect(),
-            boots,
+            boots: boots(snapshot),
             control_plane_tolerance: control_plane_tolerance(view.voter_count()),
             voters: view.voter_count(),
         }
+    }
+}
+
+/// The latest boot of each host by a remediation (the grace rule of this module).
+fn boots(snapshot: &Snapshot) -> BTreeMap<&str, Timestamp> {
+    let mut boots: BTreeMap<&str, Timestamp> = BTreeMap::new();
+    for r in &snapshot.remediations {
+        let Some(on) = r.powered_on_at else {
+            continue;
+        };
+        // A remediation that ended after its power-on (done, or cancelled once the host was
+        // back) saw the host Ready when it ended: evidence older than that end is stale (a
+        // report kept from before, read again by a new leader), so the grace runs from the end.
+        let at = match r.phase {
+            P::Done | P::Cancelled { .. } => on.max(r.phase_since),
+            _ => on,
+        };
+        let e = boots.entry(r.target.as_str()).or_insert(at);
+        *e = (*e).max(at);
+    }
+    boots
+}
+
+/// How a host stands on the evidence of one snapshot alone, whether or not a remediation
+/// runs for it ([`evidence_of`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Evidence {
+    /// A check that selects it judges it unhealthy: why.
+    Unhealthy(String),
+    /// Its Node holds none of the unhealthy conditions of the checks that select it, and no
+    /// check judges it unhealthy.
+    Healthy,
+    /// Neither: a condition holds but not yet for its timeout, it has no Node, or no check
+    /// selects it.
+    Undecided,
+}
+
+/// How `host` stands on `snapshot`'s evidence at `now`, judged as if no remediation ran for
+/// it (a running one makes every host "unhealthy: under remediation"). The controller asks
+/// this before it offers a power cut an older leadership decided: the snapshot of a new
+/// leadership counts what it heard before it began from when it began, so an `Unhealthy`
+/// here is this leadership's own judgement.
+pub fn evidence_of(policy: &Policy, snapshot: &Snapshot, host: &str, now: Timestamp) -> Evidence {
+    let Some(h) = snapshot.hosts.iter().find(|h| h.name == host) else {
+        return Evidence::Undecided;
+    };
+    let boot = boots(snapshot).get(host).copied();
+    let checks: Vec<&HealthCheck> = policy
+        .health_checks
+        .iter()
+        .filter(|c| selects(&c.selector, h))
+        .collect();
+    for check in &checks {
+        if let (Some((reason, since)), _) = judge_host(check, h, false, boot, now) {
+            return Evidence::Unhealthy(format!("{reason} (since {since})"));
+        }
+    }
+    let holds_none = |node: &metalguard_api::snapshot::NodeStatus| {
+        checks.iter().all(|c| {
+            c.unhealthy_conditions.iter().all(|uc| {
+                !node
+                    .conditions
+                    .iter()
+                    .any(|n| n.type_ == uc.type_ && n.status == uc.status)
+            })
+        })
+    };
+    match &h.node {
+        Some(node) if !checks.is_empty() && holds_none(node) => Evidence::Healthy,
+        _ => Evidence::Undecided,
     }
 }
 

@@ -383,7 +383,12 @@ pub fn record_result(
         operation_id: op.id.clone(),
         first: op.result.is_none(),
     };
-    if op.result.is_some() {
+    if let Some(recorded) = &op.result {
+        if recorded.outcome != result.outcome {
+            // A withdrawn power cut carried out anyway by an agent that took it before the
+            // withdrawal: the record stands, the host's silence is judged as any other.
+            tracing::warn!(operation = %op.id, recorded = recorded.outcome.name(), reported = result.outcome.name(), "a result arrived for an operation already recorded otherwise; the record stands");
+        }
         return Ok((None, ack));
     }
     if result.outcome == Outcome::Rejected && result.term != 0 && result.term < term {

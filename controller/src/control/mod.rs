@@ -13,5 +13,6 @@ pub mod mutation;
 pub mod notes;
 pub mod reachability;
 pub mod reload;
+pub mod revalidate;
 pub mod service;
 pub mod snapshot;

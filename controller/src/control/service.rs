@@ -115,6 +115,9 @@ pub struct Controller<B> {
     /// The etcd learners seen at the last round, by member id, with their host (to notice one
     /// promoted outside metalguard).
     learners_seen: BTreeMap<u64, String>,
+    /// Inherited power cuts not offered: this leadership has not judged their targets
+    /// unhealthy itself (`control::revalidate`), as of the last round.
+    held_back: std::collections::BTreeSet<metalguard_api::plan::OperationId>,
     /// When an agent's newer term last made this controller ask the store (`terms.rs`).
     term_rechecked: Option<tokio::time::Instant>,
 }
@@ -138,6 +141,7 @@ impl<B: Backend> Controller<B> {
             deny_list: None,
             rejected_seen: BTreeSet::new(),
             learners_seen: BTreeMap::new(),
+            held_back: std::collections::BTreeSet::new(),
             term_rechecked: None,
         }
     }

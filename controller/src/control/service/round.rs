@@ -65,11 +65,10 @@ impl<B: Backend> Controller<B> {
             );
             if !changed {
                 if self.hub.is_leader() {
-                    self.hub.publish(&executor::pending_commands(
-                        &self.inventory,
-                        &state,
-                        self.hub.term(),
-                    ));
+                    let mut pending =
+                        executor::pending_commands(&self.inventory, &state, self.hub.term());
+                    crate::control::revalidate::hold_back(&mut pending, &self.held_back);
+                    self.hub.publish(&pending);
                     self.reseal(&state).await;
                 }
                 return;
@@ -126,6 +125,21 @@ impl<B: Backend> Controller<B> {
             at,
         );
         let built = started.elapsed();
+        let revalidation = crate::control::revalidate::revalidate(
+            state,
+            (&snapshot, &self.inventory.policy),
+            (self.hub.term(), known_since),
+            at,
+        );
+        if !revalidation.writes.is_empty() {
+            // Nothing is offered before the withdrawal is persisted (a failed write is tried
+            // again by the next round, which holds the power cut back meanwhile).
+            if let Err(error) = self.backend.apply(revalidation.writes).await {
+                tracing::warn!(error = %crate::error::chain(&error), "withdrawal not persisted");
+            }
+            return true;
+        }
+        self.held_back = revalidation.held_back.keys().cloned().collect();
         let plan = metalguard_core::plan(&snapshot, &self.inventory.policy, at);
         let planned = started.elapsed();
         gauges::record(
@@ -157,7 +171,7 @@ impl<B: Backend> Controller<B> {
         );
         tracing::debug!(plan = %plan, "planned");
         let mut changed = false;
-        let mut waiting = Vec::new();
+        let mut waiting: Vec<String> = revalidation.held_back.into_values().collect();
         // The executor judges again before it persists anything: the plan must still be
         // safe as a whole over the state it is carried out on.
         let mut judge = metalguard_core::judge::Judge::new(&snapshot, &self.inventory.policy, at);
