@@ -7,6 +7,8 @@
 //! file → [`super::check::check`] → [`super::report::render`] → [`Outcome`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::check::{self, Params, Verdict};
@@ -149,10 +151,11 @@ pub fn run(options: &SoakOptions) -> Result<Outcome> {
     });
 
     let mut nemesis = Nemesis::new(plan);
+    let interrupted = interrupt_flag();
     let started = Instant::now();
     let mut errors = 0;
     let mut last_scene = Instant::now();
-    while started.elapsed() < options.duration {
+    while started.elapsed() < options.duration && !interrupted.load(Ordering::Relaxed) {
         step(&mut lab, &mut rec, &mut errors)?;
         nemesis.step(&mut lab, &mut rec, started.elapsed())?;
         if last_scene.elapsed() > Duration::from_secs(60) {
@@ -162,8 +165,15 @@ pub fn run(options: &SoakOptions) -> Result<Outcome> {
         }
         std::thread::sleep(TICK);
     }
+    let interrupted = interrupted.load(Ordering::Relaxed);
+    if interrupted {
+        eprintln!(
+            "soak: interrupted after {:?} of faults: healing the lab, checking the history so far, then stopping everything it started (a second signal ends at once and may leave processes behind)",
+            started.elapsed()
+        );
+    }
     nemesis.stop(&mut lab, &mut rec)?;
-    let settled = settle(&mut lab, &mut rec, &mut errors)?;
+    let settled = !interrupted && settle(&mut lab, &mut rec, &mut errors)?;
     drop(sampler);
     step(&mut lab, &mut rec, &mut errors)?;
     let (tally, lost) = workload.finish()?;
@@ -187,6 +197,20 @@ pub fn run(options: &SoakOptions) -> Result<Outcome> {
         settled,
         history: paths.history(),
     })
+}
+
+/// Set by SIGINT or SIGTERM: the faults stop and the soak ends as it would at its duration, so
+/// the lab's processes and namespaces are taken down (the default action of either signal
+/// left the whole lab running). A second signal ends the process at once.
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Registration only fails for forbidden signals; these two are allowed. The
+        // conditional shutdown first, so the first signal only sets the flag.
+        let _ = signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&flag));
+        let _ = signal_hook::flag::register(signal, Arc::clone(&flag));
+    }
+    flag
 }
 
 fn backend_name(options: &SoakOptions) -> &'static str {
