@@ -101,7 +101,7 @@ fn dashboard_exprs() -> Vec<String> {
 fn the_shipped_rules_pass_promtool_check_and_their_unit_tests() {
     let (ok, out) = promtool(&repo(), &["check", "rules", RULES]);
     assert!(ok, "{out}");
-    assert!(out.contains("SUCCESS: 8 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 9 rules found"), "{out}");
     let (ok, out) = promtool(
         &repo().join("packaging/prometheus"),
         &["test", "rules", "tests.yaml"],
@@ -172,7 +172,7 @@ fn every_alert_has_a_summary_a_description_and_a_runbook_section() {
         .map(anchor)
         .collect();
     let rules = rules();
-    assert_eq!(rules.len(), 8);
+    assert_eq!(rules.len(), 9);
     for rule in &rules {
         let name = rule["alert"].as_str().unwrap();
         let notes = &rule["annotations"];
@@ -262,7 +262,11 @@ fn expected_alert(name: &str, labels: &Value, value: &str) -> Value {
             .as_str()
             .unwrap()
             .replace("{{ $value }}", value)
-            .replace("{{ $labels.host }}", host);
+            .replace("{{ $labels.host }}", host)
+            .replace(
+                "{{ $labels.failure }}",
+                labels["failure"].as_str().unwrap_or(""),
+            );
         assert!(
             !text.contains("{{"),
             "{name}: a template this test does not fill: {text}"
@@ -273,16 +277,42 @@ fn expected_alert(name: &str, labels: &Value, value: &str) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_real_controller_fires_quorum_at_risk_and_unreachable_bmcs_from_its_own_metrics() {
+async fn a_real_controller_fires_quorum_at_risk_unreachable_bmcs_and_failing_checks_from_its_own_metrics()
+ {
     let lab = Lab::start();
     let (port, metrics_port) = (reserve_port().unwrap(), reserve_port().unwrap());
     let extra = format!("metrics_listen = \"127.0.0.1:{}\"", metrics_port.port());
     let controller = lab.controller_with("ctl-a", &port, &extra);
     let w1 = client(&lab.tls(), Some("w-1"));
     wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
-    // cp-1's agent: a single healthy voter, which tolerates no failure. Nobody reports on the
-    // BMCs of w-1 and w-2 (the inventory's only ones); w-2 never reports at all.
-    report_etcd_voter(&lab, port.port()).await;
+    // cp-1's agent: a single healthy voter, which tolerates no failure. It reaches w-2's BMC
+    // but its credentialed check was refused; nobody reports on w-1's BMC (the inventory has
+    // only those two); w-2 never reports at all. cp-1 is the only agent that could fence.
+    let mut cp = report("cp-1", 1);
+    cp.etcd = Some(single_voter_view());
+    cp.bmc_reachability = vec![metalguard_api::protocol::BmcReachability {
+        host: "w-2".into(),
+        reachable: true,
+        checked_at: metalguard_api::duration::Timestamp(1),
+        error: None,
+        check: Some(metalguard_api::protocol::BmcCheck {
+            failure: Some(metalguard_api::bmc::CheckFailure::CredentialsRefused),
+            power_state: None,
+            identity: None,
+            detail: "the BMC refused the login (401)".into(),
+        }),
+    }];
+    let status = client(&lab.tls(), Some("cp-1"))
+        .post(url(
+            port.port(),
+            &metalguard_api::protocol::report_path("cp-1"),
+        ))
+        .json(&cp)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status.as_u16(), 200);
     // w-1 speaks for w-2: refused (403), and counted.
     assert_eq!(post_report(&w1, port.port(), "w-2", "w-2").await, Ok(403));
     let started = Instant::now();
@@ -311,6 +341,8 @@ async fn a_real_controller_fires_quorum_at_risk_and_unreachable_bmcs_from_its_ow
         "metalguard_controller_etcd_healthy_voters 1",
         "metalguard_controller_etcd_failure_tolerance 0",
         "metalguard_controller_bmc_reachable_agents{host=\"w-1\"} 0",
+        "metalguard_controller_fencing_ready{host=\"w-1\",failure=\"\"} -1",
+        "metalguard_controller_fencing_ready{host=\"w-2\",failure=\"credentials-refused\"} 0",
         "metalguard_controller_agent_silent{host=\"cp-1\"} 0",
         "metalguard_controller_agent_silent{host=\"w-1\"} 0",
         "metalguard_controller_api_refusals_total{code=\"403\"} 1",
@@ -360,9 +392,23 @@ async fn a_real_controller_fires_quorum_at_risk_and_unreachable_bmcs_from_its_ow
         ),
         (
             "MetalguardBmcUnreachable",
-            ["w-1", "w-2"]
-                .map(|h| expected_alert("MetalguardBmcUnreachable", &labels(Some(h)), "0"))
-                .to_vec(),
+            vec![expected_alert(
+                "MetalguardBmcUnreachable",
+                &labels(Some("w-1")),
+                "0",
+            )],
+        ),
+        (
+            "MetalguardFencingNotReady",
+            vec![expected_alert(
+                "MetalguardFencingNotReady",
+                &{
+                    let mut l = labels(Some("w-2"));
+                    l["failure"] = json!("credentials-refused");
+                    l
+                },
+                "0",
+            )],
         ),
         ("MetalguardNoLeader", none.clone()),
         ("MetalguardAgentSilent", none.clone()),

@@ -478,14 +478,57 @@ impl IdentityOffer {
     /// After a failed report that carried the identity (`carried`): true when the report
     /// should go again at once without it.
     fn refused(&mut self, carried: bool, err: &LinkError) -> bool {
-        let unprocessable = matches!(err, LinkError::Status { status, .. } if *status == reqwest::StatusCode::UNPROCESSABLE_ENTITY);
-        if carried && unprocessable {
+        if carried && unprocessable(err) {
             tracing::warn!(error = %error_chain(err), "a report with this host's identity was refused; sending reports without it until a controller says it takes it");
             self.accepted = false;
             return true;
         }
         false
     }
+}
+
+/// Whether the next report carries the credentialed BMC checks (`BmcReachability::check`):
+/// not after a report that carried one was refused as unprocessable (an older controller,
+/// leading after a failover, refuses the unknown field), until a controller hands out
+/// credentials again (only one that takes checks does).
+#[derive(Debug, Default)]
+struct CheckOffer {
+    refused: bool,
+}
+
+impl CheckOffer {
+    /// `report` as it may go: without checks while they are refused.
+    fn fit(&self, report: &mut AgentReport) {
+        if self.refused {
+            for probe in &mut report.bmc_reachability {
+                probe.check = None;
+            }
+        }
+    }
+
+    /// Takes the controller's word from an answer.
+    fn answered(&mut self, ack: &ReportAck) {
+        if self.refused && ack.bmc_targets.iter().any(|t| t.credentials.is_some()) {
+            tracing::info!("the controller hands out bmc credentials again: reporting checks");
+            self.refused = false;
+        }
+    }
+
+    /// After a failed report: true when it carried checks and was refused as unprocessable,
+    /// so it should go again at once without them.
+    fn refused(&mut self, report: &AgentReport, err: &LinkError) -> bool {
+        let carried = report.bmc_reachability.iter().any(|p| p.check.is_some());
+        if carried && unprocessable(err) {
+            tracing::warn!(error = %error_chain(err), "a report with bmc checks was refused; sending reports without them until a controller hands out credentials again");
+            self.refused = true;
+            return true;
+        }
+        false
+    }
+}
+
+fn unprocessable(err: &LinkError) -> bool {
+    matches!(err, LinkError::Status { status, .. } if *status == reqwest::StatusCode::UNPROCESSABLE_ENTITY)
 }
 
 /// Reports every interval and whenever a probe verdict or a BMC's reachability changes;
@@ -511,6 +554,7 @@ pub async fn report_loop(
     // freeze could come 4 s apart, close to the lab's 5 s heartbeat timeout).
     let identity = super::host_identity::read_and_log(&link.dmi_dir);
     let mut offer = IdentityOffer::default();
+    let mut checks = CheckOffer::default();
     let mut backoff = Backoff::up_to(link.config.report_interval);
     let mut holds_problem = String::new();
     let mut reported_cut = false;
@@ -538,6 +582,7 @@ pub async fn report_loop(
             seen_term: executor.terms().highest(),
             host_identity: offer.attach(&identity),
         };
+        checks.fit(&mut report);
         let cut = metalguard_api::limits::fit_report(&mut report);
         if cut && !reported_cut {
             tracing::warn!(
@@ -549,6 +594,7 @@ pub async fn report_loop(
             Ok(ack) => {
                 backoff.reset();
                 offer.answered(&ack);
+                checks.answered(&ack);
                 if let Err(err) = executor.terms().observe(ack.term) {
                     tracing::error!(term = ack.term, error = %err, "the controller's leadership term could not be recorded");
                 }
@@ -562,6 +608,7 @@ pub async fn report_loop(
                 }
             }
             Err(err) if offer.refused(report.host_identity.is_some(), &err) => Duration::ZERO,
+            Err(err) if checks.refused(&report, &err) => Duration::ZERO,
             Err(err) => {
                 let delay = wait_after(&err, &mut backoff);
                 tracing::warn!(error = %error_chain(&err), retry_in = ?delay, "report not delivered");
@@ -846,5 +893,75 @@ mod tests {
         // Until a controller says again that it takes it.
         offer.answered(&ack(true));
         assert!(offer.attach(&identity).is_some());
+    }
+
+    #[tokio::test]
+    async fn checks_go_until_refused_and_again_once_a_controller_hands_out_credentials() {
+        let probe = metalguard_api::protocol::BmcReachability {
+            host: "cp-2".into(),
+            reachable: true,
+            checked_at: Timestamp(1),
+            error: None,
+            check: Some(metalguard_api::protocol::BmcCheck {
+                failure: None,
+                power_state: Some("on".into()),
+                identity: None,
+                detail: "logged in".into(),
+            }),
+        };
+        let report = || AgentReport {
+            host: "cp-1".into(),
+            agent_version: "t".into(),
+            sequence: 1,
+            boot_id: String::new(),
+            sent_at: Timestamp(1),
+            conditions: Vec::new(),
+            etcd: None,
+            bmc_reachability: vec![probe.clone()],
+            unacknowledged_results: Vec::new(),
+            holds: Vec::new(),
+            seen_term: 0,
+            host_identity: None,
+        };
+        let mut checks = CheckOffer::default();
+        let mut sent = report();
+        checks.fit(&mut sent);
+        assert!(sent.bmc_reachability[0].check.is_some());
+        let refused = LinkError::from_answer(answer(
+            422,
+            None,
+            r#"{"error":"failed to deserialize the JSON body: check: unknown field"}"#,
+        ))
+        .await;
+        let unavailable = LinkError::from_answer(answer(503, None, "{}")).await;
+        assert!(
+            !checks.refused(&sent, &unavailable),
+            "not a refusal of the field"
+        );
+        assert!(checks.refused(&sent, &refused), "resent at once");
+        let mut sent = report();
+        checks.fit(&mut sent);
+        assert_eq!(sent.bmc_reachability[0].check, None, "without checks");
+        assert!(!checks.refused(&sent, &refused), "nothing left to drop");
+        // An answer without credentials (the older controller) changes nothing.
+        checks.answered(&ack(false));
+        let mut sent = report();
+        checks.fit(&mut sent);
+        assert_eq!(sent.bmc_reachability[0].check, None);
+        let mut handing = ack(false);
+        handing.bmc_targets = vec![metalguard_api::protocol::BmcTarget {
+            host: "cp-2".into(),
+            bmc_address: "ipmi://cp-2-bmc".into(),
+            tls: metalguard_api::protocol::BmcTrust::SystemRoots,
+            credentials: Some(metalguard_api::protocol::BmcCredentials {
+                username: "u".into(),
+                password: metalguard_api::protocol::Secret::new("p"),
+            }),
+            expected_identity: None,
+        }];
+        checks.answered(&handing);
+        let mut sent = report();
+        checks.fit(&mut sent);
+        assert!(sent.bmc_reachability[0].check.is_some(), "checks again");
     }
 }

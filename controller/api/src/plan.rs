@@ -4,6 +4,7 @@
 //! remediation or member it belongs to — never from `now` — so re-planning an unchanged
 //! snapshot yields the same ids and executors can deduplicate.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -337,6 +338,11 @@ pub struct Plan {
     pub min_available_members: Option<usize>,
     /// The earliest time a verdict can change by time alone (requeue no later than this).
     pub requeue_at: Option<Timestamp>,
+    /// For every host with a BMC, the agent that would execute its fence now (a running
+    /// remediation's executor while it is eligible): the one agent the controller hands
+    /// that BMC's credentials for its read-only checks (issue 25).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fence_executors: BTreeMap<String, String>,
 }
 
 impl fmt::Display for Plan {

@@ -76,6 +76,15 @@ pub const TERMS_PARAM: &str = "terms";
 /// controller that predates it ignores the parameter (and would refuse the field).
 pub const HOST_IDENTITY_PARAM: &str = "host_identity";
 
+/// The query parameter of [`REPORT_PATH`] by which an agent says it runs credentialed
+/// read-only BMC checks (`=true`): the controller then puts the credentials of the BMCs whose
+/// fence this agent would execute in [`BmcTarget::credentials`], and the agent reports
+/// [`BmcReachability::check`] for them. A controller that predates it ignores the parameter,
+/// sends no credentials, and so never gets a `check`; an agent whose report with a `check`
+/// is refused as unprocessable (an older replica leading after a failover) sends reports
+/// without it until a controller hands credentials out again.
+pub const BMC_CHECKS_PARAM: &str = "bmc_checks";
+
 /// Whether `term` is zero: "no term", left out of the JSON.
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
 pub fn no_term(term: &u64) -> bool {
@@ -87,12 +96,12 @@ pub fn report_path(host: &str) -> String {
     REPORT_PATH.replace(HOST_PLACEHOLDER, host)
 }
 
-/// [`REPORT_PATH`] for `host`, asking for the BMC targets ([`BMC_TARGETS_PARAM`]), the
-/// leadership term ([`TERMS_PARAM`]) and whether the controller takes the host's identity
-/// ([`HOST_IDENTITY_PARAM`]) in the answer.
+/// [`REPORT_PATH`] for `host`, asking for the BMC targets ([`BMC_TARGETS_PARAM`]) with the
+/// credentials for checks ([`BMC_CHECKS_PARAM`]), the leadership term ([`TERMS_PARAM`]) and
+/// whether the controller takes the host's identity ([`HOST_IDENTITY_PARAM`]) in the answer.
 pub fn report_path_with_bmc_targets(host: &str) -> String {
     format!(
-        "{}?{BMC_TARGETS_PARAM}=true&{TERMS_PARAM}=true&{HOST_IDENTITY_PARAM}=true",
+        "{}?{BMC_TARGETS_PARAM}=true&{BMC_CHECKS_PARAM}=true&{TERMS_PARAM}=true&{HOST_IDENTITY_PARAM}=true",
         report_path(host)
     )
 }
@@ -772,7 +781,7 @@ mod tests {
         assert_eq!(holds_path("cp-1"), "/v1/hosts/cp-1/holds");
         assert_eq!(
             report_path_with_bmc_targets("cp-1"),
-            "/v1/hosts/cp-1/report?bmc_targets=true&terms=true&host_identity=true"
+            "/v1/hosts/cp-1/report?bmc_targets=true&bmc_checks=true&terms=true&host_identity=true"
         );
         assert!(REPORT_PATH.starts_with(&format!("/{API_VERSION}/")));
     }

@@ -122,6 +122,7 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
         degraded: guard.degraded,
         min_available_members: guard.min_available,
         requeue_at,
+        fence_executors: rem.fence_executors,
     }
 }
 

@@ -96,6 +96,9 @@ pub struct Hub {
     inbox: mpsc::Sender<Inbound>,
     /// Every inventory BMC without credentials, answered to each report (less the reporter's).
     bmc_targets: Mutex<Vec<BmcTarget>>,
+    /// Per fence target, what its would-be executor gets for its read-only checks
+    /// ([`Hub::set_check_grants`]).
+    check_grants: Mutex<BTreeMap<String, CheckGrant>>,
     /// Ids of released break-glass holds, answered to a report that still carries one.
     released_holds: Mutex<BTreeSet<String>>,
     /// Who may speak: the inventory's hosts and the retired ones among them.
@@ -108,6 +111,18 @@ pub struct Hub {
     refusals: Mutex<BTreeMap<u16, u64>>,
     /// Reports accepted before the loop handled them, and spans this process was deaf.
     hearing: Mutex<crate::api::hearing::Hearing>,
+}
+
+/// What the agent that would execute a host's fence gets for its read-only checks of that
+/// host's BMC (issue 25).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckGrant {
+    /// The agent that would execute the fence.
+    pub executor: String,
+    /// The BMC's credentials, as a fence command would carry them.
+    pub credentials: metalguard_api::protocol::BmcCredentials,
+    /// The identity the host's own agent reported.
+    pub expected_identity: Option<Box<metalguard_api::identity::SystemIdentity>>,
 }
 
 /// The hosts whose certificates may use the agent API.
@@ -129,6 +144,7 @@ impl Hub {
             queues: Mutex::new(HashMap::new()),
             inbox: tx,
             bmc_targets: Mutex::new(Vec::new()),
+            check_grants: Mutex::new(BTreeMap::new()),
             released_holds: Mutex::new(BTreeSet::new()),
             admission: Mutex::new(Admission::default()),
             revoked: Revoked::default(),
@@ -259,14 +275,39 @@ impl Hub {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = targets;
     }
 
-    /// The BMCs `host`'s agent may be asked to drive: every target but its own.
-    pub fn bmc_targets_for(&self, host: &str) -> Vec<BmcTarget> {
+    /// Replaces the check grants (each round, from the plan's would-be executors).
+    pub fn set_check_grants(&self, grants: BTreeMap<String, CheckGrant>) {
+        *self
+            .check_grants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = grants;
+    }
+
+    /// The BMCs `host`'s agent may be asked to drive: every target but its own. With
+    /// `checks` (the agent asked, `BMC_CHECKS_PARAM`), a target whose fence `host` would
+    /// execute now carries the credentials and the expected identity for a read-only check;
+    /// no other agent gets them, so one agent's certificate yields only the passwords of the
+    /// BMCs it would drive anyway.
+    pub fn bmc_targets_for(&self, host: &str, checks: bool) -> Vec<BmcTarget> {
+        let grants = self
+            .check_grants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.bmc_targets
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .iter()
             .filter(|t| t.host != host)
-            .cloned()
+            .map(|t| {
+                let mut target = t.clone();
+                if let Some(grant) = grants.get(&t.host).filter(|g| checks && g.executor == host) {
+                    target.credentials = Some(grant.credentials.clone());
+                    target
+                        .expected_identity
+                        .clone_from(&grant.expected_identity);
+                }
+                target
+            })
             .collect()
     }
 
@@ -409,153 +450,5 @@ impl Hub {
 }
 
 #[cfg(test)]
-mod tests {
-    use metalguard_api::duration::Timestamp;
-    use metalguard_api::plan::OperationId;
-    use metalguard_api::protocol::CommandKind;
-
-    use super::*;
-
-    fn command(id: &str) -> Command {
-        Command {
-            operation_id: OperationId(id.into()),
-            issued_at: Timestamp(0),
-            kind: CommandKind::EtcdPromote { member_id: 1 },
-            term: 0,
-        }
-    }
-
-    #[tokio::test]
-    async fn leadership_expires_by_itself() {
-        let (hub, _rx) = Hub::new();
-        hub.set_leader_until(Some(Instant::now() + Duration::from_millis(30)));
-        assert!(hub.is_leader());
-        tokio::time::sleep(Duration::from_millis(40)).await;
-        assert!(!hub.is_leader());
-    }
-
-    #[tokio::test]
-    async fn a_waiting_poll_returns_as_soon_as_a_command_is_published() {
-        let (hub, _rx) = Hub::new();
-        let waiter = {
-            let hub = hub.clone();
-            tokio::spawn(async move { hub.poll("cp-1", Duration::from_secs(30)).await })
-        };
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(hub.agents_polling(), 1);
-        let started = std::time::Instant::now();
-        let pending = BTreeMap::from([("cp-1".to_owned(), vec![command("op-1")])]);
-        hub.publish(&pending);
-        let got = waiter.await.unwrap();
-        assert_eq!(got, vec![command("op-1")]);
-        assert!(started.elapsed() < Duration::from_millis(100));
-        assert_eq!(hub.agents_polling(), 0);
-    }
-
-    #[test]
-    fn an_agent_is_told_every_bmc_but_its_own() {
-        let (hub, _rx) = Hub::new();
-        assert!(hub.bmc_targets_for("cp-1").is_empty());
-        let target = |host: &str| BmcTarget {
-            host: host.into(),
-            bmc_address: format!("ipmi://{host}-bmc"),
-            tls: metalguard_api::protocol::BmcTrust::SystemRoots,
-            credentials: None,
-            expected_identity: None,
-        };
-        hub.set_bmc_targets(vec![target("cp-1"), target("cp-2"), target("cp-3")]);
-        assert_eq!(
-            hub.bmc_targets_for("cp-1"),
-            vec![target("cp-2"), target("cp-3")]
-        );
-        assert_eq!(hub.bmc_targets_for("w-9").len(), 3);
-    }
-
-    #[test]
-    fn a_report_is_told_only_which_of_its_own_holds_were_released() {
-        let (hub, _rx) = Hub::new();
-        let hold = |id: &str| Hold {
-            id: id.into(),
-            target: "cp-1".into(),
-            since: Timestamp(1),
-            by: "alice on cp-2".into(),
-            reason: "r".into(),
-            action: "off".into(),
-        };
-        let report: AgentReport = serde_json::from_value(serde_json::json!({
-            "host": "cp-2", "agent_version": "t", "sequence": 1, "sent_at": 1,
-        }))
-        .unwrap();
-        let report = AgentReport {
-            holds: vec![hold("cp-2/1"), hold("cp-2/2")],
-            ..report
-        };
-        assert!(hub.released_among(&report).is_empty());
-        hub.set_released_holds(["cp-2/2".to_owned(), "cp-3/9".to_owned()].into());
-        assert_eq!(hub.released_among(&report), ["cp-2/2"]);
-    }
-
-    #[tokio::test]
-    async fn a_poll_for_another_host_sees_nothing_and_times_out() {
-        let (hub, _rx) = Hub::new();
-        hub.publish(&BTreeMap::from([(
-            "cp-1".to_owned(),
-            vec![command("op-1")],
-        )]));
-        assert!(hub.poll("cp-2", Duration::from_millis(50)).await.is_empty());
-        assert_eq!(hub.poll("cp-1", Duration::from_millis(50)).await.len(), 1);
-        hub.set_leader_until(Some(Instant::now() + Duration::from_secs(60)));
-        assert!(hub.is_leader());
-        hub.set_leader_until(None);
-        assert!(!hub.is_leader());
-        assert!(hub.poll("cp-1", Duration::from_millis(50)).await.is_empty());
-    }
-
-    fn identity(host: &str) -> CertIdentity {
-        CertIdentity {
-            host: host.into(),
-            serial: "0a:0b".into(),
-            sha256: "ff".repeat(32),
-            not_after: 0,
-        }
-    }
-
-    #[test]
-    fn only_inventory_hosts_that_are_not_retired_or_revoked_are_admitted() {
-        let (hub, _rx) = Hub::new();
-        assert!(
-            hub.admits(&identity("cp-1")).is_err(),
-            "nothing is admitted before the inventory"
-        );
-        hub.set_hosts(["cp-1".to_owned(), "cp-2".to_owned()]);
-        assert_eq!(hub.admits(&identity("cp-1")), Ok(()));
-        assert_eq!(
-            hub.agent_certificates(),
-            BTreeMap::from([("cp-1".to_owned(), 0)]),
-            "the admitted certificate's end of validity is kept"
-        );
-        let stranger = hub.admits(&identity("mallory")).unwrap_err();
-        assert!(
-            stranger.contains("mallory is not in the inventory"),
-            "{stranger}"
-        );
-        hub.set_retired(BTreeSet::from(["cp-2".to_owned()]));
-        assert!(
-            hub.admits(&identity("cp-2"))
-                .unwrap_err()
-                .contains("retired")
-        );
-        *hub.revoked().write().unwrap() =
-            crate::pki::revocation::DenyList::parse(std::path::Path::new("r"), "serial 0a:0b\n")
-                .unwrap();
-        assert!(
-            hub.admits(&identity("cp-1"))
-                .unwrap_err()
-                .contains("revoked")
-        );
-        // The inventory in force: a reload that drops a host drops its admission.
-        *hub.revoked().write().unwrap() = crate::pki::revocation::DenyList::default();
-        hub.set_hosts(["cp-2".to_owned()]);
-        assert!(hub.admits(&identity("cp-1")).is_err());
-    }
-}
+#[path = "hub_tests.rs"]
+mod tests;

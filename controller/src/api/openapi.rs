@@ -8,8 +8,8 @@
 //! (`UPDATE_OPENAPI=1 cargo nextest run -p metalguard-controller openapi` rewrites it).
 
 use metalguard_api::protocol::{
-    API_VERSION, BMC_TARGETS_PARAM, COMMANDS_PATH, HOLDS_PATH, HOST_IDENTITY_PARAM, MAX_WAIT,
-    REPORT_PATH, RESULTS_PATH, TERMS_PARAM, WAIT_PARAM,
+    API_VERSION, BMC_CHECKS_PARAM, BMC_TARGETS_PARAM, COMMANDS_PATH, HOLDS_PATH,
+    HOST_IDENTITY_PARAM, MAX_WAIT, REPORT_PATH, RESULTS_PATH, TERMS_PARAM, WAIT_PARAM,
 };
 use serde_json::{Map, Value, json};
 
@@ -322,6 +322,10 @@ pub fn document() -> Value {
                 "parameters": [host, {
                     "name": BMC_TARGETS_PARAM, "in": "query", "required": false,
                     "description": "true: answer with bmc_targets (agents that predate it refuse unknown fields)",
+                    "schema": { "type": "boolean" },
+                }, {
+                    "name": BMC_CHECKS_PARAM, "in": "query", "required": false,
+                    "description": "true: the agent runs credentialed read-only BMC checks (the targets whose fence it would execute carry credentials and the expected identity; its reports carry check for them)",
                     "schema": { "type": "boolean" },
                 }, {
                     "name": TERMS_PARAM, "in": "query", "required": false,

@@ -195,7 +195,7 @@ async fn report(
         received_at,
         // Only to agents that ask: older ones refuse an answer with fields they do not know.
         bmc_targets: if query.bmc_targets {
-            hub.bmc_targets_for(&host)
+            hub.bmc_targets_for(&host, query.bmc_checks)
         } else {
             Vec::new()
         },
@@ -222,6 +222,7 @@ async fn report(
 
 /// The report's query.
 #[derive(Debug, Deserialize)]
+#[allow(clippy::struct_excessive_bools)] // one flag per query parameter of the protocol
 struct ReportQuery {
     /// The agent asks for the BMC targets in the answer (`BMC_TARGETS_PARAM`).
     #[serde(default)]
@@ -229,6 +230,9 @@ struct ReportQuery {
     /// The agent knows leadership terms (`TERMS_PARAM`).
     #[serde(default)]
     terms: bool,
+    /// The agent runs credentialed BMC checks (`BMC_CHECKS_PARAM`).
+    #[serde(default)]
+    bmc_checks: bool,
     /// The agent can send its host's identity (`HOST_IDENTITY_PARAM`).
     #[serde(default)]
     host_identity: bool,

@@ -200,8 +200,13 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                     "{}",
                     crate::control::reachability::render(&inventory, &state, at)
                 );
+                let plan = crate::cli::status::explain(&inventory, &state, at);
+                print!(
+                    "{}",
+                    crate::control::fencing::render(&inventory, &state, &plan.fence_executors, at)
+                );
                 println!("decisions now (dry run over the stored state):");
-                print!("{}", crate::cli::status::explain(&inventory, &state, at));
+                print!("{plan}");
             }
             Ok(())
         }

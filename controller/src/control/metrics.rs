@@ -88,6 +88,9 @@ pub struct Metrics {
     pub agent_last_report: Family<Labels, Gauge>,
     /// Per inventory host with a BMC, the agents whose fresh report reached that BMC.
     pub bmc_reachable_agents: Family<Labels, Gauge>,
+    /// Per inventory host with a BMC, its latest credentialed check: 1 passed, 0 failed
+    /// (the `failure` label says how), -1 never checked (`control::fencing`).
+    pub fencing_ready: Family<Labels, Gauge>,
     /// End of validity (Unix seconds) of the certificates the controller uses, by role.
     pub certificate_expiry: Family<Labels, Gauge>,
     /// End of validity (Unix seconds) of each agent's client certificate, as last presented.
@@ -140,6 +143,7 @@ impl Metrics {
             agent_silent: Family::default(),
             agent_last_report: Family::default(),
             bmc_reachable_agents: Family::default(),
+            fencing_ready: Family::default(),
             certificate_expiry: Family::default(),
             agent_certificate_expiry: Family::default(),
             refusals: Family::default(),
@@ -323,6 +327,11 @@ impl Metrics {
             self.bmc_reachable_agents.clone(),
         );
         registry.register(
+            "fencing_ready",
+            "Per inventory host with a BMC, its latest credentialed read-only check: 1 passed, 0 failed (label failure), -1 never checked",
+            self.fencing_ready.clone(),
+        );
+        registry.register(
             "certificate_expiry_timestamp_seconds",
             "End of validity (Unix seconds) of the certificates the controller uses, by role",
             self.certificate_expiry.clone(),
@@ -418,6 +427,7 @@ mod tests {
             &m.agent_silent,
             &m.agent_last_report,
             &m.bmc_reachable_agents,
+            &m.fencing_ready,
             &m.certificate_expiry,
             &m.agent_certificate_expiry,
             &m.refusals,

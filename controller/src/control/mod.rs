@@ -6,6 +6,7 @@
 //! [`reachability`] which agents reach each BMC, [`reload`] notices inventory file changes.
 
 pub mod executor;
+pub mod fencing;
 pub mod members;
 pub mod membership;
 pub mod metrics;

@@ -118,6 +118,9 @@ pub struct Controller<B> {
     /// Inherited power cuts not offered: this leadership has not judged their targets
     /// unhealthy itself (`control::revalidate`), as of the last round.
     held_back: std::collections::BTreeSet<metalguard_api::plan::OperationId>,
+    /// What the BMC check grants were last built from, and when (`upkeep::grant_checks`).
+    granted: upkeep::Granted,
+    grants_read_at: Option<tokio::time::Instant>,
     /// When an agent's newer term last made this controller ask the store (`terms.rs`).
     term_rechecked: Option<tokio::time::Instant>,
 }
@@ -142,6 +145,8 @@ impl<B: Backend> Controller<B> {
             rejected_seen: BTreeSet::new(),
             learners_seen: BTreeMap::new(),
             held_back: std::collections::BTreeSet::new(),
+            granted: upkeep::Granted::new(),
+            grants_read_at: None,
             term_rechecked: None,
         }
     }

@@ -48,6 +48,8 @@ pub struct RemediationOutput {
     pub refusals: Vec<Refusal>,
     /// The earliest time a deadline or retry wait expires.
     pub next: Option<Timestamp>,
+    /// For every host with a BMC, the agent that would execute its fence now.
+    pub fence_executors: BTreeMap<String, String>,
 }
 
 impl RemediationOutput {
@@ -178,6 +180,7 @@ pub fn plan_remediations(inp: Inputs<'_>) -> RemediationOutput {
         p.step(r);
     }
     p.start_new(&active);
+    p.out.fence_executors = p.fence_executors();
     p.out
 }
 
@@ -231,6 +234,31 @@ impl<'a> Planner<'a> {
             .or_else(|| eligible.first())
             .copied()
             .ok_or_else(|| no_executor_reason(candidates, &target.name))
+    }
+
+    /// For every host with a BMC, the agent [`Planner::choose_executor`] picks for its fence
+    /// now: an active remediation's own executor while it is eligible.
+    fn fence_executors(&self) -> BTreeMap<String, String> {
+        let current: HashMap<&str, &str> = self
+            .inp
+            .snapshot
+            .remediations
+            .iter()
+            .filter(|r| r.phase.is_active())
+            .map(|r| (r.target.as_str(), r.executor.as_str()))
+            .collect();
+        self.inp
+            .snapshot
+            .hosts
+            .iter()
+            .filter(|h| h.bmc_configured)
+            .filter_map(|h| {
+                let executor = self
+                    .choose_executor(h, current.get(h.name.as_str()).copied())
+                    .ok()?;
+                Some((h.name.clone(), executor.name.clone()))
+            })
+            .collect()
     }
 
     /// The short-circuit of a check covering `target`, if any.

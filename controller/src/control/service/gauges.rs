@@ -185,6 +185,22 @@ pub(crate) fn record(
             .get_or_create(&label("host", &host))
             .set(gauge(agents));
     }
+    metrics.fencing_ready.clear();
+    for (host, readiness) in
+        crate::control::fencing::readiness(inventory, state, &plan.fence_executors)
+    {
+        let failure = match &readiness {
+            crate::control::fencing::Readiness::NotReady { failure, .. } => failure.name(),
+            _ => "",
+        };
+        metrics
+            .fencing_ready
+            .get_or_create(&vec![
+                ("host".to_owned(), host),
+                ("failure".to_owned(), failure.to_owned()),
+            ])
+            .set(readiness.gauge());
+    }
     metrics.control_plane_blocked_by_failed.set(gauge(
         control_plane_blocked(state, plan).map_or(0, |(_, n)| n),
     ));

@@ -150,6 +150,7 @@ impl<B: Backend> Controller<B> {
             at,
         );
         self.follow_learners(&snapshot, state);
+        self.grant_checks(&plan, state);
         let recorded = started.elapsed();
         self.backend
             .publish(crate::backend::Judged {

@@ -7,6 +7,14 @@ use crate::backend::{Backend, Write};
 use crate::control::reload::Reload;
 use crate::pki::revocation::DenyListReload;
 
+/// How often the credentials handed out for BMC checks are read again at the latest.
+const GRANTS_REREAD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Per fence target, the agent that gets its credentials for checks and the identity the
+/// target's agent reported (what the grants were last built from).
+pub(super) type Granted =
+    std::collections::BTreeMap<String, (String, Option<metalguard_api::identity::SystemIdentity>)>;
+
 /// Most records sealed again in one round after a key rotation.
 const RESEAL_BATCH: usize = 64;
 
@@ -102,6 +110,58 @@ impl<B: Backend> Controller<B> {
             })
             .collect();
         self.hub.set_bmc_targets(targets);
+    }
+
+    /// Hands each BMC's credentials, for its read-only checks, to the agent that would
+    /// execute its fence now (the plan's `fence_executors`) and to no other (issue 25). The
+    /// credentials are read again when that agent or the host's reported identity changes,
+    /// and at least every [`GRANTS_REREAD`] (a rotated password is then checked before a
+    /// fence needs it); a BMC whose credentials cannot be read gets no check, logged.
+    pub(super) fn grant_checks(
+        &mut self,
+        plan: &metalguard_api::plan::Plan,
+        state: &crate::backend::State,
+    ) {
+        let wanted: Granted = plan
+            .fence_executors
+            .iter()
+            .map(|(target, executor)| {
+                let identity = state
+                    .reports
+                    .get(target)
+                    .and_then(|r| r.report.host_identity.clone());
+                (target.clone(), (executor.clone(), identity))
+            })
+            .collect();
+        let due = self
+            .grants_read_at
+            .is_none_or(|at| at.elapsed() >= GRANTS_REREAD);
+        if wanted == self.granted && !due {
+            return;
+        }
+        let grants = wanted
+            .iter()
+            .filter_map(|(target, (executor, identity))| {
+                let bmc = self.inventory.host(target)?.bmc.as_ref()?;
+                match bmc.credentials(target) {
+                    Ok(credentials) => Some((
+                        target.clone(),
+                        crate::api::hub::CheckGrant {
+                            executor: executor.clone(),
+                            credentials,
+                            expected_identity: identity.clone().map(Box::new),
+                        },
+                    )),
+                    Err(error) => {
+                        tracing::warn!(host = %target, error = %crate::error::chain(&error), "bmc credentials cannot be read: no read-only check of this bmc");
+                        None
+                    }
+                }
+            })
+            .collect();
+        self.hub.set_check_grants(grants);
+        self.granted = wanted;
+        self.grants_read_at = Some(tokio::time::Instant::now());
     }
 
     /// Applies a changed inventory file, or reports why it was rejected.

@@ -1,0 +1,241 @@
+//! Fencing readiness (issue 25): whether a fence of each host would work now, from the
+//! credentialed read-only checks the agents report (`BmcReachability::check`).
+//!
+//! The agent that would execute a host's fence gets that BMC's credentials for its checks
+//! (`Hub::bmc_targets_for`); it logs in, reads the power state and the system's identity, and
+//! reports the verdict. A host's readiness is that agent's latest verdict, with when: only
+//! the agent the plan would send the fence to (`Plan::fence_executors`) speaks for it, so
+//! another agent's certificate can neither hide a failing check nor raise a false alarm, and
+//! a verdict is about the path a fence would take.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use metalguard_api::bmc::CheckFailure;
+use metalguard_api::duration::{Timestamp, format_duration};
+
+use crate::backend::State;
+use crate::inventory::Inventory;
+
+/// Whether a fence of one host would work, by its latest credentialed check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// The latest check passed.
+    Ready {
+        /// When it ran (the agent's clock).
+        at: Timestamp,
+        /// The agent that ran it.
+        by: String,
+    },
+    /// The latest check failed.
+    NotReady {
+        /// How.
+        failure: CheckFailure,
+        /// The check's one line (never credentials).
+        detail: String,
+        /// When it ran.
+        at: Timestamp,
+        /// The agent that ran it.
+        by: String,
+    },
+    /// No agent has reported a credentialed check of its BMC.
+    Unchecked,
+}
+
+impl Readiness {
+    /// The gauge value: 1 ready, 0 not ready, -1 not checked.
+    pub fn gauge(&self) -> i64 {
+        match self {
+            Readiness::Ready { .. } => 1,
+            Readiness::NotReady { .. } => 0,
+            Readiness::Unchecked => -1,
+        }
+    }
+}
+
+/// The readiness of every inventory host with a BMC, by the latest check of the agent in
+/// `executors` (the plan's `fence_executors`) for it; [`Readiness::Unchecked`] when none.
+pub fn readiness(
+    inventory: &Inventory,
+    state: &State,
+    executors: &BTreeMap<String, String>,
+) -> BTreeMap<String, Readiness> {
+    inventory
+        .hosts
+        .iter()
+        .filter(|h| h.bmc.is_some())
+        .map(|host| {
+            let latest = executors
+                .get(&host.name)
+                .filter(|by| **by != host.name)
+                .and_then(|by| {
+                    let probe = state
+                        .reports
+                        .get(by)?
+                        .report
+                        .bmc_reachability
+                        .iter()
+                        .find(|r| r.host == host.name)?;
+                    Some((by, probe.checked_at, probe.check.as_ref()?))
+                });
+            let readiness = match latest {
+                None => Readiness::Unchecked,
+                Some((by, at, check)) => match check.failure {
+                    None => Readiness::Ready { at, by: by.clone() },
+                    Some(failure) => Readiness::NotReady {
+                        failure,
+                        detail: check.detail.clone(),
+                        at,
+                        by: by.clone(),
+                    },
+                },
+            };
+            (host.name.clone(), readiness)
+        })
+        .collect()
+}
+
+/// `status`: one line per inventory host with a BMC.
+pub fn render(
+    inventory: &Inventory,
+    state: &State,
+    executors: &BTreeMap<String, String>,
+    now: Timestamp,
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "fencing readiness (credentialed read-only checks by the agent that would fence):"
+    );
+    let ago = |at: Timestamp| format_duration(now.since(at));
+    for (host, readiness) in readiness(inventory, state, executors) {
+        let _ = match readiness {
+            Readiness::Ready { at, by } => {
+                writeln!(out, "  {host}: ready (checked by {by}, {} ago)", ago(at))
+            }
+            Readiness::NotReady {
+                failure,
+                detail,
+                at,
+                by,
+            } => writeln!(
+                out,
+                "  {host}: NOT READY: {} (checked by {by}, {} ago): {detail}; {}",
+                failure.name(),
+                ago(at),
+                failure.remedy()
+            ),
+            Readiness::Unchecked => writeln!(
+                out,
+                "  {host}: not checked yet by {} (its agent may predate the check, or not have run it yet)",
+                executors
+                    .get(&host)
+                    .map_or("any agent (none is eligible to fence it)", String::as_str)
+            ),
+        };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use metalguard_api::protocol::{BmcCheck, BmcReachability};
+
+    use super::*;
+    use crate::backend::StoredReport;
+
+    const INVENTORY: &str = r#"
+[etcd]
+endpoints = ["http://127.0.0.1:2379"]
+
+[control_plane]
+desired_replicas = 1
+
+[[hosts]]
+name = "cp-1"
+role = "control-plane"
+
+[[hosts]]
+name = "cp-2"
+role = "control-plane"
+bmc = { address = "ipmi://10.0.0.2", credentials_dir = "/nonexistent" }
+
+[[hosts]]
+name = "cp-3"
+role = "control-plane"
+bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
+"#;
+
+    fn probe(host: &str, at: u64, failure: Option<CheckFailure>) -> BmcReachability {
+        BmcReachability {
+            host: host.into(),
+            reachable: true,
+            checked_at: Timestamp(at),
+            error: None,
+            check: Some(BmcCheck {
+                failure,
+                power_state: Some("on".into()),
+                identity: None,
+                detail: "the BMC refused the login: 401".into(),
+            }),
+        }
+    }
+
+    fn reporting(state: &mut State, agent: &str, probes: Vec<BmcReachability>) {
+        let mut stored: StoredReport = crate::testkit::stored_report(agent, 1, None);
+        stored.report.bmc_reachability = probes;
+        state.reports.insert(agent.into(), stored);
+    }
+
+    #[test]
+    fn only_the_agent_that_would_fence_a_host_speaks_for_its_readiness() {
+        let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+        let mut state = State::default();
+        reporting(
+            &mut state,
+            "cp-1",
+            vec![
+                probe("cp-2", 10_000, None),
+                probe("cp-3", 10_000, Some(CheckFailure::CredentialsRefused)),
+            ],
+        );
+        // cp-2 checked cp-3 later and says it passed: cp-2 would not fence cp-3.
+        reporting(&mut state, "cp-2", vec![probe("cp-3", 30_000, None)]);
+        let executors = BTreeMap::from([
+            ("cp-2".to_owned(), "cp-1".to_owned()),
+            ("cp-3".to_owned(), "cp-1".to_owned()),
+        ]);
+        let got = readiness(&inventory, &state, &executors);
+        assert_eq!(
+            got["cp-2"],
+            Readiness::Ready {
+                at: Timestamp(10_000),
+                by: "cp-1".into()
+            }
+        );
+        assert!(matches!(
+            &got["cp-3"],
+            Readiness::NotReady { failure: CheckFailure::CredentialsRefused, by, .. } if by == "cp-1"
+        ));
+        assert_eq!(got.len(), 2, "cp-1 has no BMC");
+        let text = render(&inventory, &state, &executors, Timestamp(50_000));
+        assert!(
+            text.contains("cp-3: NOT READY: credentials-refused (checked by cp-1, 40s ago)"),
+            "{text}"
+        );
+        // The executor changes: its own check decides, none yet.
+        let executors = BTreeMap::from([("cp-3".to_owned(), "cp-2".to_owned())]);
+        let got = readiness(&inventory, &state, &executors);
+        assert_eq!(got["cp-3"].gauge(), 1);
+        assert_eq!(got["cp-2"], Readiness::Unchecked, "no executor");
+        let mut plain = probe("cp-3", 40_000, None);
+        plain.check = None;
+        reporting(&mut state, "cp-2", vec![plain]);
+        let text = render(&inventory, &state, &executors, Timestamp(50_000));
+        assert!(text.contains("cp-3: not checked yet by cp-2"), "{text}");
+        assert!(
+            text.contains("cp-2: not checked yet by any agent"),
+            "{text}"
+        );
+    }
+}
