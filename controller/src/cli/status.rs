@@ -70,13 +70,20 @@ pub fn fence_verdict(inventory: &Inventory, state: &State, host: &str, now: Time
 /// The same view as [`render`] plus the dry-run plan, as one JSON document for scripts (the
 /// local lab reads it): `leader`, `now`, `etcd_alarms` (a list, or `{"error": ...}`),
 /// `agents`, `remediations`, `operations`, `fence_requests`, `hooks`, `holds` (`active` and
-/// `released`, see [`crate::cli::holds::to_json`]), `retirements`, `notes`, `plan`.
+/// `released`, see [`crate::cli::holds::to_json`]), `retirements`, `notes`, `plan`,
+/// `fencing` (per host with a BMC, [`crate::control::fencing::to_json`]).
 pub fn render_json(
     inventory: &Inventory,
     state: &State,
     alarms: &Alarms,
     now: Timestamp,
 ) -> serde_json::Value {
+    let plan = explain(inventory, state, now);
+    let fencing = crate::control::fencing::to_json(&crate::control::fencing::readiness(
+        inventory,
+        state,
+        &plan.fence_executors,
+    ));
     serde_json::json!({
         "etcd_alarms": match alarms {
             Ok(list) => serde_json::json!(list),
@@ -98,7 +105,8 @@ pub fn render_json(
         "stale_seals": state.stale_seals.iter().map(|s| s.key.clone()).collect::<Vec<_>>(),
         "retirements": retirements(inventory, state, now),
         "notes": state.notes,
-        "plan": explain(inventory, state, now),
+        "plan": plan,
+        "fencing": fencing,
     })
 }
 

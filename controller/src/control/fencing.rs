@@ -60,39 +60,109 @@ pub fn readiness(
     state: &State,
     executors: &BTreeMap<String, String>,
 ) -> BTreeMap<String, Readiness> {
-    inventory
+    let hosts = inventory
         .hosts
         .iter()
         .filter(|h| h.bmc.is_some())
+        .map(|h| h.name.as_str());
+    readiness_of(hosts, state, executors)
+}
+
+/// As [`readiness`], for `hosts`. One pass over the reports (each agent reports on every BMC
+/// it was told of), so a round at thousands of hosts does not search a list per host.
+pub fn readiness_of<'a>(
+    hosts: impl Iterator<Item = &'a str>,
+    state: &State,
+    executors: &BTreeMap<String, String>,
+) -> BTreeMap<String, Readiness> {
+    let mut checks: BTreeMap<&str, (&str, Timestamp, &metalguard_api::protocol::BmcCheck)> =
+        BTreeMap::new();
+    for (agent, stored) in &state.reports {
+        for probe in &stored.report.bmc_reachability {
+            let Some(check) = probe.check.as_ref() else {
+                continue;
+            };
+            if probe.host != *agent && executors.get(&probe.host) == Some(agent) {
+                checks.insert(
+                    probe.host.as_str(),
+                    (agent.as_str(), probe.checked_at, check),
+                );
+            }
+        }
+    }
+    hosts
         .map(|host| {
-            let latest = executors
-                .get(&host.name)
-                .filter(|by| **by != host.name)
-                .and_then(|by| {
-                    let probe = state
-                        .reports
-                        .get(by)?
-                        .report
-                        .bmc_reachability
-                        .iter()
-                        .find(|r| r.host == host.name)?;
-                    Some((by, probe.checked_at, probe.check.as_ref()?))
-                });
-            let readiness = match latest {
+            let readiness = match checks.get(host) {
                 None => Readiness::Unchecked,
-                Some((by, at, check)) => match check.failure {
-                    None => Readiness::Ready { at, by: by.clone() },
+                Some(&(by, at, check)) => match check.failure {
+                    None => Readiness::Ready {
+                        at,
+                        by: by.to_owned(),
+                    },
                     Some(failure) => Readiness::NotReady {
                         failure,
                         detail: check.detail.clone(),
                         at,
-                        by: by.clone(),
+                        by: by.to_owned(),
                     },
                 },
             };
-            (host.name.clone(), readiness)
+            (host.to_owned(), readiness)
         })
         .collect()
+}
+
+/// A failure class as a Kubernetes condition reason (CamelCase: `credentials-refused` is
+/// `CredentialsRefused`).
+pub fn reason_of(failure: CheckFailure) -> String {
+    failure
+        .name()
+        .split('-')
+        .map(|word| {
+            let mut chars = word.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_uppercase().chain(chars).collect::<String>()
+            })
+        })
+        .collect()
+}
+
+/// The failure class a condition reason names ([`reason_of`]), if any.
+pub fn failure_of_reason(reason: &str) -> Option<CheckFailure> {
+    CheckFailure::ALL
+        .iter()
+        .copied()
+        .find(|f| reason_of(*f) == reason)
+}
+
+/// `status --json`: per host, `state` (`ready`, `not-ready`, `unchecked`) and, once checked,
+/// `checked_at`, `by`, and for a failure `failure` and `detail`.
+pub fn to_json(readiness: &BTreeMap<String, Readiness>) -> serde_json::Value {
+    readiness
+        .iter()
+        .map(|(host, r)| {
+            let value = match r {
+                Readiness::Ready { at, by } => {
+                    serde_json::json!({ "state": "ready", "checked_at": at, "by": by })
+                }
+                Readiness::NotReady {
+                    failure,
+                    detail,
+                    at,
+                    by,
+                } => serde_json::json!({
+                    "state": "not-ready",
+                    "failure": failure.name(),
+                    "detail": detail,
+                    "checked_at": at,
+                    "by": by,
+                }),
+                Readiness::Unchecked => serde_json::json!({ "state": "unchecked" }),
+            };
+            (host.clone(), value)
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// `status`: one line per inventory host with a BMC.
@@ -185,6 +255,19 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
         let mut stored: StoredReport = crate::testkit::stored_report(agent, 1, None);
         stored.report.bmc_reachability = probes;
         state.reports.insert(agent.into(), stored);
+    }
+
+    #[test]
+    fn every_failure_class_is_a_condition_reason_and_back() {
+        assert_eq!(
+            reason_of(CheckFailure::CredentialsRefused),
+            "CredentialsRefused"
+        );
+        assert_eq!(reason_of(CheckFailure::Tls), "Tls");
+        for failure in CheckFailure::ALL {
+            assert_eq!(failure_of_reason(&reason_of(failure)), Some(failure));
+        }
+        assert_eq!(failure_of_reason("CheckPassed"), None);
     }
 
     #[test]

@@ -23,6 +23,7 @@ use metalguard_api::snapshot::{Host, Role};
 use metalguard_core::quorum::{EtcdView, quorum};
 
 use crate::backend::{Judged, OperationKind};
+use crate::control::fencing::Readiness;
 
 /// `t` at whole seconds, as the API server keeps a `Time`.
 pub fn second(t: Timestamp) -> Time {
@@ -99,7 +100,20 @@ fn condition(
     message: String,
     now: Timestamp,
 ) -> Condition {
-    let status = if status { "True" } else { "False" }.to_owned();
+    let status = if status { "True" } else { "False" };
+    condition_of(previous, type_, status, reason, message, now)
+}
+
+/// As [`condition`], with the status as written (`True`, `False`, `Unknown`).
+fn condition_of(
+    previous: &[Condition],
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) -> Condition {
+    let status = status.to_owned();
     let since = previous
         .iter()
         .find(|c| c.type_ == type_ && c.status == status)
@@ -122,6 +136,8 @@ fn condition(
 pub struct RoundIndex<'a> {
     unhealthy_in: BTreeMap<&'a str, Vec<&'a str>>,
     reached_by: BTreeMap<&'a str, Vec<&'a str>>,
+    /// Per host with a BMC, the would-be executor's latest credentialed check.
+    fencing: BTreeMap<String, Readiness>,
 }
 
 impl<'a> RoundIndex<'a> {
@@ -153,6 +169,16 @@ impl<'a> RoundIndex<'a> {
                 }
             }
         }
+        index.fencing = crate::control::fencing::readiness_of(
+            judged
+                .snapshot
+                .hosts
+                .iter()
+                .filter(|h| h.bmc_configured)
+                .map(|h| h.name.as_str()),
+            judged.state,
+            &judged.plan.fence_executors,
+        );
         index
     }
 
@@ -262,7 +288,64 @@ fn host_conditions(
             now,
         ),
     };
-    vec![healthy, fenceable, remediating, needs_person]
+    let fencing_ready = fencing_ready(index, previous, host, now);
+    vec![healthy, fenceable, remediating, needs_person, fencing_ready]
+}
+
+/// `FencingReady` (issue 25): whether a fence of `host` would work, by the read-only check of
+/// the agent that would execute it (`control::fencing`). `Unknown` until one reports.
+fn fencing_ready(
+    index: &RoundIndex<'_>,
+    previous: &[Condition],
+    host: &Host,
+    now: Timestamp,
+) -> Condition {
+    const TYPE: &str = "FencingReady";
+    if !host.bmc_configured {
+        return condition(
+            previous,
+            TYPE,
+            false,
+            "NoBmc",
+            "no BMC is configured".to_owned(),
+            now,
+        );
+    }
+    match index.fencing.get(&host.name) {
+        Some(Readiness::Ready { by, .. }) => condition(
+            previous,
+            TYPE,
+            true,
+            "CheckPassed",
+            format!("the agent of {by}, which would fence it, logged in to its BMC and read it"),
+            now,
+        ),
+        Some(Readiness::NotReady {
+            failure,
+            detail,
+            by,
+            ..
+        }) => condition(
+            previous,
+            TYPE,
+            false,
+            &crate::control::fencing::reason_of(*failure),
+            format!(
+                "the agent of {by}, which would fence it, checked its BMC: {detail}; {}",
+                failure.remedy()
+            ),
+            now,
+        ),
+        _ => condition_of(
+            previous,
+            TYPE,
+            "Unknown",
+            "NotChecked",
+            "the agent that would fence it has not reported a credentialed check of its BMC"
+                .to_owned(),
+            now,
+        ),
+    }
 }
 
 /// `previous` with the observed fields (power, agent, etcd member, conditions,

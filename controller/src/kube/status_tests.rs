@@ -189,7 +189,8 @@ fn an_unchanged_observation_equals_the_status_it_was_read_from() {
             ("Healthy", "True"),
             ("Fenceable", "False"),
             ("Remediating", "False"),
-            ("NeedsPerson", "False")
+            ("NeedsPerson", "False"),
+            ("FencingReady", "Unknown")
         ]
     );
     let written = round_trip(&first);

@@ -50,6 +50,9 @@ use crate::{HarnessError, Result, tools};
 
 /// How often the lab reads the controller's status for narration.
 const STATUS_PERIOD: Duration = Duration::from_millis(400);
+/// How often the agents probe (and, with credentials, check) the BMCs: a wrong password is
+/// reported within this and the controller's re-read of the credentials (10 s).
+pub const BMC_CHECK_PERIOD: Duration = Duration::from_secs(5);
 /// Pause between two ticks of a wait.
 const TICK: Duration = Duration::from_millis(50);
 /// Common name of the controller's etcd client certificate (its etcd user once etcd's
@@ -627,7 +630,8 @@ impl Lab {
              [state]\ndir = \"{state}\"\nboot_id_file = \"{boot}\"\ndmi_dir = \"{dmi}\"\n\
              [metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\
              [etcd]\nendpoints = [{list}]\n{etcd_tls}\
-             [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n",
+             [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n\
+             [bmc_reachability]\nperiod = \"{bmc_period}\"\ntimeout = \"3s\"\n",
             name = h.name,
             address = self.service_address(),
             port = self.controllers[0].agent_port(),
@@ -650,6 +654,7 @@ impl Lab {
             metrics = h.metrics_port(),
             list = list.join(", "),
             etcd_tls = self.agent_etcd_tls(i),
+            bmc_period = ms(BMC_CHECK_PERIOD),
         );
         if let Some(spare) = h.spare_etcd() {
             config.push_str(&spare.join_config());

@@ -340,9 +340,10 @@ fn wait_needs_person(lab: &mut Lab, name: &str) -> Result<(String, Duration)> {
     Ok((reason, waited))
 }
 
-/// `bad-bmc`: the controller's BMC password for a host is wrong → the host hangs →
-/// remediation fails after its retries → the host needs a person, with the reason; nothing
-/// else is touched.
+/// `bad-bmc`: the controller's BMC password for a host is wrong → `status` says a fence of
+/// it would fail (`credentials-refused`, from the read-only check of the agent that would
+/// fence it) while the host is still healthy → the host hangs → remediation fails after its
+/// retries → the host needs a person, with the reason; nothing else is touched.
 pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
     lab.new_scenario();
     let started = Instant::now();
@@ -351,20 +352,39 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
     let target = lab.in_service().last().copied().unwrap_or(0);
     let name = lab.hosts()[target].name.clone();
     lab.set_known_password(target, Some("not-the-password"))?;
+    // Known before it is needed: within the controller's re-read of the credentials (10 s)
+    // and one check period, with the host healthy.
+    let refused = |lab: &mut Lab| {
+        Ok(lab
+            .last_status()
+            .is_some_and(|s| s["fencing"][&name]["failure"] == "credentials-refused"))
+    };
+    let noticed = lab.wait_for(
+        &format!("status to say a fence of {name} would fail"),
+        Duration::from_secs(10) + super::BMC_CHECK_PERIOD * 3,
+        refused,
+    )?;
+    let healthy_meanwhile = lab.host_healthy(target);
+    lab.timeline.add(
+        "lab",
+        format!("status: a fence of {name} would fail (credentials-refused), {noticed:.1?} after the password changed"),
+        "the would-be executor's read-only check",
+    );
     lab.freeze(target)?;
     let (reason, waited) = wait_needs_person(lab, &name)?;
     let events = lab.power_events_since(since)?;
     // The person: thaw the host and fix the password.
     lab.thaw(target)?;
     lab.set_known_password(target, None)?;
-    let ok = events.is_empty() && !reason.is_empty();
+    let ok = events.is_empty() && !reason.is_empty() && healthy_meanwhile;
     Ok(Report {
         name: "bad-bmc",
         expected: format!(
-            "{name} ends in needs-a-person with the reason; no power change anywhere"
+            "a fence of {name} reported as one that would fail while it is healthy; then it ends in needs-a-person with the reason; no power change anywhere"
         ),
         seen: format!(
-            "needs-a-person after {:.1}s: {reason}; {} power events",
+            "not ready (credentials-refused) after {:.1}s, healthy meanwhile: {healthy_meanwhile}; needs-a-person after {:.1}s: {reason}; {} power events",
+            noticed.as_secs_f64(),
             waited.as_secs_f64(),
             events.len()
         ),

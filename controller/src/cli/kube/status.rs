@@ -209,8 +209,39 @@ pub fn render_json(seen: &Seen, now: metalguard_api::duration::Timestamp) -> ser
             "fence_request_objects".to_owned(),
             serde_json::json!(seen.fences),
         );
+        // The leader's judgement as it wrote it: the reports it came from are in its memory.
+        map.insert("fencing".to_owned(), fencing_json(&seen.hosts));
     }
     document
+}
+
+/// `fencing` of `status --json` from each `GuardedHost`'s `FencingReady` condition, in the
+/// standalone document's shape (`state`, `failure`, `detail`).
+fn fencing_json(hosts: &[metalguard_api::k8s::host::GuardedHost]) -> serde_json::Value {
+    use kube::ResourceExt as _;
+    hosts
+        .iter()
+        .filter_map(|h| {
+            let c = h
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "FencingReady" && c.reason != "NoBmc")?;
+            let value = match c.status.as_str() {
+                "True" => serde_json::json!({ "state": "ready", "detail": c.message }),
+                "False" => serde_json::json!({
+                    "state": "not-ready",
+                    "failure": crate::control::fencing::failure_of_reason(&c.reason)
+                        .map_or(c.reason.as_str(), |f| f.name()),
+                    "detail": c.message,
+                }),
+                _ => serde_json::json!({ "state": "unchecked", "detail": c.message }),
+            };
+            Some((h.name_any(), value))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// Prints status from the resources `target` names.

@@ -8,7 +8,7 @@ use crate::control::reload::Reload;
 use crate::pki::revocation::DenyListReload;
 
 /// How often the credentials handed out for BMC checks are read again at the latest.
-const GRANTS_REREAD: std::time::Duration = std::time::Duration::from_secs(60);
+const GRANTS_REREAD: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Per fence target, the agent that gets its credentials for checks and the identity the
 /// target's agent reported (what the grants were last built from).
@@ -115,7 +115,7 @@ impl<B: Backend> Controller<B> {
     /// Hands each BMC's credentials, for its read-only checks, to the agent that would
     /// execute its fence now (the plan's `fence_executors`) and to no other (issue 25). The
     /// credentials are read again when that agent or the host's reported identity changes,
-    /// and at least every [`GRANTS_REREAD`] (a rotated password is then checked before a
+    /// and at least every [`GRANTS_REREAD`] (a changed password is then checked before a
     /// fence needs it); a BMC whose credentials cannot be read gets no check, logged.
     pub(super) fn grant_checks(
         &mut self,
