@@ -509,8 +509,82 @@ pub fn observe_control_plane(
         quorum_tolerance: (voters > 0)
             .then(|| count(metalguard_core::health::control_plane_tolerance(voters))),
         min_available: judged.plan.min_available_members.map(count),
-        conditions: vec![quorum_safe, scaling],
+        conditions: vec![
+            quorum_safe,
+            scaling,
+            control_plane_fencing(judged, &members, previous_conditions, now),
+        ],
     }
+}
+
+/// `FencingReady` of the control plane (issue 25): `True` when a fence of every control-plane
+/// host would work by the latest check of the agent that would execute it; `False` naming
+/// each host whose check failed or that has no BMC (a hung one could not be fenced, and etcd
+/// would run on the rest until a person acts); otherwise `Unknown`, naming the unchecked.
+fn control_plane_fencing(
+    judged: &Judged<'_>,
+    members: &[&Host],
+    previous: &[Condition],
+    now: Timestamp,
+) -> Condition {
+    const TYPE: &str = "FencingReady";
+    let readiness = crate::control::fencing::readiness_of(
+        members
+            .iter()
+            .filter(|h| h.bmc_configured)
+            .map(|h| h.name.as_str()),
+        judged.state,
+        &judged.plan.fence_executors,
+    );
+    let mut failing: Vec<String> = members
+        .iter()
+        .filter(|h| !h.bmc_configured)
+        .map(|h| format!("{} (no BMC)", h.name))
+        .collect();
+    let mut unchecked = Vec::new();
+    for (host, r) in &readiness {
+        match r {
+            Readiness::NotReady { failure, .. } => {
+                failing.push(format!("{host} ({})", failure.name()));
+            }
+            Readiness::Unchecked => unchecked.push(host.as_str()),
+            Readiness::Ready { .. } => {}
+        }
+    }
+    if !failing.is_empty() {
+        return condition(
+            previous,
+            TYPE,
+            false,
+            "HostCannotBeFenced",
+            format!(
+                "a fence of these control-plane hosts would fail: {}",
+                failing.join(", ")
+            ),
+            now,
+        );
+    }
+    if !unchecked.is_empty() {
+        return condition_of(
+            previous,
+            TYPE,
+            "Unknown",
+            "NotChecked",
+            format!("not checked yet: {}", unchecked.join(", ")),
+            now,
+        );
+    }
+    condition(
+        previous,
+        TYPE,
+        true,
+        "AllChecksPassed",
+        format!(
+            "a fence of each of the {} control-plane hosts passed its check",
+            members.len()
+        ),
+        now,
+    )
 }
 
 #[cfg(test)]

@@ -466,3 +466,160 @@ fn the_round_index_names_the_fresh_agents_that_reach_a_bmc_and_the_checks_that_f
         "unhealthy in HostHealthCheck workers, all"
     );
 }
+
+#[test]
+fn fencing_ready_is_the_would_be_executors_check_and_unknown_without_one() {
+    use metalguard_api::bmc::CheckFailure;
+    use metalguard_api::protocol::{BmcCheck, BmcReachability};
+    let checked = |failure: Option<CheckFailure>| BmcReachability {
+        host: "w-1".into(),
+        reachable: true,
+        checked_at: Timestamp(NOW - 2_000),
+        error: None,
+        check: Some(BmcCheck {
+            failure,
+            power_state: Some("on".into()),
+            identity: None,
+            detail: "the BMC refused the login (401)".into(),
+        }),
+    };
+    let mut state = State::default();
+    for (agent, failure) in [
+        ("cp-1", Some(CheckFailure::CredentialsRefused)),
+        ("cp-2", None),
+    ] {
+        let mut stored = stored_report(agent, NOW - 1_000, None);
+        stored.report.bmc_reachability = vec![checked(failure)];
+        state.reports.insert(agent.into(), stored);
+    }
+    let snap = snapshot(vec![
+        host("w-1", Role::Worker, None),
+        host("w-2", Role::Worker, None),
+    ]);
+    let pol = policy(Some(Duration::from_secs(10)));
+    let fencing_ready = |executor: &str, host: usize| {
+        let plan = Plan {
+            fence_executors: BTreeMap::from([("w-1".to_owned(), executor.to_owned())]),
+            ..Plan::default()
+        };
+        let judged = Judged {
+            state: &state,
+            snapshot: &snap,
+            plan: &plan,
+            policy: &pol,
+        };
+        let status = observe_host(
+            &RoundIndex::of(&judged, Timestamp(NOW)),
+            &judged,
+            &GuardedHostStatus::default(),
+            None,
+            &snap.hosts[host],
+            Timestamp(NOW),
+        );
+        let c = status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "FencingReady")
+            .expect("FencingReady");
+        (c.status, c.reason, c.message)
+    };
+    // cp-1 would fence w-1: its refused login decides, whatever cp-2 says.
+    let (status, reason, message) = fencing_ready("cp-1", 0);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "CredentialsRefused")
+    );
+    assert!(
+        message.contains("cp-1") && message.contains("refused the login"),
+        "{message}"
+    );
+    let (status, reason, _) = fencing_ready("cp-2", 0);
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "CheckPassed"));
+    // Nobody checked w-2.
+    let (status, reason, _) = fencing_ready("cp-1", 1);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("Unknown", "NotChecked")
+    );
+}
+
+#[test]
+fn the_control_plane_is_fencing_ready_only_when_every_control_plane_hosts_check_passed() {
+    use metalguard_api::bmc::CheckFailure;
+    use metalguard_api::protocol::{BmcCheck, BmcReachability};
+    let mut snap = snapshot(vec![
+        host("cp-1", Role::ControlPlane, Some((0xa1, true, true))),
+        host("cp-2", Role::ControlPlane, Some((0xb2, true, false))),
+        host("w-1", Role::Worker, None),
+    ]);
+    let checks = |cp2: Option<Option<CheckFailure>>| {
+        let probe = |host: &str, failure: Option<CheckFailure>| BmcReachability {
+            host: host.into(),
+            reachable: true,
+            checked_at: Timestamp(NOW),
+            error: None,
+            check: Some(BmcCheck {
+                failure,
+                power_state: None,
+                identity: None,
+                detail: "d".into(),
+            }),
+        };
+        let mut state = State::default();
+        let mut w1 = stored_report("w-1", NOW, None);
+        w1.report.bmc_reachability = std::iter::once(probe("cp-1", None))
+            .chain(cp2.map(|f| probe("cp-2", f)))
+            .collect();
+        state.reports.insert("w-1".into(), w1);
+        state
+    };
+    let plan = Plan {
+        fence_executors: BTreeMap::from([
+            ("cp-1".to_owned(), "w-1".to_owned()),
+            ("cp-2".to_owned(), "w-1".to_owned()),
+        ]),
+        ..Plan::default()
+    };
+    let pol = Policy::default();
+    let fencing = |state: &State, snap: &Snapshot| {
+        let judged = Judged {
+            state,
+            snapshot: snap,
+            plan: &plan,
+            policy: &pol,
+        };
+        let status = observe_control_plane(
+            &judged,
+            &GuardedControlPlaneStatus::default(),
+            None,
+            Timestamp(NOW),
+        );
+        let c = status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "FencingReady")
+            .unwrap();
+        (c.status, c.reason, c.message)
+    };
+    let (status, reason, _) = fencing(&checks(Some(None)), &snap);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "AllChecksPassed")
+    );
+    let (status, reason, message) = fencing(&checks(None), &snap);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("Unknown", "NotChecked")
+    );
+    assert!(message.contains("cp-2"), "{message}");
+    let refused = checks(Some(Some(CheckFailure::CredentialsRefused)));
+    let (status, reason, message) = fencing(&refused, &snap);
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "HostCannotBeFenced")
+    );
+    assert!(message.contains("cp-2 (credentials-refused)"), "{message}");
+    snap.hosts[0].bmc_configured = false;
+    let (_, _, message) = fencing(&checks(Some(None)), &snap);
+    assert!(message.contains("cp-1 (no BMC)"), "{message}");
+}

@@ -139,7 +139,9 @@ pub struct GuardedControlPlaneStatus {
     pub min_available: Option<u32>,
     /// `QuorumSafe` (healthy voters keep quorum after one more failure; `False` with
     /// `QuorumAtRisk` or `QuorumLost`), `Scaling` (a membership change is under way or the
-    /// voters differ from `spec.replicas`).
+    /// voters differ from `spec.replicas`), `FencingReady` (the read-only BMC check of every
+    /// control-plane host passed; `False` `HostCannotBeFenced` naming each that failed or
+    /// has no BMC, `Unknown` `NotChecked`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

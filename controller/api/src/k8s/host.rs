@@ -228,7 +228,10 @@ pub struct GuardedHostStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
     pub operations: Vec<OperationStatus>,
-    /// `Healthy`, `Fenceable` (BMC reachable by another agent), `Remediating`, `NeedsPerson`.
+    /// `Healthy`, `Fenceable` (BMC reachable by another agent), `Remediating`, `NeedsPerson`,
+    /// `FencingReady` (the agent that would fence it logged in to its BMC read-only: `True`
+    /// `CheckPassed`, `False` with the failure class, e.g. `CredentialsRefused`, `Unknown`
+    /// `NotChecked`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
