@@ -395,8 +395,10 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
 }
 
 /// `swapped-bmc`: the inventory gives two hosts each other's BMC (address and valid
-/// credentials: a copied line) → one of them hangs → the executing agent reads the identity
-/// of the system behind the BMC it was given, finds the other host, and refuses; the
+/// credentials: a copied line) → `status` says the BMC answers for another machine, from the
+/// would-be executor's read-only check, while the host is healthy → one of them hangs → the
+/// executing agent reads the identity of the system behind the BMC it was given, finds the
+/// other host, and refuses; the
 /// remediation ends with a person, with both identities in the reason, and no host's power
 /// changes (the healthy one behind that BMC least of all).
 pub fn swapped_bmc(lab: &mut Lab) -> Result<Report> {
@@ -408,8 +410,19 @@ pub fn swapped_bmc(lab: &mut Lab) -> Result<Report> {
     let other = serving.first().copied().unwrap_or(0);
     let name = lab.hosts()[target].name.clone();
     lab.swap_bmcs(target, other, true)?;
-    // The controller notices the new inventory within a plan round or two.
-    lab.idle(Duration::from_secs(2))?;
+    // Known before it is needed: the agent that would fence the host reads the identity
+    // behind the BMC it was given in its read-only check, with the host healthy.
+    let mismatch = |lab: &mut Lab| {
+        Ok(lab
+            .last_status()
+            .is_some_and(|s| s["fencing"][&name]["failure"] == "identity-mismatch"))
+    };
+    let noticed = lab.wait_for(
+        &format!("status to say {name}'s BMC answers for another machine"),
+        Duration::from_secs(10) + super::BMC_CHECK_PERIOD * 3,
+        mismatch,
+    )?;
+    let healthy_meanwhile = lab.host_healthy(target);
     lab.freeze(target)?;
     let (reason, waited) = wait_needs_person(lab, &name)?;
     let events = lab.power_events_since(since)?;
@@ -421,14 +434,15 @@ pub fn swapped_bmc(lab: &mut Lab) -> Result<Report> {
     let names_both = [uuid_target, uuid_other]
         .iter()
         .all(|u| u.as_deref().is_some_and(|u| reason.contains(u)));
-    let ok = events.is_empty() && names_both;
+    let ok = events.is_empty() && names_both && healthy_meanwhile;
     Ok(Report {
         name: "swapped-bmc",
         expected: format!(
-            "{name} ends in needs-a-person with both identities in the reason; no power change anywhere"
+            "status says {name}'s BMC answers for another machine while it is healthy; then it ends in needs-a-person with both identities in the reason; no power change anywhere"
         ),
         seen: format!(
-            "needs-a-person after {:.1}s: {reason}; {} power events",
+            "not ready (identity-mismatch) after {:.1}s, healthy meanwhile: {healthy_meanwhile}; needs-a-person after {:.1}s: {reason}; {} power events",
+            noticed.as_secs_f64(),
             waited.as_secs_f64(),
             events.len()
         ),
