@@ -136,7 +136,7 @@ fn build_with_views_since(
                         .report
                         .bmc_reachability
                         .iter()
-                        .map(|r| (r.host.clone(), r.reachable))
+                        .map(|r| (r.host.clone(), r.reachable && !failed_on_its_path(r)))
                         .collect(),
                     boot_id: Some(s.report.boot_id.clone()).filter(|b| !b.is_empty()),
                     boot_reported_at: Some(s.received_at).filter(|_| !s.report.boot_id.is_empty()),
@@ -173,6 +173,23 @@ fn build_with_views_since(
         orphan_members: Vec::new(),
         remediations: state.remediations.values().cloned().collect(),
     }
+}
+
+/// True when an agent's credentialed check of a BMC failed on that agent's own path to it
+/// (nothing answered, or the TLS handshake failed): it counts as not reaching that BMC, so
+/// the executor choice passes to another agent, which then gets the credentials and checks
+/// in turn (issue 25: the quorum guard prefers executors whose check passed). A failure any
+/// agent would meet (credentials refused, a locked account, too little privilege, another
+/// machine behind the BMC, an odd answer) does not move the fence: another executor would
+/// fail the same way, and `FencingReady` says what to fix.
+fn failed_on_its_path(probe: &metalguard_api::protocol::BmcReachability) -> bool {
+    use metalguard_api::bmc::CheckFailure;
+    probe.check.as_ref().is_some_and(|c| {
+        matches!(
+            c.failure,
+            Some(CheckFailure::Unreachable | CheckFailure::Tls)
+        )
+    })
 }
 
 /// True when `host` is retiring and the power-off that ends this retirement succeeded (the

@@ -440,3 +440,52 @@ fn a_node_condition_not_the_kubelets_counts_only_from_when_the_leadership_began(
         ]
     );
 }
+
+#[test]
+fn a_check_that_failed_on_the_agents_own_path_counts_as_not_reaching_the_bmc() {
+    use metalguard_api::bmc::CheckFailure;
+    use metalguard_api::protocol::{BmcCheck, BmcReachability};
+    let inventory = inventory();
+    let probe = |failure: Option<CheckFailure>| BmcReachability {
+        host: "cp-2".into(),
+        reachable: true,
+        checked_at: Timestamp(5),
+        error: None,
+        check: Some(BmcCheck {
+            failure,
+            power_state: None,
+            identity: None,
+            detail: "d".into(),
+        }),
+    };
+    let reaches = |p: BmcReachability| {
+        let mut state = State::default();
+        let mut cp1 = report("cp-1", &[]);
+        cp1.report.bmc_reachability = vec![p];
+        state.reports.insert("cp-1".into(), cp1);
+        let s = build(&inventory, &state, Timestamp(1), Timestamp(10));
+        s.hosts[0].agent.as_ref().unwrap().bmc_reachable["cp-2"]
+    };
+    assert!(reaches(probe(None)), "passed");
+    assert!(
+        !reaches(probe(Some(CheckFailure::Unreachable))),
+        "its own path"
+    );
+    assert!(!reaches(probe(Some(CheckFailure::Tls))), "its own path");
+    for anyone in [
+        CheckFailure::CredentialsRefused,
+        CheckFailure::AccountLocked,
+        CheckFailure::IdentityMismatch,
+    ] {
+        assert!(
+            reaches(probe(Some(anyone))),
+            "{anyone:?}: any agent would fail"
+        );
+    }
+    let mut plain = probe(None);
+    plain.check = None;
+    assert!(
+        reaches(plain),
+        "no check: the credential-free probe decides"
+    );
+}
