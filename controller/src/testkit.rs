@@ -66,3 +66,30 @@ pub fn decommission_op(
         term: 0,
     }
 }
+
+/// An inventory of `hosts` (name, role as in the inventory file, whether it has a BMC),
+/// etcd at a placeholder endpoint, then `extra` TOML (a policy, say).
+pub fn inventory(hosts: &[(&str, &str, bool)], extra: &str) -> crate::inventory::Inventory {
+    use std::fmt::Write as _;
+    let mut text = format!(
+        "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n\n[control_plane]\ndesired_replicas = {}\n",
+        hosts
+            .iter()
+            .filter(|h| h.1 == "control-plane")
+            .count()
+            .max(1)
+    );
+    for (i, (name, role, bmc)) in hosts.iter().enumerate() {
+        let _ = write!(text, "\n[[hosts]]\nname = \"{name}\"\nrole = \"{role}\"\n");
+        if *bmc {
+            let _ = writeln!(
+                text,
+                "bmc = {{ address = \"ipmi://10.0.0.{}\", credentials_dir = \"/nonexistent\" }}",
+                i + 1
+            );
+        }
+    }
+    text.push_str(extra);
+    crate::inventory::Inventory::parse(std::path::Path::new("i.toml"), &text)
+        .unwrap_or_else(|e| panic!("{}\n{text}", crate::error::chain(&e)))
+}

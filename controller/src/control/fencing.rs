@@ -214,27 +214,16 @@ mod tests {
     use super::*;
     use crate::backend::StoredReport;
 
-    const INVENTORY: &str = r#"
-[etcd]
-endpoints = ["http://127.0.0.1:2379"]
-
-[control_plane]
-desired_replicas = 1
-
-[[hosts]]
-name = "cp-1"
-role = "control-plane"
-
-[[hosts]]
-name = "cp-2"
-role = "control-plane"
-bmc = { address = "ipmi://10.0.0.2", credentials_dir = "/nonexistent" }
-
-[[hosts]]
-name = "cp-3"
-role = "control-plane"
-bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
-"#;
+    fn inventory() -> Inventory {
+        crate::testkit::inventory(
+            &[
+                ("cp-1", "control-plane", false),
+                ("cp-2", "control-plane", true),
+                ("cp-3", "control-plane", true),
+            ],
+            "",
+        )
+    }
 
     fn probe(host: &str, at: u64, failure: Option<CheckFailure>) -> BmcReachability {
         BmcReachability {
@@ -272,7 +261,7 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
 
     #[test]
     fn only_the_agent_that_would_fence_a_host_speaks_for_its_readiness() {
-        let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+        let inventory = inventory();
         let mut state = State::default();
         reporting(
             &mut state,

@@ -12,31 +12,23 @@ use crate::api::hearing::Hearing;
 use crate::backend::StoredReport;
 use crate::inventory::Inventory;
 
-const INVENTORY: &str = r#"
-[etcd]
-endpoints = ["http://127.0.0.1:2379"]
-
-[control_plane]
-desired_replicas = 3
-
-[[hosts]]
-name = "cp-1"
-role = "control-plane"
-
-[[hosts]]
-name = "cp-2"
-role = "control-plane"
-
-[[hosts]]
-name = "cp-3"
-role = "control-plane"
-
+/// Three control-plane hosts and one health check: Ready=False for 5 s, or silent for 10 s.
+fn inventory() -> Inventory {
+    crate::testkit::inventory(
+        &[
+            ("cp-1", "control-plane", false),
+            ("cp-2", "control-plane", false),
+            ("cp-3", "control-plane", false),
+        ],
+        r#"
 [[policy.health_checks]]
 name = "control-plane"
 selector = { role = "control-plane" }
 unhealthy_conditions = [{ type = "Ready", status = "False", timeout = "5s" }]
 agent_heartbeat_timeout = "10s"
-"#;
+"#,
+    )
+}
 
 /// This leadership's term and when it began.
 const TERM: u64 = 7;
@@ -117,7 +109,7 @@ fn state(op: StoredOperation, r: Remediation, received: Timestamp, healthy: bool
 }
 
 fn judged(state: &State, now: Timestamp) -> Revalidation {
-    let inventory = Inventory::parse(std::path::Path::new("i.toml"), INVENTORY).unwrap();
+    let inventory = inventory();
     let snapshot = crate::control::snapshot::build_for_round(
         &inventory,
         state,
