@@ -6,6 +6,17 @@ use metalguard_api::protocol::CommandKind;
 
 use super::*;
 
+/// `host`'s BMC as every agent is told of it (no credentials).
+fn target(host: &str) -> BmcTarget {
+    BmcTarget {
+        host: host.into(),
+        bmc_address: format!("ipmi://{host}-bmc"),
+        tls: metalguard_api::protocol::BmcTrust::SystemRoots,
+        credentials: None,
+        expected_identity: None,
+    }
+}
+
 fn command(id: &str) -> Command {
     Command {
         operation_id: OperationId(id.into()),
@@ -46,13 +57,6 @@ async fn a_waiting_poll_returns_as_soon_as_a_command_is_published() {
 fn an_agent_is_told_every_bmc_but_its_own() {
     let (hub, _rx) = Hub::new();
     assert!(hub.bmc_targets_for("cp-1", true).is_empty());
-    let target = |host: &str| BmcTarget {
-        host: host.into(),
-        bmc_address: format!("ipmi://{host}-bmc"),
-        tls: metalguard_api::protocol::BmcTrust::SystemRoots,
-        credentials: None,
-        expected_identity: None,
-    };
     hub.set_bmc_targets(vec![target("cp-1"), target("cp-2"), target("cp-3")]);
     assert_eq!(
         hub.bmc_targets_for("cp-1", true),
@@ -64,13 +68,6 @@ fn an_agent_is_told_every_bmc_but_its_own() {
 #[test]
 fn only_the_would_be_executor_that_asks_gets_a_bmcs_credentials() {
     let (hub, _rx) = Hub::new();
-    let target = |host: &str| BmcTarget {
-        host: host.into(),
-        bmc_address: format!("ipmi://{host}-bmc"),
-        tls: metalguard_api::protocol::BmcTrust::SystemRoots,
-        credentials: None,
-        expected_identity: None,
-    };
     hub.set_bmc_targets(vec![target("cp-1"), target("cp-2"), target("cp-3")]);
     let credentials = metalguard_api::protocol::BmcCredentials {
         username: "admin".into(),

@@ -10,7 +10,7 @@
 //! the network, now names an operation nobody offers again, and only the term check stops it.
 
 use metalguard_api::duration::Timestamp;
-use metalguard_api::protocol::{CommandResult, Outcome, PowerAction};
+use metalguard_api::protocol::PowerAction;
 
 use crate::backend::{OperationKind, State, StoredOperation, Write};
 
@@ -50,20 +50,11 @@ pub fn withdrawals(state: &State, term: u64, now: Timestamp, switched: bool) -> 
                 "MUTATION: a power cut of an older leadership withdrawn ({}={WITHDRAW_INHERITED}; test builds only)",
                 metalguard_api::mutation::VARIABLE
             );
-            let mut withdrawn = op.clone();
-            withdrawn.result = Some(CommandResult {
-                operation_id: op.id.clone(),
-                outcome: Outcome::Rejected,
-                started_at: now,
-                finished_at: now,
-                timeline: Vec::new(),
-                error: Some(format!(
-                    "withdrawn by leadership {term} (test mutation {WITHDRAW_INHERITED})"
-                )),
-                promoted_by: None,
-                term,
-            });
-            Write::PutOperation(withdrawn)
+            Write::PutOperation(crate::control::revalidate::withdrawn(
+                op,
+                &format!("withdrawn by leadership {term} (test mutation {WITHDRAW_INHERITED})"),
+                (term, now),
+            ))
         })
         .collect()
 }
@@ -72,6 +63,7 @@ pub fn withdrawals(state: &State, term: u64, now: Timestamp, switched: bool) -> 
 mod tests {
     use super::*;
     use metalguard_api::plan::OperationId;
+    use metalguard_api::protocol::Outcome;
 
     fn op(id: &str, term: u64, action: PowerAction) -> StoredOperation {
         StoredOperation {

@@ -111,13 +111,12 @@ pub fn revalidate(
     out
 }
 
-/// The operation recorded as rejected with `why`, and its remediation cancelled.
-fn withdrawal(
-    state: &State,
+/// `op` recorded as rejected by leadership `term` at `now`, with `why`: nothing was done.
+pub fn withdrawn(
     op: &StoredOperation,
     why: &str,
     (term, now): (u64, Timestamp),
-) -> Vec<Write> {
+) -> StoredOperation {
     let mut withdrawn = op.clone();
     withdrawn.result = Some(CommandResult {
         operation_id: op.id.clone(),
@@ -129,7 +128,17 @@ fn withdrawal(
         promoted_by: None,
         term,
     });
-    let mut writes = vec![Write::PutOperation(withdrawn)];
+    withdrawn
+}
+
+/// The operation recorded as rejected with `why`, and its remediation cancelled.
+fn withdrawal(
+    state: &State,
+    op: &StoredOperation,
+    why: &str,
+    (term, now): (u64, Timestamp),
+) -> Vec<Write> {
+    let mut writes = vec![Write::PutOperation(withdrawn(op, why, (term, now)))];
     let remediation = op
         .remediation_id
         .as_ref()
