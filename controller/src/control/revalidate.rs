@@ -85,11 +85,19 @@ pub fn revalidate(
             .reports
             .get(target)
             .is_some_and(|r| r.received_at >= leader_since);
+        // The executor may have carried it out while nobody led: its result waits in its
+        // journal. Withdrawn only once the executor has reported to this leadership, seen
+        // its term (it refuses the older offer from then on), and holds no result for it.
+        let executor_clear = state.reports.get(&op.agent).is_some_and(|r| {
+            r.received_at >= leader_since
+                && r.report.seen_term >= term
+                && !r.report.unacknowledged_results.contains(&op.id)
+        });
         match evidence_of(policy, snapshot, target, now) {
             Evidence::Unhealthy(why) => {
                 tracing::debug!(operation = %op.id, %target, %why, persisted_in = op.term, term, "inherited power cut re-validated: offered");
             }
-            Evidence::Healthy if heard_by_us => {
+            Evidence::Healthy if heard_by_us && executor_clear => {
                 let why = format!(
                     "withdrawn by leadership {term}: {target}'s agent reported healthy to it after leadership {} decided this power cut, which nobody answered",
                     op.term

@@ -90,6 +90,7 @@ fn state(op: StoredOperation, r: Remediation, received: Timestamp, healthy: bool
     ] {
         let mut stored: StoredReport = crate::testkit::stored_report(host, 0, None);
         stored.received_at = when;
+        stored.report.seen_term = TERM;
         stored.report.conditions = vec![Condition {
             type_: "EtcdMemberHealthy".into(),
             status: if ok {
@@ -178,6 +179,31 @@ fn a_target_reporting_healthy_to_this_leadership_has_its_cut_withdrawn_and_remed
         r.phase
     );
     assert_eq!(r.phase_since, at(2));
+}
+
+#[test]
+fn a_cut_its_executor_may_have_carried_out_is_not_withdrawn() {
+    let held = |s: &State| {
+        let out = judged(s, at(2));
+        out.writes.is_empty() && out.held_back.len() == 1
+    };
+    // cp-1 executed it while nobody led: the result waits in its journal.
+    let mut s = state(cut(3, PowerAction::Off), health_cause(), at(1), true);
+    let op = s.operations.keys().next().unwrap().clone();
+    s.reports
+        .get_mut("cp-1")
+        .unwrap()
+        .report
+        .unacknowledged_results = vec![op];
+    assert!(held(&s), "its result is on its way");
+    // cp-1 has not seen this leadership's term: it might still take the older offer.
+    let mut s = state(cut(3, PowerAction::Off), health_cause(), at(1), true);
+    s.reports.get_mut("cp-1").unwrap().report.seen_term = 3;
+    assert!(held(&s), "the executor has not seen the term");
+    // cp-1 has not reported to this leadership at all.
+    let mut s = state(cut(3, PowerAction::Off), health_cause(), at(1), true);
+    s.reports.get_mut("cp-1").unwrap().received_at = at(-1);
+    assert!(held(&s), "the executor is not heard from");
 }
 
 #[test]
