@@ -18,6 +18,13 @@ fn start() -> Lab {
     labrun::start(LabOptions::new(3, metalguard_e2e::lab::test_bin_dir()))
 }
 
+/// A lab whose agents check the BMCs every 5 s (the BMC scenarios wait for a failed check).
+fn checking_bmcs_often() -> Lab {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.timings.bmc_check_period = std::time::Duration::from_secs(5);
+    labrun::start(options)
+}
+
 #[test]
 fn hang_is_fenced_once_by_a_peer_and_comes_back_without_losing_data() {
     let mut lab = start();
@@ -96,7 +103,7 @@ fn an_admin_fence_of_a_healthy_host_is_refused_unless_forced_and_then_recorded()
 
 #[test]
 fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
-    let mut lab = start();
+    let mut lab = checking_bmcs_often();
     let report = labrun::run(&mut lab, "bad-bmc");
     assert!(
         report.seen.contains("rejected the credentials") && report.seen.ends_with("0 power events"),
@@ -107,7 +114,7 @@ fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
 
 #[test]
 fn a_bmc_line_copied_from_another_host_is_refused_by_identity_and_touches_nothing() {
-    let mut lab = start();
+    let mut lab = checking_bmcs_often();
     let report = labrun::run(&mut lab, "swapped-bmc");
     assert!(
         report.ok

@@ -121,7 +121,11 @@ fn an_admin_fence_request_of_a_healthy_host_is_refused_unless_forced_and_then_re
 
 #[test]
 fn a_wrong_bmc_password_in_its_secret_ends_in_needs_a_person_and_touches_nothing() {
-    let mut lab = start();
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.backend = LabBackend::Kubernetes;
+    // The agents check the BMCs every 5 s: the scenario waits for the failed check.
+    options.timings.bmc_check_period = std::time::Duration::from_secs(5);
+    let mut lab = labrun::start(options);
     let report = labrun::run(&mut lab, "bad-bmc");
     assert!(
         report.seen.contains("rejected the credentials") && report.seen.ends_with("0 power events"),

@@ -50,9 +50,6 @@ use crate::{HarnessError, Result, tools};
 
 /// How often the lab reads the controller's status for narration.
 const STATUS_PERIOD: Duration = Duration::from_millis(400);
-/// How often the agents probe (and, with credentials, check) the BMCs: a wrong password is
-/// reported within this and the controller's re-read of the credentials (10 s).
-pub const BMC_CHECK_PERIOD: Duration = Duration::from_secs(5);
 /// Pause between two ticks of a wait.
 const TICK: Duration = Duration::from_millis(50);
 /// Common name of the controller's etcd client certificate (its etcd user once etcd's
@@ -81,6 +78,11 @@ pub struct Timings {
     /// Kubernetes mode: how long `Ready=Unknown` must hold before a host is unhealthy
     /// (`None`: [`Timings::unhealthy_timeout`]).
     pub ready_unknown_timeout: Option<Duration>,
+    /// The agents' `[bmc_reachability] period`: how often they probe (and, with
+    /// credentials, check) the BMCs. A wrong password shows within this and the
+    /// controller's re-read of the credentials (10 s). The agent's default (30 s) by default:
+    /// checks every 5 s loaded the 2-core lab enough to fail a timing-bound Kubernetes test.
+    pub bmc_check_period: Duration,
 }
 
 impl Default for Timings {
@@ -95,6 +97,7 @@ impl Default for Timings {
             retry_period: Duration::from_secs(2),
             agent_request_timeout: None,
             ready_unknown_timeout: None,
+            bmc_check_period: Duration::from_secs(30),
         }
     }
 }
@@ -654,7 +657,7 @@ impl Lab {
             metrics = h.metrics_port(),
             list = list.join(", "),
             etcd_tls = self.agent_etcd_tls(i),
-            bmc_period = ms(BMC_CHECK_PERIOD),
+            bmc_period = ms(self.options.timings.bmc_check_period),
         );
         if let Some(spare) = h.spare_etcd() {
             config.push_str(&spare.join_config());

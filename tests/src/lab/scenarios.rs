@@ -361,7 +361,7 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
     };
     let noticed = lab.wait_for(
         &format!("status to say a fence of {name} would fail"),
-        Duration::from_secs(10) + super::BMC_CHECK_PERIOD * 3,
+        Duration::from_secs(10) + lab.options().timings.bmc_check_period * 3,
         refused,
     )?;
     let healthy_meanwhile = lab.host_healthy(target);
@@ -419,7 +419,7 @@ pub fn swapped_bmc(lab: &mut Lab) -> Result<Report> {
     };
     let noticed = lab.wait_for(
         &format!("status to say {name}'s BMC answers for another machine"),
-        Duration::from_secs(10) + super::BMC_CHECK_PERIOD * 3,
+        Duration::from_secs(10) + lab.options().timings.bmc_check_period * 3,
         mismatch,
     )?;
     let healthy_meanwhile = lab.host_healthy(target);
