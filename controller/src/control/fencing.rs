@@ -114,6 +114,7 @@ pub fn readiness_of<'a>(
 
 /// A failure class as a Kubernetes condition reason (CamelCase: `credentials-refused` is
 /// `CredentialsRefused`).
+#[cfg(feature = "kubernetes")]
 pub fn reason_of(failure: CheckFailure) -> String {
     failure
         .name()
@@ -128,6 +129,7 @@ pub fn reason_of(failure: CheckFailure) -> String {
 }
 
 /// The failure class a condition reason names ([`reason_of`]), if any.
+#[cfg(feature = "kubernetes")]
 pub fn failure_of_reason(reason: &str) -> Option<CheckFailure> {
     CheckFailure::ALL
         .iter()
@@ -246,6 +248,7 @@ mod tests {
         state.reports.insert(agent.into(), stored);
     }
 
+    #[cfg(feature = "kubernetes")]
     #[test]
     fn every_failure_class_is_a_condition_reason_and_back() {
         assert_eq!(
