@@ -4,7 +4,8 @@
 #   scripts/lab.sh            the demo: every scenario in turn, then a summary table
 #   scripts/lab.sh up         a lab left running, with a cheat-sheet to poke it (Ctrl-C stops it)
 #   scripts/lab.sh run hang   chosen scenarios (hang, double-failure, admin-fence, bad-bmc,
-#                             replace, controller-crash, partition, swapped-bmc)
+#                             replace, controller-crash, partition, swapped-bmc,
+#                             rotate-credentials)
 #   scripts/lab.sh run replace --etcd-layout static-pod
 #                             the spare's etcd as kubeadm's static Pod (the agent writes the
 #                             manifest, the lab is the host's kubelet); default env-file

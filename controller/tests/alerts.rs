@@ -300,6 +300,7 @@ async fn a_real_controller_fires_quorum_at_risk_unreachable_bmcs_and_failing_che
             power_state: None,
             identity: None,
             detail: "the BMC refused the login (401)".into(),
+            credentials_id: None,
         }),
     }];
     let status = client(&lab.tls(), Some("cp-1"))

@@ -236,6 +236,24 @@ impl RedfishBmc {
         &self.options.password
     }
 
+    /// Changes the login password while the emulator runs, as a person changing the BMC
+    /// account's password does (the emulator reads its htpasswd on every request); the
+    /// [`Self::credentials_dir`] follows.
+    pub fn change_password(&mut self, password: &str) -> Result<()> {
+        let hash = bcrypt::hash(password, BCRYPT_COST)
+            .map_err(|e| HarnessError::Other(format!("hashing the emulator password: {e}")))?;
+        let next = self.dir.path().join("htpasswd.next");
+        write_file(
+            &next,
+            format!("{}:{hash}\n", self.options.username).as_bytes(),
+            0o600,
+        )?;
+        std::fs::rename(&next, self.dir.path().join("htpasswd"))
+            .map_err(HarnessError::io("replacing the emulator's htpasswd"))?;
+        password.clone_into(&mut self.options.password);
+        write_credentials(&self.creds_dir, &self.options.username, password)
+    }
+
     /// A directory holding `username` and `password` files (mode 0600), as a mounted
     /// Kubernetes Secret looks.
     pub fn credentials_dir(&self) -> &Path {

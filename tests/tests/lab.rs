@@ -113,6 +113,13 @@ fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
 }
 
 #[test]
+fn a_rotated_bmc_password_is_checked_before_a_fence_uses_it_and_the_old_one_serves_meanwhile() {
+    let mut lab = checking_bmcs_often();
+    let report = labrun::run(&mut lab, "rotate-credentials");
+    assert!(report.ok, "{}", report.seen);
+}
+
+#[test]
 fn a_bmc_line_copied_from_another_host_is_refused_by_identity_and_touches_nothing() {
     let mut lab = checking_bmcs_often();
     let report = labrun::run(&mut lab, "swapped-bmc");

@@ -120,7 +120,7 @@ fn an_admin_fence_request_of_a_healthy_host_is_refused_unless_forced_and_then_re
 }
 
 #[test]
-fn a_wrong_bmc_password_in_its_secret_ends_in_needs_a_person_and_touches_nothing() {
+fn a_bmc_password_changed_without_its_secret_ends_in_needs_a_person_and_touches_nothing() {
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.backend = LabBackend::Kubernetes;
     // The agents check the BMCs every 5 s: the scenario waits for the failed check.
@@ -132,6 +132,17 @@ fn a_wrong_bmc_password_in_its_secret_ends_in_needs_a_person_and_touches_nothing
         "{}",
         report.seen
     );
+}
+
+/// `rotate-credentials` in Kubernetes mode: the BMC's Secret gets the new password first.
+#[test]
+fn a_rotated_password_in_a_bmc_secret_is_checked_before_a_fence_uses_it() {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.backend = LabBackend::Kubernetes;
+    options.timings.bmc_check_period = std::time::Duration::from_secs(5);
+    let mut lab = labrun::start(options);
+    let report = labrun::run(&mut lab, "rotate-credentials");
+    assert!(report.ok, "{}", report.seen);
 }
 
 /// `replace` in Kubernetes mode: `retire cp-1 --kubeconfig` declares `spec.retirement` on its

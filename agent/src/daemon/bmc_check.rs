@@ -50,15 +50,23 @@ pub async fn check(
                 ),
             )),
         };
-    let check = match read {
+    let mut check = match read {
         Ok((power, identity)) => judge(target, power, identity),
         Err((failure, detail)) => BmcCheck {
             failure: Some(failure),
             power_state: None,
             identity: None,
             detail,
+            credentials_id: None,
         },
     };
+    check.credentials_id.clone_from(&target.credentials_id);
+    if target.credentials_new {
+        check.detail = format!(
+            "with the rotation's new credentials (fences keep the previous ones until a check with these passes): {}",
+            check.detail
+        );
+    }
     BmcReachability {
         host: target.host.clone(),
         // It answered unless nothing did or the handshake failed.
@@ -140,6 +148,7 @@ fn judge(target: &BmcTarget, power: String, identity: Result<SystemIdentity, Str
         power_state: Some(power),
         identity: identity.ok(),
         detail,
+        credentials_id: None,
     }
 }
 
@@ -244,6 +253,8 @@ mod tests {
             tls: BmcTrust::default(),
             credentials: Some(credentials(bmc.username(), bmc.password())),
             expected_identity: expected.map(Box::new),
+            credentials_id: None,
+            credentials_new: false,
         }
     }
 
@@ -277,12 +288,26 @@ mod tests {
         assert_eq!(verdict.power_state.as_deref(), Some("on"));
         assert!(verdict.detail.contains("matched by uuid"), "{verdict:?}");
 
+        assert_eq!(verdict.credentials_id, None);
+
         let wrong = credentials(bmc.username(), "not-the-password");
-        let refused = check(&target, &wrong, ca_dir.path(), TIMEOUT).await;
+        let rotated = BmcTarget {
+            credentials_id: Some("c2".into()),
+            credentials_new: true,
+            ..target.clone()
+        };
+        let refused = check(&rotated, &wrong, ca_dir.path(), TIMEOUT).await;
         let failed = refused.check.clone().unwrap();
         assert_eq!(failed.failure, Some(CheckFailure::CredentialsRefused));
         assert!(refused.reachable, "it answered: {refused:?}");
         assert!(!format!("{refused:?}").contains("not-the-password"));
+        assert_eq!(failed.credentials_id.as_deref(), Some("c2"), "echoed");
+        assert!(
+            failed
+                .detail
+                .starts_with("with the rotation's new credentials"),
+            "{failed:?}"
+        );
 
         let other = redfish_target(&bmc, Some(identity("4c4c4544-0032-3110-8050-b1c04f4e3132")));
         let swapped = check_own(&other, ca_dir.path()).await;
@@ -308,6 +333,8 @@ mod tests {
             tls: BmcTrust::default(),
             credentials: Some(credentials(sim.username(Privilege::Admin), sim.password())),
             expected_identity: Some(Box::new(identity(sim.system_uuid().unwrap()))),
+            credentials_id: None,
+            credentials_new: false,
         };
         let passed = check_own(&target, ca_dir.path()).await;
         let result = passed.check.unwrap();
@@ -342,6 +369,8 @@ mod tests {
             tls: BmcTrust::default(),
             credentials: Some(credentials("admin", password)),
             expected_identity: None,
+            credentials_id: None,
+            credentials_new: false,
         };
         let outcome = |failure| BmcReachability {
             host: "cp-2".into(),
@@ -353,6 +382,7 @@ mod tests {
                 power_state: None,
                 identity: None,
                 detail: String::new(),
+                credentials_id: None,
             }),
         };
         let mut backoff = LoginBackoff::default();

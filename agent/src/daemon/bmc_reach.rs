@@ -243,6 +243,8 @@ mod tests {
             tls,
             credentials: None,
             expected_identity: None,
+            credentials_id: None,
+            credentials_new: false,
         }
     }
 

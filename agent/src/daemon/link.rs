@@ -907,6 +907,7 @@ mod tests {
                 power_state: Some("on".into()),
                 identity: None,
                 detail: "logged in".into(),
+                credentials_id: None,
             }),
         };
         let report = || AgentReport {
@@ -958,6 +959,8 @@ mod tests {
                 password: metalguard_api::protocol::Secret::new("p"),
             }),
             expected_identity: None,
+            credentials_id: None,
+            credentials_new: false,
         }];
         checks.answered(&handing);
         let mut sent = report();

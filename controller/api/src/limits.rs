@@ -152,6 +152,9 @@ pub fn check_report(report: &AgentReport) -> Result<(), LimitError> {
             if let Some(state) = &check.power_state {
                 len(|| format!("{at}power_state"), state, MAX_SHORT)?;
             }
+            if let Some(id) = &check.credentials_id {
+                len(|| format!("{at}credentials_id"), id, MAX_SHORT)?;
+            }
             if let Some(identity) = &check.identity {
                 check_identity(&format!("{at}identity."), identity)?;
             }
@@ -277,6 +280,9 @@ pub fn fit_report(report: &mut AgentReport) -> bool {
             truncate_to(&mut check.detail, MAX_TEXT);
             if let Some(state) = &mut check.power_state {
                 truncate_to(state, MAX_SHORT);
+            }
+            if let Some(id) = &mut check.credentials_id {
+                truncate_to(id, MAX_SHORT);
             }
             if let Some(identity) = &mut check.identity {
                 fit_identity(identity);
@@ -524,6 +530,7 @@ mod tests {
                 power_state: Some("on".into()),
                 identity: Some(seen),
                 detail: "d".repeat(MAX_TEXT + 1),
+                credentials_id: Some("c".repeat(MAX_SHORT + 1)),
             }),
         }];
         assert_eq!(
@@ -535,6 +542,14 @@ mod tests {
         let check = r.bmc_reachability[0].check.as_ref().unwrap();
         assert_eq!(check.detail.len(), MAX_TEXT);
         assert_eq!(check.identity.as_ref().unwrap().serial_number, None);
+        assert_eq!(check.credentials_id.as_ref().unwrap().len(), MAX_SHORT);
+        r.bmc_reachability[0].check.as_mut().unwrap().detail = "d".into();
+        r.bmc_reachability[0].check.as_mut().unwrap().credentials_id =
+            Some("c".repeat(MAX_SHORT + 1));
+        assert_eq!(
+            check_report(&r).unwrap_err().to_string(),
+            "bmc_reachability[0].check.credentials_id is 129 bytes long; at most 128 are accepted"
+        );
     }
 
     #[test]

@@ -356,6 +356,9 @@ pub struct BmcCheck {
     /// What the check found, in one line: the error, or how the identity compared (never
     /// contains credentials).
     pub detail: String,
+    /// The [`BmcTarget::credentials_id`] of the credentials the check used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_id: Option<String>,
 }
 
 /// The controller's answer to a report.
@@ -425,6 +428,16 @@ pub struct BmcTarget {
     /// [`FenceCommand::expected_identity`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expected_identity: Option<Box<SystemIdentity>>,
+    /// Which credentials these are: an opaque id the controller chose, echoed in
+    /// [`BmcCheck::credentials_id`] so a result is never taken for credentials it was not made
+    /// with (a check still running when the credentials changed). Sent with the credentials;
+    /// they shipped together, so an agent that asks for checks knows the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_id: Option<String>,
+    /// True while these credentials are a rotation's new ones: checked here before any fence
+    /// uses them (fences keep the previous ones until a check with these passes).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub credentials_new: bool,
 }
 
 /// The answer to a long-poll: zero or more commands (empty when the wait ran out).

@@ -123,6 +123,10 @@ pub struct CheckGrant {
     pub credentials: metalguard_api::protocol::BmcCredentials,
     /// The identity the host's own agent reported.
     pub expected_identity: Option<Box<metalguard_api::identity::SystemIdentity>>,
+    /// Which credentials these are ([`BmcTarget::credentials_id`]).
+    pub credentials_id: String,
+    /// True for a rotation's new credentials ([`BmcTarget::credentials_new`]).
+    pub credentials_new: bool,
 }
 
 /// The hosts whose certificates may use the agent API.
@@ -305,6 +309,8 @@ impl Hub {
                     target
                         .expected_identity
                         .clone_from(&grant.expected_identity);
+                    target.credentials_id = Some(grant.credentials_id.clone());
+                    target.credentials_new = grant.credentials_new;
                 }
                 target
             })

@@ -14,6 +14,8 @@ fn target(host: &str) -> BmcTarget {
         tls: metalguard_api::protocol::BmcTrust::SystemRoots,
         credentials: None,
         expected_identity: None,
+        credentials_id: None,
+        credentials_new: false,
     }
 }
 
@@ -79,6 +81,8 @@ fn only_the_would_be_executor_that_asks_gets_a_bmcs_credentials() {
             executor: "cp-1".into(),
             credentials: credentials.clone(),
             expected_identity: None,
+            credentials_id: "c1".into(),
+            credentials_new: true,
         },
     )]));
     let credentialed = |host: &str, checks: bool| -> Vec<String> {
@@ -93,6 +97,8 @@ fn only_the_would_be_executor_that_asks_gets_a_bmcs_credentials() {
     assert!(credentialed("cp-2", true).is_empty(), "not the executor");
     let given = hub.bmc_targets_for("cp-1", true);
     assert_eq!(given[1].credentials, Some(credentials));
+    assert_eq!(given[1].credentials_id.as_deref(), Some("c1"));
+    assert!(given[1].credentials_new);
 }
 
 #[test]

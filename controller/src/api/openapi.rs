@@ -145,6 +145,7 @@ fn schemas() -> Value {
             ("power_state", string()),
             ("identity", reference("SystemIdentity")),
             ("detail", string()),
+            ("credentials_id", string()),
         ], &["detail"]),
         "ReportAck": object(&[
             ("sequence", integer()),
@@ -160,6 +161,8 @@ fn schemas() -> Value {
             ("tls", reference("BmcTrust")),
             ("credentials", reference("BmcCredentials")),
             ("expected_identity", reference("SystemIdentity")),
+            ("credentials_id", string()),
+            ("credentials_new", boolean()),
         ], &["host", "bmc_address"]),
         "CommandBatch": object(&[
             ("commands", array(&reference("Command"))),

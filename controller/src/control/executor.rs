@@ -258,7 +258,8 @@ pub fn withheld(inventory: &Inventory, state: &State, op: &StoredOperation) -> O
 }
 
 /// Every persisted operation without a result, as commands per agent host. Credentials are
-/// read from the inventory's files now; an operation whose BMC cannot be described is left
+/// read from the inventory's files now (during a rotation a fence carries those in use,
+/// `book`); an operation whose BMC cannot be described is left
 /// out (and logged) rather than sent half-built. An operation [`withheld`] is left out too
 /// (`status` says why).
 ///
@@ -270,6 +271,7 @@ pub fn pending_commands(
     inventory: &Inventory,
     state: &State,
     term: u64,
+    book: &crate::control::credentials::CredentialBook,
 ) -> BTreeMap<String, Vec<Command>> {
     let mut pending: BTreeMap<String, Vec<Command>> = BTreeMap::new();
     for op in state.operations.values().filter(|op| op.in_flight()) {
@@ -283,8 +285,11 @@ pub fn pending_commands(
                     tracing::warn!(operation = %op.id, %target, "fence target has no bmc in the inventory");
                     continue;
                 };
+                // Read now, so an unreadable source still stops the fence; during a
+                // rotation the credentials in use, until the new ones pass a check.
                 let built = bmc
                     .credentials(target)
+                    .map(|fresh| book.for_fence(target, fresh))
                     .and_then(|credentials| Ok((credentials, bmc.trust(target)?)));
                 match built {
                     Ok((credentials, tls)) => CommandKind::Fence(FenceCommand {

@@ -4,6 +4,7 @@ use metalguard_api::plan::OperationId;
 use metalguard_api::policy::{NodeHandling, Strategy};
 
 use super::*;
+use crate::control::credentials::CredentialBook;
 
 fn remediation(phase: RemediationPhase) -> Remediation {
     Remediation {
@@ -233,7 +234,7 @@ fn a_fence_of_a_held_host_is_not_offered_until_it_is_released() {
     let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
     apply(&mut state, writes);
     let offered = |state: &State| -> Vec<OperationId> {
-        pending_commands(&inventory, state, 7)
+        pending_commands(&inventory, state, 7, &CredentialBook::default())
             .get("w-1")
             .map(|cs| cs.iter().map(|c| c.operation_id.clone()).collect())
             .unwrap_or_default()
@@ -404,7 +405,7 @@ fn an_operation_for_an_agent_or_a_target_outside_the_inventory_is_never_offered(
     ] {
         state.operations.insert(op.id.clone(), op);
     }
-    let pending = pending_commands(&inventory, &state, 7);
+    let pending = pending_commands(&inventory, &state, 7, &CredentialBook::default());
     let offered: Vec<(&str, &str)> = pending
         .iter()
         .flat_map(|(host, commands)| {
@@ -470,7 +471,7 @@ fn an_agents_refusal_of_an_older_terms_offer_is_not_recorded_but_any_other_resul
     assert!(write.is_none() && !ack.first, "{ack:?}");
     // Every command carries the leader's term.
     let (_credentials, inventory) = inventory_with_a_bmc_for_w2();
-    let offered = pending_commands(&inventory, &state, 7);
+    let offered = pending_commands(&inventory, &state, 7, &CredentialBook::default());
     assert!(
         !offered.is_empty() && offered.values().flatten().all(|c| c.term == 7),
         "{offered:?}"
@@ -485,4 +486,43 @@ fn an_agents_refusal_of_an_older_terms_offer_is_not_recorded_but_any_other_resul
     };
     let (write, _) = record_result(&state, "w-1", "w-1 (serial 01)", done, 7).unwrap();
     assert!(write.is_some());
+}
+
+#[test]
+fn a_fence_during_a_credential_rotation_carries_the_credentials_in_use() {
+    let (credentials, inventory) = inventory_with_a_bmc_for_w2();
+    let mut state = state_with(remediation(RemediationPhase::Gated));
+    let off = action(RemediationStep::PowerOff);
+    let writes = writes_for(&off, &state, Timestamp(5)).unwrap();
+    apply(&mut state, writes);
+    let password = |book: &CredentialBook| -> String {
+        let offered = pending_commands(&inventory, &state, 7, book);
+        match &offered["w-1"][0].kind {
+            CommandKind::Fence(fence) => fence.credentials.password.expose().to_owned(),
+            other => panic!("not a fence: {other:?}"),
+        }
+    };
+    let mut book = CredentialBook::default();
+    assert_eq!(password(&book), "pw", "a host the book has not read");
+    book.read(
+        "w-2",
+        metalguard_api::protocol::BmcCredentials {
+            username: "admin".into(),
+            password: metalguard_api::protocol::Secret::new("pw"),
+        },
+    );
+    // The file now says "rotated"; the book took it as a rotation not yet checked.
+    std::fs::write(credentials.path().join("password"), "rotated").unwrap();
+    book.read(
+        "w-2",
+        metalguard_api::protocol::BmcCredentials {
+            username: "admin".into(),
+            password: metalguard_api::protocol::Secret::new("rotated"),
+        },
+    );
+    assert!(book.rotating("w-2"));
+    assert_eq!(password(&book), "pw", "the new password is unproven");
+    // An unreadable source still stops the fence.
+    std::fs::remove_file(credentials.path().join("password")).unwrap();
+    assert!(pending_commands(&inventory, &state, 7, &book).is_empty());
 }

@@ -238,6 +238,7 @@ mod tests {
                 power_state: Some("on".into()),
                 identity: None,
                 detail: "the BMC refused the login: 401".into(),
+                credentials_id: None,
             }),
         }
     }

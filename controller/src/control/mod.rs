@@ -5,6 +5,7 @@
 //! [`notes`] are what people must be told, [`metrics`] what an operator alerts on,
 //! [`reachability`] which agents reach each BMC, [`reload`] notices inventory file changes.
 
+pub mod credentials;
 pub mod executor;
 pub mod fencing;
 pub mod members;

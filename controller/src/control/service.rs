@@ -121,6 +121,8 @@ pub struct Controller<B> {
     /// What the BMC check grants were last built from, and when (`upkeep::grant_checks`).
     granted: upkeep::Granted,
     grants_read_at: Option<tokio::time::Instant>,
+    /// Per BMC, the credentials fences use and any rotation under way (`control::credentials`).
+    credentials: crate::control::credentials::CredentialBook,
     /// When an agent's newer term last made this controller ask the store (`terms.rs`).
     term_rechecked: Option<tokio::time::Instant>,
 }
@@ -147,6 +149,7 @@ impl<B: Backend> Controller<B> {
             held_back: std::collections::BTreeSet::new(),
             granted: upkeep::Granted::new(),
             grants_read_at: None,
+            credentials: crate::control::credentials::CredentialBook::default(),
             term_rechecked: None,
         }
     }

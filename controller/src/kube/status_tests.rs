@@ -481,6 +481,7 @@ fn fencing_ready_is_the_would_be_executors_check_and_unknown_without_one() {
             power_state: Some("on".into()),
             identity: None,
             detail: "the BMC refused the login (401)".into(),
+            credentials_id: None,
         }),
     };
     let mut state = State::default();
@@ -563,6 +564,7 @@ fn the_control_plane_is_fencing_ready_only_when_every_control_plane_hosts_check_
                 power_state: None,
                 identity: None,
                 detail: "d".into(),
+                credentials_id: None,
             }),
         };
         let mut state = State::default();

@@ -113,7 +113,7 @@ impl Key {
 }
 
 #[allow(clippy::panic)] // HMAC accepts every key length; this is never reached.
-fn unreachable_key_length() -> Hmac<Sha256> {
+pub(crate) fn unreachable_key_length() -> Hmac<Sha256> {
     panic!("hmac rejected a key length")
 }
 

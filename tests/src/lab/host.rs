@@ -314,6 +314,23 @@ impl LabHost {
         self.dir.join("bmc-credentials")
     }
 
+    /// Changes the password of the BMC itself (Redfish only: `ipmi_sim` keeps its users in
+    /// its configuration). The credentials the controller is given do not follow: that is
+    /// [`Self::set_known_password`], `None` then writes the new password.
+    pub fn change_bmc_password(&mut self, password: &str) -> Result<()> {
+        match &mut self.bmc {
+            Bmc::Redfish(b) => b.change_password(password)?,
+            Bmc::Ipmi(_) => {
+                return Err(HarnessError::Other(format!(
+                    "{}'s BMC is an ipmi_sim: its password cannot change while it runs",
+                    self.name
+                )));
+            }
+        }
+        password.clone_into(&mut self.password);
+        Ok(())
+    }
+
     /// Writes the credentials the controller will use: the right ones (`None`) or a wrong
     /// password.
     pub fn set_known_password(&self, wrong: Option<&str>) -> Result<()> {

@@ -868,6 +868,19 @@ impl Lab {
         Ok(())
     }
 
+    /// Changes the password of host `i`'s BMC itself (Redfish hosts only); the controller's
+    /// credentials are not touched ([`Self::set_known_password`] with `None` writes it).
+    pub fn change_bmc_password(&mut self, i: usize, password: &str) -> Result<()> {
+        self.hosts[i].change_bmc_password(password)?;
+        let name = self.hosts[i].name.clone();
+        self.timeline.add(
+            "lab",
+            format!("the password of {name}'s BMC account changed on the BMC"),
+            "the controller's credentials are not updated by this",
+        );
+        Ok(())
+    }
+
     /// Replaces the BMC password the controller knows for host `i` (the BMC keeps its own).
     pub fn set_known_password(&mut self, i: usize, password: Option<&str>) -> Result<()> {
         self.hosts[i].set_known_password(password)?;
@@ -881,8 +894,10 @@ impl Lab {
         match password {
             Some(_) => self.timeline.add(
                 "lab",
-                format!("the credentials file of {name}'s BMC now holds a wrong password"),
-                "simulated credential rotation gone wrong",
+                format!(
+                    "the credentials of {name}'s BMC now hold a password the BMC does not take"
+                ),
+                "a credential rotation before the BMC's change, or gone wrong",
             ),
             None => self.timeline.add(
                 "lab",

@@ -55,11 +55,12 @@ pub fn run(lab: &mut Lab, name: &str) -> Result<Report> {
         "admin-fence" => admin_fence(lab),
         "bad-bmc" => bad_bmc(lab),
         "swapped-bmc" => swapped_bmc(lab),
+        "rotate-credentials" => rotate_credentials(lab),
         "controller-crash" => controller_crash(lab),
         "replace" => replace(lab),
         "break-glass" => break_glass(lab),
         other => Err(HarnessError::Other(format!(
-            "unknown scenario {other} (one of {}, controller-crash, partition, break-glass, swapped-bmc)",
+            "unknown scenario {other} (one of {}, controller-crash, partition, break-glass, swapped-bmc, rotate-credentials)",
             ALL.join(", ")
         ))),
     }
@@ -340,18 +341,19 @@ fn wait_needs_person(lab: &mut Lab, name: &str) -> Result<(String, Duration)> {
     Ok((reason, waited))
 }
 
-/// `bad-bmc`: the controller's BMC password for a host is wrong → `status` says a fence of
-/// it would fail (`credentials-refused`, from the read-only check of the agent that would
-/// fence it) while the host is still healthy → the host hangs → remediation fails after its
-/// retries → the host needs a person, with the reason; nothing else is touched.
+/// `bad-bmc`: someone changes the password of a host's BMC and the controller is not told →
+/// `status` says a fence of it would fail (`credentials-refused`, from the read-only check of
+/// the agent that would fence it) while the host is still healthy → the host hangs →
+/// remediation fails after its retries → the host needs a person, with the reason; nothing
+/// else is touched.
 pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
     lab.new_scenario();
     let started = Instant::now();
     let since = unix_ms();
-    // The last host in service: a spare on standby is not in the inventory.
+    // The last host in service (a spare on standby is not in the inventory): a Redfish BMC.
     let target = lab.in_service().last().copied().unwrap_or(0);
     let name = lab.hosts()[target].name.clone();
-    lab.set_known_password(target, Some("not-the-password"))?;
+    lab.change_bmc_password(target, &format!("changed-{}", unix_ms() % 100_000))?;
     // Known before it is needed: within the controller's re-read of the credentials (10 s)
     // and one check period, with the host healthy.
     let refused = |lab: &mut Lab| {
@@ -373,7 +375,7 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
     lab.freeze(target)?;
     let (reason, waited) = wait_needs_person(lab, &name)?;
     let events = lab.power_events_since(since)?;
-    // The person: thaw the host and fix the password.
+    // The person: thaw the host and give the controller the new password.
     lab.thaw(target)?;
     lab.set_known_password(target, None)?;
     let ok = events.is_empty() && !reason.is_empty() && healthy_meanwhile;
@@ -449,6 +451,68 @@ pub fn swapped_bmc(lab: &mut Lab) -> Result<Report> {
         ok,
         took: started.elapsed(),
         timings: Vec::new(),
+    })
+}
+
+/// `rotate-credentials`: the password of a host's BMC is rotated the safe way round and
+/// checked at every step. The controller is given the new password first (the BMC still
+/// takes the old one) → `status` says the rotation's new credentials are refused, while
+/// fences keep the old ones: the host hangs and is fenced and recovered with them. Then the
+/// BMC's password is changed → the would-be executor's check with the new credentials passes
+/// and they are in use: the host hangs again and is fenced and recovered with them.
+pub fn rotate_credentials(lab: &mut Lab) -> Result<Report> {
+    let started = Instant::now();
+    let target = lab.in_service().last().copied().unwrap_or(0);
+    let name = lab.hosts()[target].name.clone();
+    let budget = Duration::from_secs(10) + lab.options().timings.bmc_check_period * 3;
+    let new = format!("rotated-{}", unix_ms() % 100_000);
+    lab.new_scenario();
+    lab.set_known_password(target, Some(&new))?;
+    let refused_new = |lab: &mut Lab| {
+        Ok(lab.last_status().is_some_and(|s| {
+            let f = &s["fencing"][&name];
+            f["failure"] == "credentials-refused"
+                && f["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("with the rotation's new credentials"))
+        }))
+    };
+    let pending = lab.wait_for(
+        &format!("status to say the new credentials of {name}'s BMC are refused"),
+        budget,
+        refused_new,
+    )?;
+    let with_old = hang(lab, target)?;
+    lab.change_bmc_password(target, &new)?;
+    let ready = |lab: &mut Lab| {
+        Ok(lab
+            .last_status()
+            .is_some_and(|s| s["fencing"][&name]["state"] == "ready"))
+    };
+    let rotated = lab.wait_for(
+        &format!("status to say a fence of {name} would work with the new credentials"),
+        budget,
+        ready,
+    )?;
+    let with_new = hang(lab, target)?;
+    Ok(Report {
+        name: "rotate-credentials",
+        expected: format!(
+            "new credentials for {name}'s BMC reported refused while the BMC still takes the old ones, and a fence then works with the old ones; once the BMC takes the new ones, ready again and a fence works with them"
+        ),
+        seen: format!(
+            "new credentials refused after {:.1}s; fence with the old ones: {}; ready after the BMC's change in {:.1}s; fence with the new ones: {}",
+            pending.as_secs_f64(),
+            with_old.seen,
+            rotated.as_secs_f64(),
+            with_new.seen
+        ),
+        ok: with_old.ok && with_new.ok,
+        took: started.elapsed(),
+        timings: vec![
+            ("rotation → new credentials refused".into(), pending),
+            ("bmc changed → ready".into(), rotated),
+        ],
     })
 }
 

@@ -65,8 +65,12 @@ impl<B: Backend> Controller<B> {
             );
             if !changed {
                 if self.hub.is_leader() {
-                    let mut pending =
-                        executor::pending_commands(&self.inventory, &state, self.hub.term());
+                    let mut pending = executor::pending_commands(
+                        &self.inventory,
+                        &state,
+                        self.hub.term(),
+                        &self.credentials,
+                    );
                     crate::control::revalidate::hold_back(&mut pending, &self.held_back);
                     self.hub.publish(&pending);
                     self.reseal(&state).await;

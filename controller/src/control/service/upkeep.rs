@@ -102,6 +102,8 @@ impl<B: Backend> Controller<B> {
                     tls,
                     credentials: None,
                     expected_identity: None,
+                    credentials_id: None,
+                    credentials_new: false,
                 }),
                 Err(error) => {
                     tracing::warn!(host = %h.name, error = %crate::error::chain(&error), "bmc left out of the agents' reachability probes");
@@ -115,13 +117,28 @@ impl<B: Backend> Controller<B> {
     /// Hands each BMC's credentials, for its read-only checks, to the agent that would
     /// execute its fence now (the plan's `fence_executors`) and to no other (issue 25). The
     /// credentials are read again when that agent or the host's reported identity changes,
-    /// and at least every [`GRANTS_REREAD`] (a changed password is then checked before a
-    /// fence needs it); a BMC whose credentials cannot be read gets no check, logged.
+    /// and at least every [`GRANTS_REREAD`]: changed credentials are a rotation, checked
+    /// before a fence uses them (`control::credentials`). A BMC whose credentials cannot be
+    /// read gets no check, logged.
     pub(super) fn grant_checks(
         &mut self,
         plan: &metalguard_api::plan::Plan,
         state: &crate::backend::State,
     ) {
+        let mut rotated = false;
+        for (target, executor) in &plan.fence_executors {
+            let check = state.reports.get(executor).and_then(|r| {
+                r.report
+                    .bmc_reachability
+                    .iter()
+                    .find(|p| p.host == *target)?
+                    .check
+                    .as_ref()
+            });
+            if let Some(check) = check {
+                rotated |= self.credentials.take_check(target, executor, check);
+            }
+        }
         let wanted: Granted = plan
             .fence_executors
             .iter()
@@ -136,29 +153,49 @@ impl<B: Backend> Controller<B> {
         let due = self
             .grants_read_at
             .is_none_or(|at| at.elapsed() >= GRANTS_REREAD);
-        if wanted == self.granted && !due {
+        if wanted == self.granted && !due && !rotated {
             return;
         }
-        let grants = wanted
-            .iter()
-            .filter_map(|(target, (executor, identity))| {
-                let bmc = self.inventory.host(target)?.bmc.as_ref()?;
-                match bmc.credentials(target) {
-                    Ok(credentials) => Some((
-                        target.clone(),
-                        crate::api::hub::CheckGrant {
-                            executor: executor.clone(),
-                            credentials,
-                            expected_identity: identity.clone().map(Box::new),
-                        },
-                    )),
-                    Err(error) => {
-                        tracing::warn!(host = %target, error = %crate::error::chain(&error), "bmc credentials cannot be read: no read-only check of this bmc");
-                        None
+        let inventory = &self.inventory;
+        self.credentials
+            .retain(|host| inventory.host(host).is_some_and(|h| h.bmc.is_some()));
+        let mut grants = std::collections::BTreeMap::new();
+        for (target, (executor, identity)) in &wanted {
+            let Some(bmc) = self.inventory.host(target).and_then(|h| h.bmc.as_ref()) else {
+                continue;
+            };
+            match bmc.credentials(target) {
+                Ok(credentials) => {
+                    use crate::control::credentials::Read;
+                    match self.credentials.read(target, credentials) {
+                        Read::Rotating => {
+                            tracing::info!(host = %target, checked_by = %executor, "bmc credentials changed: a rotation; the new ones are checked before a fence uses them");
+                        }
+                        Read::Reverted => {
+                            tracing::info!(host = %target, "bmc credentials back to the ones in use: rotation abandoned");
+                        }
+                        Read::First | Read::Unchanged => {}
                     }
                 }
-            })
-            .collect();
+                Err(error) => {
+                    tracing::warn!(host = %target, error = %crate::error::chain(&error), "bmc credentials cannot be read: no read-only check of this bmc");
+                    continue;
+                }
+            }
+            let Some(check) = self.credentials.for_check(target) else {
+                continue;
+            };
+            grants.insert(
+                target.clone(),
+                crate::api::hub::CheckGrant {
+                    executor: executor.clone(),
+                    credentials: check.credentials,
+                    expected_identity: identity.clone().map(Box::new),
+                    credentials_id: check.id,
+                    credentials_new: check.new,
+                },
+            );
+        }
         self.hub.set_check_grants(grants);
         self.granted = wanted;
         self.grants_read_at = Some(tokio::time::Instant::now());
