@@ -113,6 +113,13 @@ fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
 }
 
 #[test]
+fn a_fence_drill_power_cycles_a_healthy_host_once_and_is_recorded_as_a_drill() {
+    let mut lab = start();
+    let report = labrun::run(&mut lab, "drill");
+    assert!(report.ok, "{}", report.seen);
+}
+
+#[test]
 fn a_rotated_bmc_password_is_checked_before_a_fence_uses_it_and_the_old_one_serves_meanwhile() {
     let mut lab = checking_bmcs_often();
     let report = labrun::run(&mut lab, "rotate-credentials");

@@ -134,6 +134,14 @@ fn a_bmc_password_changed_without_its_secret_ends_in_needs_a_person_and_touches_
     );
 }
 
+/// `drill` in Kubernetes mode: a `FenceRequest` with `action: Drill`.
+#[test]
+fn a_fence_request_drill_power_cycles_a_healthy_host_once_and_is_recorded() {
+    let mut lab = start();
+    let report = labrun::run(&mut lab, "drill");
+    assert!(report.ok, "{}", report.seen);
+}
+
 /// `rotate-credentials` in Kubernetes mode: the BMC's Secret gets the new password first.
 #[test]
 fn a_rotated_password_in_a_bmc_secret_is_checked_before_a_fence_uses_it() {

@@ -166,6 +166,13 @@ pub struct FenceRequest {
     /// PowerOff`): the remediation ends needing a person instead of powering the host on.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stay_off: bool,
+    /// A fence drill (`drill HOST`, a `FenceRequest` with `action: Drill`): a real power cycle
+    /// of a healthy host, to prove the fence path end to end. It skips no gate: only while no
+    /// host is unhealthy or being remediated, and only when the quorum guard allows a fence
+    /// of the host; recorded as a drill (the remediation's cause starts with `fence drill
+    /// requested by`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drill: bool,
     /// A random value the request is made with (standalone: sealed with it). The leader records
     /// it as consumed when the request becomes a remediation, apart from the remediation, so
     /// the same request put back from the store's history is refused.

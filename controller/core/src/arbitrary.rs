@@ -135,7 +135,8 @@ struct HostBits {
     deleting: bool,
     retiring: bool,
     hook: bool,
-    fence: Option<bool>,
+    /// A fence request: 0 an administrator's, 1 forced, 2 a drill.
+    fence: Option<u8>,
     hold: bool,
     bmc: bool,
     external: bool,
@@ -156,7 +157,7 @@ fn host_bits(index: usize, hosts: usize) -> impl Strategy<Value = HostBits> {
                     proptest::bool::weighted(0.8),
                     proptest::bool::weighted(0.95),
                 ),
-                proptest::option::weighted(0.1, any::<bool>()),
+                proptest::option::weighted(0.1, 0u8..3),
                 proptest::bool::weighted(0.06),
                 (
                     proptest::bool::weighted(0.2),
@@ -215,12 +216,13 @@ fn to_host(i: usize, b: HostBits) -> Host {
         } else {
             BTreeSet::new()
         },
-        fence_request: b.fence.map(|forced| FenceRequest {
+        fence_request: b.fence.map(|kind| FenceRequest {
             requested_at: ago(30),
             requested_by: Some("admin".into()),
-            force_reason: forced.then(|| "test".to_owned()),
+            force_reason: (kind == 1).then(|| "test".to_owned()),
             stay_off: false,
             nonce: None,
+            drill: kind == 2,
         }),
         retirement: b.retiring.then(|| Retirement {
             requested_at: ago(90),

@@ -79,6 +79,7 @@ fn snapshot(desired: u32, hosts: &[HostBits], rems: &[(usize, u8, u8)]) -> Snaps
                 force_reason: (c & 16 != 0).then(|| "forced".to_owned()),
                 stay_off: false,
                 nonce: None,
+                drill: c & 16 == 0 && c & 128 != 0,
             });
         }
         if c & 128 != 0 {

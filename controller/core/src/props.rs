@@ -230,6 +230,7 @@ fn run_history(setup: &Setup, events: &[Event]) -> Result<(), String> {
                         force_reason: forced.then(|| "property test".to_owned()),
                         stay_off: false,
                         nonce: None,
+                        drill: false,
                     });
                 }
             }

@@ -394,6 +394,7 @@ fn admin_fence_goes_through_the_gates_unless_forced_and_the_reason_is_recorded()
             force_reason: None,
             stay_off: false,
             nonce: None,
+            drill: false,
         });
     });
     let p = w.step().unwrap();
@@ -435,6 +436,7 @@ fn forced_fence_of_a_control_plane_host_never_skips_the_quorum_guard() {
             force_reason: Some("because".into()),
             stay_off: false,
             nonce: None,
+            drill: false,
         });
     });
     let p = w.step().unwrap();
@@ -474,6 +476,7 @@ fn a_stay_off_fence_powers_off_handles_the_node_and_leaves_the_host_off_for_a_pe
             force_reason: None,
             stay_off: true,
             nonce: None,
+            drill: false,
         });
     });
     let rid = "remediation/w-0/1";
@@ -523,6 +526,7 @@ fn without_stay_off_the_same_fence_powers_the_host_back_on() {
             force_reason: None,
             stay_off: false,
             nonce: None,
+            drill: false,
         });
     });
     let rid = "remediation/w-0/1";
@@ -684,5 +688,98 @@ fn a_power_cycle_that_booted_the_host_completes() {
             .boot_id
             .as_deref(),
         Some("w-0-boot-0")
+    );
+}
+
+fn ask_for_a_drill(w: &mut World, host: &str) {
+    w.host_mut(host).unwrap().fence_request = Some(FenceRequest {
+        requested_at: w.now,
+        requested_by: Some("alice".into()),
+        force_reason: None,
+        stay_off: false,
+        nonce: None,
+        drill: true,
+    });
+}
+
+#[test]
+fn a_drill_power_cycles_a_healthy_control_plane_host_and_is_recorded_as_one() {
+    let mut w = world(1, &[], |_| {});
+    ask_for_a_drill(&mut w, "cp-1");
+    let p = w.step().unwrap();
+    assert!(
+        p.to_string().contains("a fence drill: a real power cycle"),
+        "{p}"
+    );
+    run(&mut w, 12);
+    let r = w
+        .snap
+        .remediations
+        .iter()
+        .find(|r| r.target == "cp-1")
+        .unwrap()
+        .clone();
+    assert!(
+        r.cause.starts_with(crate::remediation::DRILL_CAUSE) && r.cause.contains("alice"),
+        "{r:?}"
+    );
+    assert!(r.forced.is_none(), "a drill skips no gate");
+    assert_eq!(r.phase, P::Done, "{:?}", steps(&w, &r.id));
+    let s = steps(&w, &r.id);
+    assert!(
+        s.contains(&"power-off".to_owned()) && s.contains(&"power-on".to_owned()),
+        "a real power cycle, not cancelled as healthy: {s:?}"
+    );
+    assert_eq!(
+        w.snap
+            .remediations
+            .iter()
+            .filter(|r| r.target == "cp-1")
+            .count(),
+        1,
+        "the request is served once"
+    );
+}
+
+#[test]
+fn a_drill_waits_while_any_host_is_unhealthy_or_being_remediated() {
+    let mut w = world(2, &["w-1"], |_| {});
+    ask_for_a_drill(&mut w, "w-0");
+    let p = w.step().unwrap();
+    assert!(
+        !w.snap.remediations.iter().any(|r| r.target == "w-0"),
+        "{p}"
+    );
+    assert!(
+        p.refusals.iter().any(|r| r.subject == "w-0"
+            && r.reason
+                .contains("drill runs only while no host is unhealthy")
+            && r.reason.contains("w-1")),
+        "{p}"
+    );
+    // A control-plane drill while another control-plane host is down is refused before the
+    // quorum guard would be asked.
+    let mut w = world(0, &[], |w| {
+        w.hung.insert("cp-2".into());
+    });
+    ask_for_a_drill(&mut w, "cp-0");
+    let p = w.step().unwrap();
+    assert!(
+        !w.snap.remediations.iter().any(|r| r.target == "cp-0"),
+        "{p}"
+    );
+    // A drill of a host a check finds unhealthy is that host's remediation.
+    let mut w = world(2, &["w-1"], |_| {});
+    ask_for_a_drill(&mut w, "w-1");
+    w.step().unwrap();
+    let r = w
+        .snap
+        .remediations
+        .iter()
+        .find(|r| r.target == "w-1")
+        .unwrap();
+    assert!(
+        !r.cause.starts_with(crate::remediation::DRILL_CAUSE),
+        "{r:?}"
     );
 }

@@ -92,6 +92,31 @@ pub(super) enum Command {
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         wait: std::time::Duration,
     },
+    /// A fence drill: a real power cycle of one healthy host through the path a fence takes
+    /// (executor, BMC, verification, Node handling, power on), to prove it works before it
+    /// is needed. Skips no gate: only while no host is unhealthy or being remediated, and only
+    /// when the quorum guard allows a fence of it. Recorded as a drill.
+    Drill {
+        /// The host.
+        host: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+        /// The inventory file.
+        #[arg(
+            long,
+            env = "METALGUARD_INVENTORY",
+            required_unless_present = "kubeconfig"
+        )]
+        inventory: Option<PathBuf>,
+        /// Kubernetes mode: create a `FenceRequest` with `action: Drill` and wait for the
+        /// leader's verdict.
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// How long to wait for the verdict (Kubernetes mode).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
+    },
     /// Retire a control-plane host: its etcd member is replaced (add its replacement to the
     /// inventory), removed, its hooks released, and then it is powered off.
     Retire {

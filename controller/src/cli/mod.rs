@@ -219,47 +219,32 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             cluster,
             wait,
         } => {
-            #[cfg(feature = "kubernetes")]
-            if let Some(target) = cluster.target() {
-                let ask = crate::cli::kube::fence::Ask {
-                    host,
-                    reason,
-                    force,
-                    power_off,
-                    wait,
-                };
-                return crate::cli::kube::fence::fence(&target, &ask).await;
-            }
-            #[cfg(not(feature = "kubernetes"))]
-            {
-                cluster.refuse_kubeconfig()?;
-                let _ = wait;
-            }
-            let inventory = Inventory::load(&inventory_path(inventory)?)?;
-            anyhow::ensure!(
-                inventory.host(&host).is_some(),
-                "host {host} is not in the inventory"
-            );
-            let mut backend = connect(&inventory, "cli".to_owned())?;
-            let request =
-                FenceRequest {
-                    requested_at: now(),
-                    requested_by: Some(format!("{} (cli): {reason}", invoker())),
-                    force_reason: force.then(|| reason.clone()),
-                    stay_off: power_off,
-                    nonce: Some(crate::standalone::etcd::new_nonce().map_err(|e| {
-                        anyhow::anyhow!("no random nonce for the fence request: {e}")
-                    })?),
-                };
-            backend.request_fence(&host, &request).await?;
-            println!("fence of {host} requested; the leader plans it on its next round");
-            // The same decision the leader will make, computed here from the stored state.
-            let state = backend.load().await?;
-            println!(
-                "{}",
-                crate::cli::status::fence_verdict(&inventory, &state, &host, now())
-            );
-            Ok(())
+            let ask = FenceAsk {
+                host,
+                reason,
+                force,
+                power_off,
+                drill: false,
+                wait,
+            };
+            request_fence(ask, inventory, &cluster).await
+        }
+        Command::Drill {
+            host,
+            reason,
+            inventory,
+            cluster,
+            wait,
+        } => {
+            let ask = FenceAsk {
+                host,
+                reason,
+                force: false,
+                power_off: false,
+                drill: true,
+                wait,
+            };
+            request_fence(ask, inventory, &cluster).await
         }
         Command::Retire {
             host,
@@ -486,6 +471,80 @@ async fn release(inventory: &std::path::Path, host: &str, reason: &str) -> anyho
     println!(
         "released by {} ({reason}); the leader picks it up at once (watch), and each agent that recorded a hold deletes it at its next report",
         release.by
+    );
+    Ok(())
+}
+
+/// A fence or a fence drill a person asks for (`fence`, `drill`).
+struct FenceAsk {
+    host: String,
+    reason: String,
+    force: bool,
+    power_off: bool,
+    drill: bool,
+    wait: std::time::Duration,
+}
+
+/// Records `ask` as the host's fence request (standalone: in the store, with the leader's
+/// decision computed here from the stored state; Kubernetes: a `FenceRequest`, waiting for
+/// the leader's verdict).
+async fn request_fence(
+    ask: FenceAsk,
+    inventory: Option<std::path::PathBuf>,
+    cluster: &crate::cli::args::ClusterArgs,
+) -> anyhow::Result<()> {
+    let FenceAsk {
+        host,
+        reason,
+        force,
+        power_off,
+        drill,
+        wait,
+    } = ask;
+    #[cfg(feature = "kubernetes")]
+    if let Some(target) = cluster.target() {
+        let ask = crate::cli::kube::fence::Ask {
+            host,
+            reason,
+            force,
+            power_off,
+            drill,
+            wait,
+        };
+        return crate::cli::kube::fence::fence(&target, &ask).await;
+    }
+    #[cfg(not(feature = "kubernetes"))]
+    {
+        cluster.refuse_kubeconfig()?;
+        let _ = wait;
+    }
+    let inventory = Inventory::load(&inventory_path(inventory)?)?;
+    anyhow::ensure!(
+        inventory.host(&host).is_some(),
+        "host {host} is not in the inventory"
+    );
+    let mut backend = connect(&inventory, "cli".to_owned())?;
+    let request = FenceRequest {
+        requested_at: now(),
+        requested_by: Some(format!("{} (cli): {reason}", invoker())),
+        force_reason: force.then(|| reason.clone()),
+        stay_off: power_off,
+        nonce: Some(
+            crate::standalone::etcd::new_nonce()
+                .map_err(|e| anyhow::anyhow!("no random nonce for the fence request: {e}"))?,
+        ),
+        drill,
+    };
+    backend.request_fence(&host, &request).await?;
+    println!(
+        "{} of {host} requested; the leader plans it on its next round",
+        if drill { "fence drill" } else { "fence" }
+    );
+    // The same decision the leader will make, computed here from the stored state.
+    let state = backend.load().await?;
+    println!(
+        "{}",
+        crate::cli::status::fence_verdict(&inventory, &state, &host, now())
     );
     Ok(())
 }

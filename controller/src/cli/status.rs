@@ -51,7 +51,8 @@ pub fn fence_verdict(inventory: &Inventory, state: &State, host: &str, now: Time
             if let Some(req) = state
                 .fence_requests
                 .get(host)
-                .filter(|r| r.force_reason.is_none())
+                // A drill skips no gate: forcing is no answer to its refusal.
+                .filter(|r| r.force_reason.is_none() && !r.drill)
             {
                 let mut forced = state.clone();
                 let mut req = req.clone();

@@ -117,6 +117,7 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
                 force_reason: Some("testing".into()),
                 stay_off: false,
                 nonce: None,
+                drill: false,
             },
         );
         state

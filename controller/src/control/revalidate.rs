@@ -62,9 +62,7 @@ fn inherited_cut<'a>(state: &'a State, op: &'a StoredOperation, term: u64) -> Op
     }
     let remediation = state.remediations.get(op.remediation_id.as_ref()?)?;
     let a_persons = remediation.forced.is_some()
-        || remediation
-            .cause
-            .starts_with(metalguard_core::remediation::ADMIN_CAUSE);
+        || metalguard_core::remediation::requested_by_a_person(&remediation.cause);
     (!a_persons).then_some(target.as_str())
 }
 

@@ -379,8 +379,11 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
                     .as_ref()
                     .map_or(Timestamp(0), record::timestamp),
                 requested_by: Some(requested_by(request)),
-                force_reason: request.spec.force.then(|| request.spec.reason.clone()),
+                // A drill skips no gate: its `force` is ignored.
+                force_reason: (request.spec.force && request.spec.action != FenceAction::Drill)
+                    .then(|| request.spec.reason.clone()),
                 stay_off: request.spec.action == FenceAction::PowerOff,
+                drill: request.spec.action == FenceAction::Drill,
                 nonce: None,
             }
         });

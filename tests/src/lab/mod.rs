@@ -689,7 +689,17 @@ impl Lab {
     /// Runs `metalguard-controller fence ARGS` and returns its stdout, where the verdict is:
     /// in Kubernetes mode a refused request exits 1 and is still an answer.
     pub fn fence_cli(&self, args: &[&str]) -> Result<String> {
-        let mut all = vec!["fence"];
+        self.request_cli("fence", args)
+    }
+
+    /// `metalguard-controller drill ARGS` (Kubernetes mode: against the API server), its
+    /// stdout and stderr.
+    pub fn drill_cli(&self, args: &[&str]) -> Result<String> {
+        self.request_cli("drill", args)
+    }
+
+    fn request_cli(&self, subcommand: &str, args: &[&str]) -> Result<String> {
+        let mut all = vec![subcommand];
         all.extend_from_slice(args);
         if self.kube.is_none() {
             return self.controller_cli(&all);
@@ -697,7 +707,7 @@ impl Lab {
         let output = self
             .controller_cli_command(&all)
             .output()
-            .map_err(HarnessError::io("running metalguard-controller fence"))?;
+            .map_err(HarnessError::io("running a metalguard-controller request"))?;
         Ok(format!(
             "{}{}",
             String::from_utf8_lossy(&output.stdout),

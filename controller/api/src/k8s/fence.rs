@@ -44,7 +44,8 @@ pub struct FenceRequestSpec {
     #[schemars(length(min = 1))]
     pub target: String,
     /// `Remediate` (default): the host's remediation flow, which powers it back on.
-    /// `PowerOff`: power it off and leave it off for a person.
+    /// `PowerOff`: power it off and leave it off for a person. `Drill`: a fence drill of a
+    /// healthy host (a real power cycle, every gate kept).
     #[serde(default)]
     pub action: FenceAction,
     /// Why; recorded in the remediation, the timeline and the events.
@@ -64,6 +65,11 @@ pub enum FenceAction {
     Remediate,
     /// Power off and stay off.
     PowerOff,
+    /// A fence drill: a real power cycle of a healthy host, to prove the fence path end to
+    /// end. Skips no gate (`force` is ignored): only while no host is unhealthy or being
+    /// remediated, and only when the quorum guard allows a fence of the host. Recorded as a
+    /// drill in the remediation's cause.
+    Drill,
 }
 
 /// The controller's answer.

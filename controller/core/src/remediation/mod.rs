@@ -20,6 +20,17 @@ use crate::quorum::{EtcdView, guards_quorum};
 /// Prefix of the cause of an administrator-requested fence.
 pub const ADMIN_CAUSE: &str = "fence requested by";
 
+/// Prefix of the cause of a fence drill (`drill HOST`, `action: Drill`): how a remediation
+/// is recorded as a drill.
+pub const DRILL_CAUSE: &str = "fence drill requested by";
+
+/// Whether a remediation with `cause` was a person's request (an administrator's fence or a
+/// drill): not cancelled because its target looks healthy, and not second-guessed by a new
+/// leadership.
+pub fn requested_by_a_person(cause: &str) -> bool {
+    cause.starts_with(ADMIN_CAUSE) || cause.starts_with(DRILL_CAUSE)
+}
+
 /// Everything the remediation planner reads.
 #[derive(Debug, Clone, Copy)]
 pub struct Inputs<'a> {
@@ -75,6 +86,8 @@ struct Candidate<'a> {
     blocked_by: Option<(ReasonKind, String)>,
     /// An administrator asked to power it off and leave it off.
     stay_off: bool,
+    /// A fence drill of a healthy host.
+    drill: bool,
 }
 
 struct Planner<'a> {

@@ -7,7 +7,7 @@ use metalguard_api::plan::{Action, ActionKind, OperationId, ReasonKind, Remediat
 use metalguard_api::remediation::{Remediation, RemediationPhase as P, remediation_id};
 use metalguard_api::snapshot::{Host, Role};
 
-use super::{ADMIN_CAUSE, Candidate, Planner, RemediationOutput};
+use super::{ADMIN_CAUSE, Candidate, DRILL_CAUSE, Planner, RemediationOutput};
 use crate::health::UnhealthyReason;
 use crate::judge::record_guards_quorum;
 use crate::quorum::quorum;
@@ -30,6 +30,7 @@ impl<'a> Planner<'a> {
                         forced: None,
                         blocked_by: None,
                         stay_off: false,
+                        drill: false,
                     });
                 if let (None, Some(sc)) = (&c.blocked_by, &v.short_circuit) {
                     c.blocked_by = Some((
@@ -53,11 +54,32 @@ impl<'a> Planner<'a> {
                 continue;
             }
             // Unhealthy already: the request adds only what it asks beyond the check's
-            // remediation (leaving the host off); forced, it becomes the candidate below.
+            // remediation (leaving the host off); forced, it becomes the candidate below. A
+            // drill of an unhealthy host is that host's remediation, not a drill.
             if let Some(c) = by_host.get_mut(h.name.as_str())
-                && req.force_reason.is_none()
+                && (req.force_reason.is_none() || req.drill)
             {
-                c.stay_off |= req.stay_off;
+                c.stay_off |= req.stay_off && !req.drill;
+                continue;
+            }
+            let who = req.requested_by.as_deref().unwrap_or("an administrator");
+            if req.drill {
+                // Healthy, which is the point: a drill proves the fence path of a host that
+                // does not need it. Every other gate holds (`start_new`).
+                by_host.insert(
+                    h.name.as_str(),
+                    Candidate {
+                        host: h,
+                        cause: format!("{DRILL_CAUSE} {who}"),
+                        since: req.requested_at,
+                        forced: None,
+                        blocked_by: self
+                            .short_circuit_of(h)
+                            .map(|sc| (ReasonKind::ShortCircuit, sc)),
+                        stay_off: false,
+                        drill: true,
+                    },
+                );
                 continue;
             }
             let blocked_by = self
@@ -72,7 +94,6 @@ impl<'a> Planner<'a> {
                     h.name
                 )))
             });
-            let who = req.requested_by.as_deref().unwrap_or("an administrator");
             by_host.insert(
                 h.name.as_str(),
                 Candidate {
@@ -82,6 +103,7 @@ impl<'a> Planner<'a> {
                     forced: req.force_reason.clone(),
                     blocked_by,
                     stay_off: req.stay_off,
+                    drill: false,
                 },
             );
         }
@@ -112,7 +134,16 @@ impl<'a> Planner<'a> {
         cp_running.sort();
         cp_running.dedup();
         let mut workers_running = active.iter().filter(|r| !guarded_record(r)).count();
-        for c in self.candidates() {
+        let candidates = self.candidates();
+        // What a drill waits for: any host unhealthy, any remediation under way.
+        let troubled: Vec<String> = candidates
+            .iter()
+            .filter(|c| !c.drill)
+            .map(|c| c.host.name.clone())
+            .chain(active.iter().map(|r| r.target.clone()))
+            .chain(cp_running.iter().cloned())
+            .collect();
+        for c in candidates {
             let host = c.host;
             let name = host.name.as_str();
             if busy.contains(name) {
@@ -121,6 +152,18 @@ impl<'a> Planner<'a> {
             let refuse = |out: &mut RemediationOutput, kind: ReasonKind, why: String| {
                 out.refuse(name, kind, why);
             };
+            if c.drill
+                && let Some(other) = troubled.iter().find(|o| *o != name)
+            {
+                refuse(
+                    &mut self.out,
+                    ReasonKind::Policy,
+                    format!(
+                        "a fence drill runs only while no host is unhealthy or being remediated ({other} is); ask again later"
+                    ),
+                );
+                continue;
+            }
             if let Some(hold) = &host.hold {
                 refuse(
                     &mut self.out,
@@ -348,6 +391,9 @@ impl<'a> Planner<'a> {
             }
             if c.stay_off {
                 reason = format!("{reason}; power off and leave off");
+            }
+            if c.drill {
+                reason = format!("{reason}; a fence drill: a real power cycle of a healthy host");
             }
             if guarded {
                 cp_running.push(name.to_owned());

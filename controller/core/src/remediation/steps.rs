@@ -7,7 +7,7 @@ use metalguard_api::snapshot::Host;
 
 use metalguard_api::policy::{NodeHandling, Strategy};
 
-use super::{ADMIN_CAUSE, Planner};
+use super::Planner;
 
 impl Planner<'_> {
     /// Plans the next step of one running remediation.
@@ -58,7 +58,7 @@ impl Planner<'_> {
                 );
             }
         };
-        let admin = r.cause.starts_with(ADMIN_CAUSE);
+        let admin = super::requested_by_a_person(&r.cause);
         let mut cancel = r.cancel_requested.clone();
         if cancel.is_none() && target.is_deleting() && !r.phase.power_may_be_off() {
             cancel = Some("target is being deleted".to_owned());

@@ -28,6 +28,8 @@ pub struct Ask {
     pub force: bool,
     /// Power off and leave off (`action: PowerOff`).
     pub power_off: bool,
+    /// A fence drill (`action: Drill`).
+    pub drill: bool,
     /// How long to wait for the verdict.
     pub wait: Duration,
 }
@@ -96,7 +98,9 @@ pub async fn fence(target: &Target, ask: &Ask) -> anyhow::Result<()> {
         },
         spec: FenceRequestSpec {
             target: ask.host.clone(),
-            action: if ask.power_off {
+            action: if ask.drill {
+                FenceAction::Drill
+            } else if ask.power_off {
                 FenceAction::PowerOff
             } else {
                 FenceAction::Remediate
@@ -113,7 +117,8 @@ pub async fn fence(target: &Target, ask: &Ask) -> anyhow::Result<()> {
         .with_context(|| format!("FenceRequest for {} could not be created in {ns}", ask.host))?;
     let name = created.name_any();
     println!(
-        "FenceRequest {ns}/{name} created by {who}: fence {}{}{}",
+        "FenceRequest {ns}/{name} created by {who}: {} {}{}{}",
+        if ask.drill { "fence drill of" } else { "fence" },
         ask.host,
         if ask.power_off {
             ", power off and leave off"

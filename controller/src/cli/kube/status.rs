@@ -176,10 +176,15 @@ pub fn render_fences(fences: &[FenceRequest]) -> String {
             .unwrap_or_default();
         let _ = writeln!(
             out,
-            "  {}: {} {}{}{} ({}){}",
+            "  {}: {} {}{}{}{} ({}){}",
             f.name_any(),
             f.spec.target,
             phase,
+            if f.spec.action == metalguard_api::k8s::fence::FenceAction::Drill {
+                " drill"
+            } else {
+                ""
+            },
             if f.spec.force { " forced" } else { "" },
             by,
             f.spec.reason,

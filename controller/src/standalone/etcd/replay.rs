@@ -91,6 +91,7 @@ mod tests {
             force_reason: Some("test".into()),
             stay_off: false,
             nonce: nonce.map(Into::into),
+            drill: false,
         }
     }
 
