@@ -56,9 +56,9 @@ fn the_manifests_apply_and_the_crds_refuse_bad_resources_with_their_own_messages
         ])
         .unwrap();
     eprintln!("{dry}");
-    // 2 namespaces, 4 CRDs, ServiceAccount, ClusterRole, 2 Roles, 3 bindings, Service,
+    // 3 namespaces, 4 CRDs, ServiceAccount, ClusterRole, 3 Roles, 4 bindings, Service,
     // Deployment, PodDisruptionBudget.
-    assert_eq!(dry.lines().count(), 16, "{dry}");
+    assert_eq!(dry.lines().count(), 19, "{dry}");
     assert!(
         dry.lines().all(|l| l.ends_with("(server dry run)")),
         "{dry}"
@@ -76,7 +76,7 @@ fn the_manifests_apply_and_the_crds_refuse_bad_resources_with_their_own_messages
     let applied = cluster
         .kubectl_admin(&["apply", "--server-side", "-k", "packaging/kubernetes"])
         .unwrap();
-    assert_eq!(applied.lines().count(), 16, "{applied}");
+    assert_eq!(applied.lines().count(), 19, "{applied}");
     cluster
         .kubectl_admin(&[
             "wait",

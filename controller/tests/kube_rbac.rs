@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kubelab::{CREDENTIALS_NS, KubeLab, LabOptions, MG, NS, SERVICE_ACCOUNT, controller_user};
-use metalguard_api::k8s::rbac::{CONTROLLER_PERMISSIONS, Scope, grants};
+use metalguard_api::k8s::rbac::{CONTROLLER_PERMISSIONS, NODE_LEASES_NAMESPACE, Scope, grants};
 use metalguard_api::protocol::Outcome;
 use metalguard_e2e::kube::client::ApiClient;
 use serde_json::{Value, json};
@@ -96,9 +96,14 @@ fn the_service_account_may_do_exactly_what_the_code_lists_and_reads_no_other_sec
         .difference(&cluster)
         .cloned()
         .collect();
+    let leases: BTreeSet<_> = granted_in(NODE_LEASES_NAMESPACE)
+        .difference(&cluster)
+        .cloned()
+        .collect();
     let mut granted: Vec<Grant> = scoped(Scope::Cluster, &cluster)
         .chain(scoped(Scope::Namespace, &own))
         .chain(scoped(Scope::Credentials, &credentials))
+        .chain(scoped(Scope::NodeLeases, &leases))
         .collect();
     granted.sort();
     let wanted = grants(CONTROLLER_PERMISSIONS);
@@ -213,6 +218,17 @@ fn every_request_of_a_remediation_is_allowed_and_every_grant_is_used() {
     kubelab::create_control_plane(lab.admin(), 1);
     lab.start_controller_in_pod("controller-0");
     lab.wait_leading("w-1", Duration::from_secs(60));
+    // A node lease Node Health Check left behind, expired: free, so the controller takes it
+    // over (update) before the power-off, and releases it (delete) after the recovery.
+    lab.admin()
+        .create(
+            &format!("/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASES_NAMESPACE}/leases"),
+            &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "node-w-2"},
+                "spec": {"holderIdentity": "NodeHealthCheck", "leaseDurationSeconds": 60,
+                    "renewTime": "2026-01-01T00:00:00.000000Z"}}),
+        )
+        .unwrap();
     lab.admin()
         .create(
             &format!("{MG}/fencerequests"),
@@ -223,6 +239,13 @@ fn every_request_of_a_remediation_is_allowed_and_every_grant_is_used() {
         .unwrap();
     let off = "remediation/w-2/1/power-off";
     lab.agents.wait_offered(off, Duration::from_secs(30));
+    let lease_path =
+        format!("/apis/coordination.k8s.io/v1/namespaces/{NODE_LEASES_NAMESPACE}/leases/node-w-2");
+    assert_eq!(
+        lab.admin().get(&lease_path).unwrap()["spec"]["holderIdentity"],
+        "metalguard",
+        "the node lease is taken before the power-off is offered"
+    );
     lab.kubelets["w-2"].stop();
     lab.agents.set_live("w-2", false);
     assert_eq!(lab.agents.finish(off, Outcome::Succeeded), 200);
@@ -249,6 +272,9 @@ fn every_request_of_a_remediation_is_allowed_and_every_grant_is_used() {
         },
     );
     assert!(!kubelab::quorum_hooks(&lab.host("cp-1")).is_empty());
+    lab.wait("the node lease released", Duration::from_secs(20), |lab| {
+        lab.admin().get_opt(&lease_path).unwrap().is_none()
+    });
     // The control plane's status and the leader's pod label (their grants are used).
     lab.wait("control plane status", Duration::from_secs(20), |lab| {
         lab.admin()
@@ -273,6 +299,7 @@ fn every_request_of_a_remediation_is_allowed_and_every_grant_is_used() {
                 "" => Scope::Cluster,
                 NS => Scope::Namespace,
                 CREDENTIALS_NS => Scope::Credentials,
+                NODE_LEASES_NAMESPACE => Scope::NodeLeases,
                 other => panic!("the controller asked about namespace {other}: {e:?}"),
             };
             (

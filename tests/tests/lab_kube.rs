@@ -142,6 +142,15 @@ fn a_fence_request_drill_power_cycles_a_healthy_host_once_and_is_recorded() {
     assert!(report.ok, "{}", report.seen);
 }
 
+/// `node-lease`: a host whose node lease Node Maintenance holds is not fenced until the lease
+/// is free; metalguard then takes it, fences once, and releases it after the recovery.
+#[test]
+fn a_host_whose_node_lease_another_actor_holds_is_fenced_only_once_it_is_free() {
+    let mut lab = start();
+    let report = labrun::run(&mut lab, "node-lease");
+    assert!(report.ok, "{}", report.seen);
+}
+
 /// `rotate-credentials` in Kubernetes mode: the BMC's Secret gets the new password first.
 #[test]
 fn a_rotated_password_in_a_bmc_secret_is_checked_before_a_fence_uses_it() {

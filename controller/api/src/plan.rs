@@ -243,7 +243,8 @@ pub enum ReasonKind {
     Concurrency,
     /// No agent can carry it out (none healthy, or none reaches the BMC).
     Executor,
-    /// A person holds the host after a break-glass fence.
+    /// A person holds the host after a break-glass fence, or another actor holds its node
+    /// lease.
     Hold,
     /// Waiting for something under way (a learner catching up, a hook, a result).
     Waiting,

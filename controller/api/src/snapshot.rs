@@ -117,6 +117,11 @@ pub struct Host {
     /// power, does not remediate it and does not use its agent, until a person releases it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<Hold>,
+    /// Another actor holds the host's node lease (Kubernetes: `coordination.k8s.io/v1`
+    /// Lease `medik8s-leases/node-<name>`, as Node Health Check and Node Maintenance take
+    /// it): its holder. metalguard starts no remediation of the host while it is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_held_by: Option<String>,
 }
 
 fn default_true() -> bool {

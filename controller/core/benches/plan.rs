@@ -63,6 +63,7 @@ fn host(name: String, role: Role, domain: &str, ready: bool) -> Host {
         }),
         etcd: None,
         hold: None,
+        lease_held_by: None,
     }
 }
 

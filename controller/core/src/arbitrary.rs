@@ -138,6 +138,8 @@ struct HostBits {
     /// A fence request: 0 an administrator's, 1 forced, 2 a drill.
     fence: Option<u8>,
     hold: bool,
+    /// Another actor holds its node lease.
+    leased: bool,
     bmc: bool,
     external: bool,
     up_to_date: bool,
@@ -158,7 +160,10 @@ fn host_bits(index: usize, hosts: usize) -> impl Strategy<Value = HostBits> {
                     proptest::bool::weighted(0.95),
                 ),
                 proptest::option::weighted(0.1, 0u8..3),
-                proptest::bool::weighted(0.06),
+                (
+                    proptest::bool::weighted(0.06),
+                    proptest::bool::weighted(0.05),
+                ),
                 (
                     proptest::bool::weighted(0.2),
                     proptest::bool::weighted(0.1),
@@ -169,7 +174,13 @@ fn host_bits(index: usize, hosts: usize) -> impl Strategy<Value = HostBits> {
             .prop_map(
                 move |(
                     (created, node, node_seen, agent),
-                    (etcd, (deleting, retiring, hook, bmc), fence, hold, (external, stale, failed)),
+                    (
+                        etcd,
+                        (deleting, retiring, hook, bmc),
+                        fence,
+                        (hold, leased),
+                        (external, stale, failed),
+                    ),
                 )| HostBits {
                     control_plane,
                     domain,
@@ -183,6 +194,7 @@ fn host_bits(index: usize, hosts: usize) -> impl Strategy<Value = HostBits> {
                     hook,
                     fence,
                     hold,
+                    leased,
                     bmc,
                     external,
                     up_to_date: !stale,
@@ -234,6 +246,7 @@ fn to_host(i: usize, b: HostBits) -> Host {
         node: b.node,
         agent: b.agent,
         etcd: b.etcd,
+        lease_held_by: b.leased.then(|| "node-maintenance".to_owned()),
         hold: b.hold.then(|| Hold {
             id: format!("x/{i}"),
             target: name,

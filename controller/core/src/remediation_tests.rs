@@ -783,3 +783,35 @@ fn a_drill_waits_while_any_host_is_unhealthy_or_being_remediated() {
         "{r:?}"
     );
 }
+
+#[test]
+fn a_host_whose_node_lease_another_actor_holds_is_not_remediated_even_when_forced() {
+    let mut w = world(2, &["w-1"], |w| {
+        w.host_mut("w-1").unwrap().lease_held_by = Some("node-maintenance".into());
+    });
+    let p = w.step().unwrap();
+    assert!(
+        !w.snap.remediations.iter().any(|r| r.target == "w-1"),
+        "{p}"
+    );
+    assert!(
+        p.refusals.iter().any(|r| r.subject == "w-1"
+            && r.reason
+                .contains("medik8s-leases/node-w-1 is held by node-maintenance")),
+        "{p}"
+    );
+    w.host_mut("w-1").unwrap().fence_request = Some(FenceRequest {
+        requested_at: w.now,
+        requested_by: Some("alice".into()),
+        force_reason: Some("now".into()),
+        stay_off: false,
+        nonce: None,
+        drill: false,
+    });
+    w.step().unwrap();
+    assert!(!w.snap.remediations.iter().any(|r| r.target == "w-1"));
+    // Free again: the remediation starts.
+    w.host_mut("w-1").unwrap().lease_held_by = None;
+    w.step().unwrap();
+    assert!(w.snap.remediations.iter().any(|r| r.target == "w-1"));
+}

@@ -54,6 +54,7 @@ pub(crate) fn host(name: &str, role: Role, domain: Option<&str>, created: u64) -
         }),
         etcd: None,
         hold: None,
+        lease_held_by: None,
     }
 }
 

@@ -159,6 +159,9 @@ pub struct State {
     pub retirements: BTreeMap<String, Retirement>,
     /// preDrain hooks per host.
     pub hooks: BTreeMap<String, BTreeSet<String>>,
+    /// Node leases another actor holds, by host: the holder (Kubernetes backend,
+    /// `medik8s-leases/node-<name>`; always empty standalone).
+    pub node_leases: BTreeMap<String, String>,
     /// Break-glass holds by held host: a person fenced it directly, and metalguard leaves it
     /// alone until a person releases it. Derived from [`State::hold_records`] and the stored
     /// reports by [`State::refresh_holds`] (the newest active hold per host).

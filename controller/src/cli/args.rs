@@ -260,6 +260,16 @@ pub(super) struct KubeArgs {
     /// The leader election Lease.
     #[arg(long, default_value = "metalguard-controller")]
     pub(super) lease_name: String,
+    /// Take each host's node lease (`coordination.k8s.io/v1` Lease `medik8s-leases/node-NAME`,
+    /// holder `metalguard`, as Node Health Check and Node Maintenance do) before disrupting
+    /// it, and start nothing while another actor holds it.
+    #[arg(
+        long,
+        env = "METALGUARD_NODE_LEASES",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub(super) node_leases: bool,
     /// This controller's pod (the Deployment sets it from the downward API): labelled
     /// `metalguard.io/leader=true` while it leads, so the Service reaches only the leader.
     #[arg(long, env = "METALGUARD_POD_NAME")]

@@ -95,6 +95,7 @@ pub(super) async fn run_kubernetes(args: KubeArgs, id: String) -> anyhow::Result
         lease_name: args.lease_name,
         controller,
         timing: crate::kube::run::timing(),
+        node_leases: args.node_leases,
     };
     let revoked = args.revoked_certificates.clone();
     let (backend, inventory, watches) = crate::kube::run::backend(settings).await?;

@@ -143,6 +143,7 @@ fn build_with_views_since(
                 }),
                 etcd: None,
                 hold: state.holds.get(&h.name).cloned(),
+                lease_held_by: state.node_leases.get(&h.name).cloned(),
             }
         })
         .collect();

@@ -312,10 +312,10 @@ fn every_manifest_and_example_passes_the_offline_checks() {
         }
         checked += 1;
     }
-    // namespaces 2, crds 4, rbac 7, deployment 1, pdb 1, service 1; examples: control plane 1,
+    // namespaces 3, crds 4, rbac 9, deployment 1, pdb 1, service 1; examples: control plane 1,
     // hosts and their Secrets 4, health checks 2, fence request 1, certificates 3, operator
     // RBAC 4.
-    assert_eq!(checked, 31);
+    assert_eq!(checked, 34);
 }
 
 #[test]
@@ -413,12 +413,13 @@ fn the_rbac_manifest_grants_exactly_the_permissions_in_code() {
     let objects = installed();
     let cluster_roles = find(&objects, "ClusterRole");
     let roles = find(&objects, "Role");
-    assert_eq!((cluster_roles.len(), roles.len()), (1, 2));
+    assert_eq!((cluster_roles.len(), roles.len()), (1, 3));
     let mut granted = rules_of(cluster_roles[0], Scope::Cluster);
     for role in roles {
         let scope = match role["metadata"]["namespace"].as_str() {
             Some(NAMESPACE) => Scope::Namespace,
             Some(CREDENTIALS_NAMESPACE) => Scope::Credentials,
+            Some(metalguard_api::k8s::rbac::NODE_LEASES_NAMESPACE) => Scope::NodeLeases,
             other => panic!("a Role in namespace {other:?}"),
         };
         granted.extend(rules_of(role, scope));
@@ -461,7 +462,12 @@ fn the_bindings_give_the_roles_to_the_deployments_service_account() {
     }
     assert_eq!(
         namespaces,
-        BTreeSet::from(["", NAMESPACE, CREDENTIALS_NAMESPACE])
+        BTreeSet::from([
+            "",
+            NAMESPACE,
+            CREDENTIALS_NAMESPACE,
+            metalguard_api::k8s::rbac::NODE_LEASES_NAMESPACE
+        ])
     );
     let deployment = find(&objects, "Deployment")[0];
     assert_eq!(

@@ -28,6 +28,7 @@ pub mod hooks;
 mod host_writes;
 #[cfg(test)]
 mod manifests;
+mod node_leases;
 mod nodes;
 pub mod observe;
 pub mod record;
@@ -89,6 +90,9 @@ pub struct KubeSettings {
     pub controller: ControllerSettings,
     /// Lease duration (`lease_ttl`) and request timeout (`timeout`); no etcd endpoints are used.
     pub timing: EtcdSettings,
+    /// Take each host's node lease (`medik8s-leases/node-<name>`) before disrupting it and
+    /// start nothing while another actor holds it (`node_leases.rs`).
+    pub node_leases: bool,
 }
 
 /// The Kubernetes [`Backend`].
@@ -388,6 +392,7 @@ impl Backend for KubeBackend {
         let mut state = self.current_state();
         self.considered_fences = self.considered_fences(&state);
         self.refresh_nodes_to_back_up(&mut state).await?;
+        self.keep_node_leases(&mut state).await?;
         Ok(state)
     }
 
@@ -429,6 +434,17 @@ impl Backend for KubeBackend {
                             _ => {}
                         }
                         i += 1;
+                    }
+                    // A remediation about to start takes the host's node lease first: no
+                    // second actor disrupts it meanwhile, and none is disrupting it now.
+                    if remediation.as_ref().is_some_and(|r| {
+                        matches!(
+                            r.phase,
+                            metalguard_api::remediation::RemediationPhase::Detected
+                                | metalguard_api::remediation::RemediationPhase::Gated
+                        )
+                    }) {
+                        self.take_node_lease(&host).await?;
                     }
                     self.apply_host_status(&host, remediation.clone(), ops)
                         .await?;

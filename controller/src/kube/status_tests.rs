@@ -50,6 +50,7 @@ fn host(name: &str, role: Role, member: Option<(u64, bool, bool)>) -> Host {
             progress_permille: 1000,
         }),
         hold: None,
+        lease_held_by: None,
     }
 }
 

@@ -337,6 +337,7 @@ impl Lab {
                 pod: None,
                 controller: ControllerSettings::default(),
                 timing: crate::kube::run::timing(),
+                node_leases: false,
             },
             world,
         );

@@ -57,11 +57,12 @@ pub fn run(lab: &mut Lab, name: &str) -> Result<Report> {
         "swapped-bmc" => swapped_bmc(lab),
         "rotate-credentials" => rotate_credentials(lab),
         "drill" => drill(lab),
+        "node-lease" => node_lease(lab),
         "controller-crash" => controller_crash(lab),
         "replace" => replace(lab),
         "break-glass" => break_glass(lab),
         other => Err(HarnessError::Other(format!(
-            "unknown scenario {other} (one of {}, controller-crash, partition, break-glass, swapped-bmc, rotate-credentials, drill)",
+            "unknown scenario {other} (one of {}, controller-crash, partition, break-glass, swapped-bmc, rotate-credentials, drill, node-lease)",
             ALL.join(", ")
         ))),
     }
@@ -649,6 +650,130 @@ pub fn drill(lab: &mut Lab) -> Result<Report> {
             && (verdict.contains("proceeds") || verdict.contains("accepted")),
         took: started.elapsed(),
         timings: vec![("drill asked → verified off".into(), fenced)],
+    })
+}
+
+/// `node-lease` (Kubernetes mode): another actor (Node Maintenance) holds a host's node lease
+/// `medik8s-leases/node-<name>` → the host hangs and is not fenced, and `status` says who
+/// holds the lease → the other actor lets go (deletes it) → metalguard takes the lease
+/// (holder `metalguard`), fences the host once and brings it back → the lease is released.
+pub fn node_lease(lab: &mut Lab) -> Result<Report> {
+    lab.new_scenario();
+    let started = Instant::now();
+    let since = unix_ms();
+    let target = lab.in_service().last().copied().unwrap_or(0);
+    let name = lab.hosts()[target].name.clone();
+    let Some(kube) = lab.kube() else {
+        return Err(HarnessError::Other(
+            "node-lease needs the Kubernetes backend (--kubernetes)".into(),
+        ));
+    };
+    let admin = kube.cluster().admin();
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases";
+    let lease_path = format!("{leases}/node-{name}");
+    let now = crate::kube::time::rfc3339_micros(SystemTime::now());
+    admin.create(
+        leases,
+        &serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": format!("node-{name}")},
+            "spec": {
+                "holderIdentity": "node-maintenance",
+                "leaseDurationSeconds": 3600,
+                "acquireTime": now,
+                "renewTime": now,
+            }
+        }),
+    )?;
+    lab.timeline.add(
+        "lab",
+        format!("node-maintenance takes the node lease medik8s-leases/node-{name}"),
+        "another actor is disrupting the host",
+    );
+    lab.freeze(target)?;
+    let t = lab.options().timings.clone();
+    let detect = t.heartbeat_timeout.max(t.unhealthy_timeout) + lab.frozen_member_stall();
+    let refused = lab.wait_for(
+        &format!("status to say {name}'s node lease is held by node-maintenance"),
+        detect + Duration::from_secs(30),
+        |lab| {
+            // This backend tells the planner's refusals as Events (its status has no plan).
+            Ok(lab.kube().is_some_and(|k| {
+                k.refusals_of(&name).is_ok_and(|notes| {
+                    notes
+                        .iter()
+                        .any(|n| n.contains("is held by node-maintenance"))
+                })
+            }))
+        },
+    )?;
+    // Several rounds with the host hung and its lease held: no power change.
+    lab.idle(Duration::from_secs(5))?;
+    let offs_while_held = lab.power_offs_since(target, since)?;
+    let Some(kube) = lab.kube() else {
+        return Err(HarnessError::Other("the lab lost its cluster".into()));
+    };
+    kube.cluster().admin().delete(&lease_path)?;
+    lab.timeline.add(
+        "lab",
+        format!("node-maintenance lets go: the node lease of {name} is deleted"),
+        "",
+    );
+    let fenced = lab.wait_for(
+        &format!("{name} to be powered off once its lease is free"),
+        Duration::from_secs(60),
+        |lab| Ok(lab.power_offs_since(target, since)? > 0),
+    )?;
+    let holder_during = lab.kube().and_then(|k| {
+        k.cluster()
+            .admin()
+            .get_opt(&lease_path)
+            .ok()
+            .flatten()
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+    });
+    lab.timeline.add(
+        "lab",
+        format!(
+            "the node lease of {name} is held by {}",
+            holder_during.as_deref().unwrap_or("nobody")
+        ),
+        "",
+    );
+    lab.thaw(target)?;
+    lab.wait_all_healthy(Duration::from_secs(120) + lab.frozen_member_stall())?;
+    let released = lab.wait_for(
+        &format!("the node lease of {name} to be released"),
+        Duration::from_secs(60),
+        |lab| {
+            Ok(lab.kube().is_some_and(|k| {
+                k.cluster()
+                    .admin()
+                    .get_opt(&lease_path)
+                    .is_ok_and(|l| l.is_none())
+            }))
+        },
+    );
+    let offs = lab.power_offs_since(target, since)?;
+    let ok = offs_while_held == 0
+        && offs == 1
+        && holder_during.as_deref() == Some("metalguard")
+        && released.is_ok();
+    Ok(Report {
+        name: "node-lease",
+        expected: format!(
+            "{name} hung with its node lease held by node-maintenance: not fenced, status says who holds it; once free: metalguard takes the lease, fences once, releases it after the recovery"
+        ),
+        seen: format!(
+            "refusal seen after {:.1}s, {offs_while_held} power-off while held; off {:.1}s after the lease was freed, lease holder then {holder_during:?}; {offs} power-off in all; released: {}",
+            refused.as_secs_f64(),
+            fenced.as_secs_f64(),
+            released.is_ok()
+        ),
+        ok,
+        took: started.elapsed(),
+        timings: Vec::new(),
     })
 }
 

@@ -13,12 +13,19 @@ pub enum Scope {
     /// BMC credentials Secrets and nothing else: the controller reads no other Secret (not
     /// the CA's key, not an agent's key, not its own serving key, which its pod mounts).
     Credentials,
+    /// In a Role of the node leases' namespace ([`NODE_LEASES_NAMESPACE`]): the per-node
+    /// Leases Node Health Check and Node Maintenance coordinate disruptions with.
+    NodeLeases,
 }
 
 /// The controller's namespace: custom resources, Lease, Events.
 pub const NAMESPACE: &str = "metalguard-system";
 /// The namespace of the BMC credentials Secrets, and of nothing else.
 pub const CREDENTIALS_NAMESPACE: &str = "metalguard-bmc";
+
+/// The namespace of the node leases (`node-<name>`), shared with Node Health Check and Node
+/// Maintenance.
+pub const NODE_LEASES_NAMESPACE: &str = "medik8s-leases";
 
 /// One rule: verbs on one resource of one API group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +160,13 @@ pub const CONTROLLER_PERMISSIONS: &[Permission] = &[
         "leases",
         &["get", "create", "patch"],
         "leader election (kube-lease-manager reads, creates and patches one Lease)",
+    ),
+    rule(
+        Scope::NodeLeases,
+        "coordination.k8s.io",
+        "leases",
+        &["get", "list", "create", "update", "delete"],
+        "the node leases: read who holds each, take a host's when free before disrupting it (create, or update a free one), renew it, release it",
     ),
 ];
 

@@ -177,6 +177,20 @@ impl<'a> Planner<'a> {
                 );
                 continue;
             }
+            if let Some(holder) = &host.lease_held_by {
+                // Another actor (Node Maintenance draining it, Node Health Check remediating
+                // it) is disrupting the host: a second power actor would be a double fence.
+                // Never skipped, forced or not: the person ends the other actor's claim.
+                refuse(
+                    &mut self.out,
+                    ReasonKind::Hold,
+                    format!(
+                        "its node lease medik8s-leases/node-{name} is held by {}: another actor is disrupting it; nothing starts until the lease is free",
+                        metalguard_api::text::escaped(holder)
+                    ),
+                );
+                continue;
+            }
             if host.is_deleting() {
                 refuse(
                     &mut self.out,
