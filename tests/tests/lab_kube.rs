@@ -128,7 +128,11 @@ fn a_bmc_password_changed_without_its_secret_ends_in_needs_a_person_and_touches_
     let mut lab = labrun::start(options);
     let report = labrun::run(&mut lab, "bad-bmc");
     assert!(
-        report.seen.contains("rejected the credentials") && report.seen.ends_with("0 power events"),
+        report.seen.contains("rejected the credentials")
+            && report.seen.ends_with("0 power events")
+            && report
+                .seen
+                .contains("Node MetalguardFencingReady=False (CredentialsRefused): true"),
         "{}",
         report.seen
     );

@@ -66,6 +66,8 @@ pub const FIELD_MANAGER: &str = "metalguard-controller";
 pub const REPORTING_CONTROLLER: &str = "metalguard.io/controller";
 /// The Node condition that says the host's agent reports.
 pub const AGENT_READY: &str = "MetalguardAgentReady";
+/// The Node condition that mirrors the `GuardedHost`'s `FencingReady` (issue 25).
+pub const FENCING_READY: &str = "MetalguardFencingReady";
 /// Leadership is given up this long before the Lease it read expires.
 const LEASE_MARGIN: Duration = Duration::from_secs(2);
 /// Operations kept in a host's status besides those of its current remediation.
@@ -104,6 +106,9 @@ pub struct KubeBackend {
     reports: BTreeMap<String, StoredReport>,
     /// The agent conditions last mirrored per host: type → (status, reason).
     mirrored: BTreeMap<String, BTreeMap<String, (String, String)>>,
+    /// Each host's `FencingReady` as last observed (status, reason, message), mirrored onto
+    /// its Node as [`FENCING_READY`].
+    fencing_ready: BTreeMap<String, (String, String, String)>,
     /// Objects as this controller last wrote them, until the watch shows them.
     written_hosts: BTreeMap<String, GuardedHost>,
     written_fences: BTreeMap<String, FenceRequest>,
@@ -139,6 +144,7 @@ impl KubeBackend {
             world,
             reports: BTreeMap::new(),
             mirrored: BTreeMap::new(),
+            fencing_ready: BTreeMap::new(),
             written_hosts: BTreeMap::new(),
             written_fences: BTreeMap::new(),
             considered_fences: BTreeMap::new(),

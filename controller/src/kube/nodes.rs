@@ -187,6 +187,9 @@ impl KubeBackend {
                 )
             })
             .collect();
+        if let Some(fencing) = self.fencing_ready.get(host) {
+            wanted.insert(super::FENCING_READY.to_owned(), fencing.clone());
+        }
         wanted.insert(
             AGENT_READY.to_owned(),
             (

@@ -48,6 +48,22 @@ impl KubeBackend {
             );
             // A release a person named in the spec is recorded in status, where it stays.
             super::holds::apply_release(&mut observed.holds, object.spec.hold_release.as_ref());
+            // Mirrored onto the host's Node with its agent's conditions (`nodes.rs`).
+            match observed
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "FencingReady")
+            {
+                Some(c) => {
+                    self.fencing_ready.insert(
+                        host.name.clone(),
+                        (c.status.clone(), c.reason.clone(), c.message.clone()),
+                    );
+                }
+                None => {
+                    self.fencing_ready.remove(&host.name);
+                }
+            }
             if observed == previous {
                 continue;
             }

@@ -374,20 +374,50 @@ pub fn bad_bmc(lab: &mut Lab) -> Result<Report> {
         format!("status: a fence of {name} would fail (credentials-refused), {noticed:.1?} after the password changed"),
         "the would-be executor's read-only check",
     );
+    // Kubernetes mode: mirrored onto the host's Node, with its agent's conditions.
+    let node_condition = if lab.kube().is_some() {
+        let node_path = format!("/api/v1/nodes/{name}");
+        let seen = lab.wait_for(
+            &format!("{name}'s Node to say MetalguardFencingReady=False"),
+            Duration::from_secs(30),
+            |lab| {
+                Ok(lab.kube().is_some_and(|k| {
+                    k.cluster().admin().get(&node_path).is_ok_and(|node| {
+                        node["status"]["conditions"].as_array().is_some_and(|cs| {
+                            cs.iter().any(|c| {
+                                c["type"] == "MetalguardFencingReady"
+                                    && c["status"] == "False"
+                                    && c["reason"] == "CredentialsRefused"
+                            })
+                        })
+                    })
+                }))
+            },
+        );
+        format!(
+            "; Node MetalguardFencingReady=False (CredentialsRefused): {}",
+            seen.is_ok()
+        )
+    } else {
+        String::new()
+    };
     lab.freeze(target)?;
     let (reason, waited) = wait_needs_person(lab, &name)?;
     let events = lab.power_events_since(since)?;
     // The person: thaw the host and give the controller the new password.
     lab.thaw(target)?;
     lab.set_known_password(target, None)?;
-    let ok = events.is_empty() && !reason.is_empty() && healthy_meanwhile;
+    let ok = events.is_empty()
+        && !reason.is_empty()
+        && healthy_meanwhile
+        && !node_condition.ends_with("false");
     Ok(Report {
         name: "bad-bmc",
         expected: format!(
             "a fence of {name} reported as one that would fail while it is healthy; then it ends in needs-a-person with the reason; no power change anywhere"
         ),
         seen: format!(
-            "not ready (credentials-refused) after {:.1}s, healthy meanwhile: {healthy_meanwhile}; needs-a-person after {:.1}s: {reason}; {} power events",
+            "not ready (credentials-refused) after {:.1}s, healthy meanwhile: {healthy_meanwhile}{node_condition}; needs-a-person after {:.1}s: {reason}; {} power events",
             noticed.as_secs_f64(),
             waited.as_secs_f64(),
             events.len()
