@@ -548,6 +548,15 @@ pub fn rotate_credentials(lab: &mut Lab) -> Result<Report> {
     })
 }
 
+/// The line of a `fence` or `drill` command's output that gives the verdict.
+fn verdict_line(out: &str) -> String {
+    out.lines()
+        .find(|l| l.contains("verdict"))
+        .unwrap_or("")
+        .trim()
+        .to_owned()
+}
+
 /// `admin-fence`: an admin fences a healthy host → the verdict is shown (refused: it is
 /// healthy); with `--force` and a reason it proceeds, is recorded, and the host comes back.
 pub fn admin_fence(lab: &mut Lab) -> Result<Report> {
@@ -558,12 +567,7 @@ pub fn admin_fence(lab: &mut Lab) -> Result<Report> {
     let target = serving[1.min(serving.len() - 1)];
     let name = lab.hosts()[target].name.clone();
     let out = lab.fence_cli(&[&name, "--reason", "lab: suspected memory errors"])?;
-    let verdict = out
-        .lines()
-        .find(|l| l.contains("verdict"))
-        .unwrap_or("")
-        .trim()
-        .to_owned();
+    let verdict = verdict_line(&out);
     lab.timeline.add(
         "admin",
         format!("metalguard-controller fence {name}"),
@@ -577,12 +581,7 @@ pub fn admin_fence(lab: &mut Lab) -> Result<Report> {
         "--reason",
         "lab: suspected memory errors, checked by a person",
     ])?;
-    let forced_verdict = out
-        .lines()
-        .find(|l| l.contains("verdict"))
-        .unwrap_or("")
-        .trim()
-        .to_owned();
+    let forced_verdict = verdict_line(&out);
     lab.timeline.add(
         "admin",
         format!("metalguard-controller fence {name} --force"),
@@ -630,12 +629,7 @@ pub fn drill(lab: &mut Lab) -> Result<Report> {
     let target = serving[1.min(serving.len() - 1)];
     let name = lab.hosts()[target].name.clone();
     let out = lab.drill_cli(&[&name, "--reason", "lab: the monthly fence drill"])?;
-    let verdict = out
-        .lines()
-        .find(|l| l.contains("verdict"))
-        .unwrap_or("")
-        .trim()
-        .to_owned();
+    let verdict = verdict_line(&out);
     lab.timeline.add(
         "admin",
         format!("metalguard-controller drill {name}"),
