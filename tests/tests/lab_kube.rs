@@ -339,3 +339,54 @@ fn a_break_glass_fence_is_held_in_the_guarded_host_until_released_and_then_broug
     );
     assert_nodes_labelled(&lab);
 }
+
+/// A controller whose node-lease grant is missing (upgraded before its RBAC) disrupts
+/// nothing: a hung host is not fenced while the controller cannot take its node lease, and
+/// is fenced once the grant is back.
+#[test]
+fn without_its_node_lease_grant_the_controller_fences_nothing_until_the_grant_is_back() {
+    let mut lab = start();
+    let target = lab.in_service().last().copied().unwrap();
+    let binding = "/apis/rbac.authorization.k8s.io/v1/namespaces/medik8s-leases/rolebindings/metalguard-controller";
+    let admin = lab.kube().unwrap().cluster().admin();
+    let saved = admin.get(binding).unwrap();
+    admin.delete(binding).unwrap();
+    let since = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    lab.freeze(target).unwrap();
+    let t = lab.options().timings.clone();
+    let detect = t.heartbeat_timeout.max(t.unhealthy_timeout) + APISERVER_ETCD_STALL;
+    lab.idle(detect + Duration::from_secs(20)).unwrap();
+    let offs_without = lab.power_offs_since(target, since).unwrap();
+    let mut restored = saved.clone();
+    restored["metadata"] = serde_json::json!({
+        "name": "metalguard-controller",
+        "namespace": "medik8s-leases",
+        "labels": saved["metadata"]["labels"],
+    });
+    lab.kube()
+        .unwrap()
+        .cluster()
+        .admin()
+        .create(
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/medik8s-leases/rolebindings",
+            &restored,
+        )
+        .unwrap();
+    let fenced = lab.wait_for(
+        "the hung host to be fenced once the grant is back",
+        Duration::from_secs(90),
+        |lab| Ok(lab.power_offs_since(target, since)? > 0),
+    );
+    lab.thaw(target).unwrap();
+    assert!(
+        offs_without == 0 && fenced.is_ok(),
+        "power-offs without the grant: {offs_without}; fenced after: {fenced:?}\n{}",
+        lab.timeline.render()
+    );
+}

@@ -23,6 +23,9 @@ use sha2::Sha256;
 /// The credentials of one host's BMC the leader knows.
 #[derive(Debug, Clone)]
 struct Entry {
+    /// The BMC address these credentials are for: another address is another BMC, whose
+    /// credentials are taken as they are read (a rotation is of one BMC's password).
+    address: String,
     /// What fences use.
     in_use: Held,
     /// New credentials read from the source, not yet proven by a check.
@@ -106,14 +109,17 @@ impl CredentialBook {
             })
     }
 
-    /// Takes the credentials of `host`'s BMC just read from the source.
-    pub fn read(&mut self, host: &str, credentials: BmcCredentials) -> Read {
+    /// Takes the credentials of `host`'s BMC at `address` just read from the source. A new
+    /// address (the inventory names another BMC) starts afresh: its credentials are in use
+    /// as read, as on the first read.
+    pub fn read(&mut self, host: &str, address: &str, credentials: BmcCredentials) -> Read {
         let id = self.id_of(&credentials);
         let held = Held { id, credentials };
-        let Some(entry) = self.hosts.get_mut(host) else {
+        let Some(entry) = self.hosts.get_mut(host).filter(|e| e.address == address) else {
             self.hosts.insert(
                 host.to_owned(),
                 Entry {
+                    address: address.to_owned(),
                     in_use: held,
                     candidate: None,
                     candidate_refusal_logged: false,
@@ -150,11 +156,11 @@ impl CredentialBook {
         })
     }
 
-    /// What a fence of `host` uses, given the credentials the source gives now (`fresh`, read
-    /// so that an unreadable source still stops the fence): those in use; `fresh` only for a
-    /// host this book has not read yet.
-    pub fn for_fence(&self, host: &str, fresh: BmcCredentials) -> BmcCredentials {
-        match self.hosts.get(host) {
+    /// What a fence of `host` through the BMC at `address` uses, given the credentials the
+    /// source gives now (`fresh`, read so that an unreadable source still stops the fence):
+    /// those in use; `fresh` for a host this book has not read yet, or read at another address.
+    pub fn for_fence(&self, host: &str, address: &str, fresh: BmcCredentials) -> BmcCredentials {
+        match self.hosts.get(host).filter(|e| e.address == address) {
             Some(entry) => entry.in_use.credentials.clone(),
             None => fresh,
         }
@@ -232,22 +238,24 @@ mod tests {
         c.password.expose()
     }
 
+    const A: &str = "redfish+https://10.0.1.1";
+
     #[test]
     fn new_credentials_are_checked_before_a_fence_uses_them() {
         let mut book = CredentialBook::with_key([7; 32]);
-        assert_eq!(password(&book.for_fence("cp-1", creds("old"))), "old");
-        assert_eq!(book.read("cp-1", creds("old")), Read::First);
-        assert_eq!(book.read("cp-1", creds("old")), Read::Unchanged);
+        assert_eq!(password(&book.for_fence("cp-1", A, creds("old"))), "old");
+        assert_eq!(book.read("cp-1", A, creds("old")), Read::First);
+        assert_eq!(book.read("cp-1", A, creds("old")), Read::Unchanged);
         let old = book.for_check("cp-1").unwrap();
         assert!(!old.new);
 
-        assert_eq!(book.read("cp-1", creds("new")), Read::Rotating);
-        assert_eq!(book.read("cp-1", creds("new")), Read::Unchanged);
+        assert_eq!(book.read("cp-1", A, creds("new")), Read::Rotating);
+        assert_eq!(book.read("cp-1", A, creds("new")), Read::Unchanged);
         assert!(book.rotating("cp-1"));
         let new = book.for_check("cp-1").unwrap();
         assert!(new.new && password(&new.credentials) == "new" && new.id != old.id);
         assert_eq!(
-            password(&book.for_fence("cp-1", creds("new"))),
+            password(&book.for_fence("cp-1", A, creds("new"))),
             "old",
             "fences keep the old credentials while the new ones are unproven"
         );
@@ -261,7 +269,7 @@ mod tests {
             "cp-2",
             &check(&new.id, Some(CheckFailure::CredentialsRefused))
         ));
-        assert_eq!(password(&book.for_fence("cp-1", creds("new"))), "old");
+        assert_eq!(password(&book.for_fence("cp-1", A, creds("new"))), "old");
         // A check without an id (an agent that predates them) proves nothing either.
         let mut anonymous = check(&new.id, None);
         anonymous.credentials_id = None;
@@ -269,7 +277,7 @@ mod tests {
 
         assert!(book.take_check("cp-1", "cp-2", &check(&new.id, None)));
         assert!(!book.rotating("cp-1"));
-        assert_eq!(password(&book.for_fence("cp-1", creds("new"))), "new");
+        assert_eq!(password(&book.for_fence("cp-1", A, creds("new"))), "new");
         let after = book.for_check("cp-1").unwrap();
         assert!(!after.new && after.id == new.id);
     }
@@ -277,19 +285,39 @@ mod tests {
     #[test]
     fn a_rotation_replaced_or_reverted_keeps_the_credentials_in_use() {
         let mut book = CredentialBook::with_key([1; 32]);
-        book.read("cp-1", creds("old"));
-        assert_eq!(book.read("cp-1", creds("typo")), Read::Rotating);
+        book.read("cp-1", A, creds("old"));
+        assert_eq!(book.read("cp-1", A, creds("typo")), Read::Rotating);
         let typo = book.for_check("cp-1").unwrap().id;
-        assert_eq!(book.read("cp-1", creds("fixed")), Read::Rotating);
+        assert_eq!(book.read("cp-1", A, creds("fixed")), Read::Rotating);
         assert!(
             !book.take_check("cp-1", "cp-2", &check(&typo, None)),
             "a check of replaced credentials"
         );
-        assert_eq!(book.read("cp-1", creds("old")), Read::Reverted);
+        assert_eq!(book.read("cp-1", A, creds("old")), Read::Reverted);
         assert!(!book.rotating("cp-1"));
-        assert_eq!(password(&book.for_fence("cp-1", creds("x"))), "old");
+        assert_eq!(password(&book.for_fence("cp-1", A, creds("x"))), "old");
         book.retain(|h| h != "cp-1");
-        assert_eq!(password(&book.for_fence("cp-1", creds("x"))), "x");
+        assert_eq!(password(&book.for_fence("cp-1", A, creds("x"))), "x");
+    }
+
+    #[test]
+    fn another_bmc_address_is_another_bmc_not_a_rotation() {
+        let mut book = CredentialBook::with_key([3; 32]);
+        book.read("cp-1", A, creds("old"));
+        // The inventory now names another BMC (a swapped line): its credentials are in use at
+        // once, and the fence's identity check, not the rotation, guards the swap.
+        let other = "redfish+https://10.0.1.3";
+        assert_eq!(book.read("cp-1", other, creds("other")), Read::First);
+        assert!(!book.rotating("cp-1"));
+        assert_eq!(
+            password(&book.for_fence("cp-1", other, creds("other"))),
+            "other"
+        );
+        // A fence built for an address the book has not read takes what the source says.
+        assert_eq!(
+            password(&book.for_fence("cp-1", A, creds("fresh"))),
+            "fresh"
+        );
     }
 
     #[test]

@@ -289,7 +289,7 @@ pub fn pending_commands(
                 // rotation the credentials in use, until the new ones pass a check.
                 let built = bmc
                     .credentials(target)
-                    .map(|fresh| book.for_fence(target, fresh))
+                    .map(|fresh| book.for_fence(target, &bmc.address, fresh))
                     .and_then(|credentials| Ok((credentials, bmc.trust(target)?)));
                 match built {
                     Ok((credentials, tls)) => CommandKind::Fence(FenceCommand {

@@ -506,6 +506,7 @@ fn a_fence_during_a_credential_rotation_carries_the_credentials_in_use() {
     assert_eq!(password(&book), "pw", "a host the book has not read");
     book.read(
         "w-2",
+        "ipmi://127.0.0.1:1623",
         metalguard_api::protocol::BmcCredentials {
             username: "admin".into(),
             password: metalguard_api::protocol::Secret::new("pw"),
@@ -515,6 +516,7 @@ fn a_fence_during_a_credential_rotation_carries_the_credentials_in_use() {
     std::fs::write(credentials.path().join("password"), "rotated").unwrap();
     book.read(
         "w-2",
+        "ipmi://127.0.0.1:1623",
         metalguard_api::protocol::BmcCredentials {
             username: "admin".into(),
             password: metalguard_api::protocol::Secret::new("rotated"),

@@ -8,9 +8,92 @@ use metalguard_api::remediation::Remediation;
 use serde_json::json;
 
 use super::{FIELD_MANAGER, KEEP_OPERATIONS, KubeBackend, hooks, observe, record};
-use crate::backend::{BackendError, StoredOperation};
+use crate::backend::{BackendError, StoredOperation, Write};
 
 impl KubeBackend {
+    /// The writes of one round, in the executor's order (the leader's lease checked by the
+    /// caller).
+    pub(super) async fn apply_writes(&mut self, writes: Vec<Write>) -> Result<(), BackendError> {
+        // Consecutive record writes of one host become one status apply (intent and phase
+        // together); everything else is one request, in the executor's order.
+        let mut i = 0;
+        // A remediation whose node lease could not be taken is left out, and said at the end;
+        // the writes of other hosts still go (a missing lease grant must not stop the rest).
+        let mut unleased: Option<BackendError> = None;
+        while i < writes.len() {
+            match &writes[i] {
+                Write::CreateOperation(_) | Write::PutOperation(_) | Write::PutRemediation(_) => {
+                    let home = |w: &Write| match w {
+                        Write::CreateOperation(op) | Write::PutOperation(op) => {
+                            Some(record::home_of(op).to_owned())
+                        }
+                        Write::PutRemediation(r) => Some(r.target.clone()),
+                        _ => None,
+                    };
+                    let host = home(&writes[i]).unwrap_or_default();
+                    let mut remediation = None;
+                    let mut ops = Vec::new();
+                    while i < writes.len() && home(&writes[i]).as_deref() == Some(host.as_str()) {
+                        match &writes[i] {
+                            Write::CreateOperation(op) | Write::PutOperation(op) => {
+                                ops.push(op.clone());
+                            }
+                            Write::PutRemediation(r) => remediation = Some(r.clone()),
+                            _ => {}
+                        }
+                        i += 1;
+                    }
+                    // A remediation about to start takes the host's node lease first: no
+                    // second actor disrupts it meanwhile, and none is disrupting it now.
+                    if remediation.as_ref().is_some_and(|r| {
+                        matches!(
+                            r.phase,
+                            metalguard_api::remediation::RemediationPhase::Detected
+                                | metalguard_api::remediation::RemediationPhase::Gated
+                        )
+                    }) && let Err(error) = self.take_node_lease(&host).await
+                    {
+                        tracing::warn!(%host, error = %crate::error::chain(&error), "remediation not started: the host's node lease was not taken");
+                        // Its fence request, if one asked for it, stays pending too.
+                        if matches!(writes.get(i), Some(Write::DeleteFenceRequest(t)) if *t == host)
+                        {
+                            i += 1;
+                        }
+                        unleased.get_or_insert(error);
+                        continue;
+                    }
+                    self.apply_host_status(&host, remediation.clone(), ops)
+                        .await?;
+                    if let Some(Write::DeleteFenceRequest(target)) = writes.get(i) {
+                        self.accept_fence_request(target, remediation.as_ref())
+                            .await?;
+                        i += 1;
+                    }
+                    continue;
+                }
+                Write::DeleteFenceRequest(target) => {
+                    self.accept_fence_request(target, None).await?;
+                }
+                Write::PutHooks(host, hooks) => self.put_hooks(host, hooks).await?,
+                Write::PutNotes(notes) => self.notes = Some(notes.clone()),
+                Write::Node(node) => self.node_write(node.clone()).await?,
+                Write::CreateHold(record) => self.create_hold(record).await?,
+                // `status.holds` keeps the newest released holds within its bound
+                // (`holds::trim`): nothing to forget separately. FenceRequest objects carry no
+                // nonce: RBAC is the boundary there, and a served object's status says so
+                // (docs/threat-model.md).
+                Write::DeleteHold(_) | Write::ConsumeFenceRequest(_) => {}
+                // Never planned here: GuardedHost status is not sealed (RBAC is the boundary,
+                // docs/threat-model.md), so no record is ever stale.
+                Write::Reseal(stale) => {
+                    tracing::warn!(key = %stale.key, "reseal ignored: the kubernetes backend does not seal records");
+                }
+            }
+            i += 1;
+        }
+        unleased.map_or(Ok(()), Err)
+    }
+
     /// Server-side applies `status.remediation` and `status.operations` of `host`.
     pub(super) async fn apply_host_status(
         &mut self,

@@ -109,6 +109,8 @@ pub struct KubeBackend {
     /// Each host's `FencingReady` as last observed (status, reason, message), mirrored onto
     /// its Node as [`FENCING_READY`].
     fencing_ready: BTreeMap<String, (String, String, String)>,
+    /// Whether the node leases could not be read at the last try (logged once per change).
+    node_leases_unreadable: bool,
     /// Objects as this controller last wrote them, until the watch shows them.
     written_hosts: BTreeMap<String, GuardedHost>,
     written_fences: BTreeMap<String, FenceRequest>,
@@ -145,6 +147,7 @@ impl KubeBackend {
             reports: BTreeMap::new(),
             mirrored: BTreeMap::new(),
             fencing_ready: BTreeMap::new(),
+            node_leases_unreadable: false,
             written_hosts: BTreeMap::new(),
             written_fences: BTreeMap::new(),
             considered_fences: BTreeMap::new(),
@@ -414,74 +417,7 @@ impl Backend for KubeBackend {
                 what: "leadership (the Lease is not held)".to_owned(),
             });
         }
-        // Consecutive record writes of one host become one status apply (intent and phase
-        // together); everything else is one request, in the executor's order.
-        let mut i = 0;
-        let writes: Vec<Write> = writes;
-        while i < writes.len() {
-            match &writes[i] {
-                Write::CreateOperation(_) | Write::PutOperation(_) | Write::PutRemediation(_) => {
-                    let home = |w: &Write| match w {
-                        Write::CreateOperation(op) | Write::PutOperation(op) => {
-                            Some(record::home_of(op).to_owned())
-                        }
-                        Write::PutRemediation(r) => Some(r.target.clone()),
-                        _ => None,
-                    };
-                    let host = home(&writes[i]).unwrap_or_default();
-                    let mut remediation = None;
-                    let mut ops = Vec::new();
-                    while i < writes.len() && home(&writes[i]).as_deref() == Some(host.as_str()) {
-                        match &writes[i] {
-                            Write::CreateOperation(op) | Write::PutOperation(op) => {
-                                ops.push(op.clone());
-                            }
-                            Write::PutRemediation(r) => remediation = Some(r.clone()),
-                            _ => {}
-                        }
-                        i += 1;
-                    }
-                    // A remediation about to start takes the host's node lease first: no
-                    // second actor disrupts it meanwhile, and none is disrupting it now.
-                    if remediation.as_ref().is_some_and(|r| {
-                        matches!(
-                            r.phase,
-                            metalguard_api::remediation::RemediationPhase::Detected
-                                | metalguard_api::remediation::RemediationPhase::Gated
-                        )
-                    }) {
-                        self.take_node_lease(&host).await?;
-                    }
-                    self.apply_host_status(&host, remediation.clone(), ops)
-                        .await?;
-                    if let Some(Write::DeleteFenceRequest(target)) = writes.get(i) {
-                        self.accept_fence_request(target, remediation.as_ref())
-                            .await?;
-                        i += 1;
-                    }
-                    continue;
-                }
-                Write::DeleteFenceRequest(target) => {
-                    self.accept_fence_request(target, None).await?;
-                }
-                Write::PutHooks(host, hooks) => self.put_hooks(host, hooks).await?,
-                Write::PutNotes(notes) => self.notes = Some(notes.clone()),
-                Write::Node(node) => self.node_write(node.clone()).await?,
-                Write::CreateHold(record) => self.create_hold(record).await?,
-                // `status.holds` keeps the newest released holds within its bound
-                // (`holds::trim`): nothing to forget separately. FenceRequest objects carry no
-                // nonce: RBAC is the boundary there, and a served object's status says so
-                // (docs/threat-model.md).
-                Write::DeleteHold(_) | Write::ConsumeFenceRequest(_) => {}
-                // Never planned here: GuardedHost status is not sealed (RBAC is the boundary,
-                // docs/threat-model.md), so no record is ever stale.
-                Write::Reseal(stale) => {
-                    tracing::warn!(key = %stale.key, "reseal ignored: the kubernetes backend does not seal records");
-                }
-            }
-            i += 1;
-        }
-        Ok(())
+        self.apply_writes(writes).await
     }
 
     fn watch_inputs(

@@ -107,7 +107,9 @@ impl KubeBackend {
 
     /// Reads the node leases into `state.node_leases` (another actor's) and renews ours
     /// while their host has an active remediation, deleting the others. A namespace that does
-    /// not exist holds no lease: nobody else coordinates through them.
+    /// not exist holds no lease: nobody else coordinates through them. Leases that cannot be
+    /// read (no grant: a controller upgraded before its RBAC) are logged and the round goes
+    /// on; taking a lease then fails too, so no remediation starts meanwhile.
     pub(super) async fn keep_node_leases(&mut self, state: &mut State) -> Result<(), BackendError> {
         if !self.settings.node_leases {
             return Ok(());
@@ -116,8 +118,20 @@ impl KubeBackend {
         let listed = match self.leases_api().list(&ListParams::default()).await {
             Ok(list) => list.items,
             Err(kube::Error::Api(status)) if status.code == 404 => Vec::new(),
-            Err(e) => return Err(Self::unavailable(format!("leases in {NAMESPACE}"), e)),
+            Err(e) => {
+                // Not a reason to stop the round (promotions, hooks, status): a remediation
+                // start still takes its lease first, and without access that fails, so
+                // nothing is disrupted unseen.
+                if !self.node_leases_unreadable {
+                    tracing::error!(error = %e, "node leases in {NAMESPACE} cannot be read (rbac.yaml applied? or run --node-leases=false): no remediation starts until they can");
+                }
+                self.node_leases_unreadable = true;
+                return Ok(());
+            }
         };
+        if std::mem::take(&mut self.node_leases_unreadable) {
+            tracing::info!("node leases in {NAMESPACE} readable again");
+        }
         let sorted = sort(listed, now);
         state.node_leases = sorted.others;
         if !self.is_leading() {

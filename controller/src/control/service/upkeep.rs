@@ -167,7 +167,7 @@ impl<B: Backend> Controller<B> {
             match bmc.credentials(target) {
                 Ok(credentials) => {
                     use crate::control::credentials::Read;
-                    match self.credentials.read(target, credentials) {
+                    match self.credentials.read(target, &bmc.address, credentials) {
                         Read::Rotating => {
                             tracing::info!(host = %target, checked_by = %executor, "bmc credentials changed: a rotation; the new ones are checked before a fence uses them");
                         }
