@@ -369,15 +369,23 @@ fn without_its_node_lease_grant_the_controller_fences_nothing_until_the_grant_is
         "namespace": "medik8s-leases",
         "labels": saved["metadata"]["labels"],
     });
-    lab.kube()
-        .unwrap()
-        .cluster()
-        .admin()
-        .create(
+    // The API server's requests routed to the frozen member stall until its etcd client gives
+    // the connection up: a write may fail meanwhile (500), and is tried again.
+    let deadline = std::time::Instant::now() + APISERVER_ETCD_STALL * 2;
+    loop {
+        let created = lab.kube().unwrap().cluster().admin().create(
             "/apis/rbac.authorization.k8s.io/v1/namespaces/medik8s-leases/rolebindings",
             &restored,
-        )
-        .unwrap();
+        );
+        match created {
+            Ok(_) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("restoring the RoleBinding: {e}; trying again");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("the RoleBinding could not be restored: {e}"),
+        }
+    }
     let fenced = lab.wait_for(
         "the hung host to be fenced once the grant is back",
         Duration::from_secs(90),
