@@ -204,7 +204,6 @@ impl CredentialBook {
     }
 
     /// Whether a rotation of `host`'s credentials is under way.
-    #[cfg(test)]
     pub fn rotating(&self, host: &str) -> bool {
         self.hosts.get(host).is_some_and(|e| e.candidate.is_some())
     }

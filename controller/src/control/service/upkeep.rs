@@ -126,7 +126,14 @@ impl<B: Backend> Controller<B> {
         state: &crate::backend::State,
     ) {
         let mut rotated = false;
-        for (target, executor) in &plan.fence_executors {
+        // Only hosts with a rotation under way: a round at thousands of hosts does not search
+        // every executor's report for every target.
+        let rotating: Vec<(&String, &String)> = plan
+            .fence_executors
+            .iter()
+            .filter(|(t, _)| self.credentials.rotating(t))
+            .collect();
+        for (target, executor) in rotating {
             let check = state.reports.get(executor).and_then(|r| {
                 r.report
                     .bmc_reachability
