@@ -5,7 +5,7 @@
 #   scripts/lab.sh up         a lab left running, with a cheat-sheet to poke it (Ctrl-C stops it)
 #   scripts/lab.sh run hang   chosen scenarios (hang, double-failure, admin-fence, bad-bmc,
 #                             replace, controller-crash, partition, swapped-bmc,
-#                             rotate-credentials, drill)
+#                             rotate-credentials, locked-account, drill)
 #   scripts/lab.sh run replace --etcd-layout static-pod
 #                             the spare's etcd as kubeadm's static Pod (the agent writes the
 #                             manifest, the lab is the host's kubelet); default env-file

@@ -301,6 +301,7 @@ async fn a_real_controller_fires_quorum_at_risk_unreachable_bmcs_and_failing_che
             identity: None,
             detail: "the BMC refused the login (401)".into(),
             credentials_id: None,
+            request: None,
         }),
     }];
     let status = client(&lab.tls(), Some("cp-1"))

@@ -20,6 +20,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// A seed whose first stock power delay falls between 1 and 2 seconds (Python's `random.seed(14)`
 /// draws `randint(1, 11) == 2` first).
 pub const SEED_FIRST_DELAY_1_TO_2_S: u64 = 14;
+/// The file whose presence locks the emulator's account (`sushy_launch.py`).
+const LOCK_FILE: &str = "account-locked";
+
 /// bcrypt cost of the htpasswd entries (low on purpose, see DOMAIN.md §2).
 const BCRYPT_COST: u32 = 4;
 
@@ -58,6 +61,10 @@ pub struct RedfishOptions {
     /// Give every system a `SerialNumber` (sushy-tools has none; the launcher adds it): true
     /// by default.
     pub serial_numbers: bool,
+    /// The account's lockout policy (sushy-tools has none; the launcher adds it): this many
+    /// refused logins in a row lock the account for this long. `None`: no lockout, though
+    /// [`RedfishBmc::lock_account`] still locks it.
+    pub lockout: Option<(u32, Duration)>,
 }
 
 impl Default for RedfishOptions {
@@ -72,6 +79,7 @@ impl Default for RedfishOptions {
             password: tools::random_token(16),
             bind: Ipv4Addr::LOCALHOST,
             serial_numbers: true,
+            lockout: None,
         }
     }
 }
@@ -166,6 +174,14 @@ impl RedfishBmc {
                     .unwrap_or_default(),
             )
             .env("MG_POWER_DIR", dir.path())
+            .env("MG_SUSHY_LOCK_FILE", dir.path().join(LOCK_FILE))
+            .env(
+                "MG_SUSHY_LOCKOUT",
+                options
+                    .lockout
+                    .map(|(n, d)| format!("{n}:{}", d.as_secs_f64()))
+                    .unwrap_or_default(),
+            )
             .env(
                 "MG_SUSHY_SERIALS",
                 serde_json::Value::Object(serials).to_string(),
@@ -252,6 +268,29 @@ impl RedfishBmc {
             .map_err(HarnessError::io("replacing the emulator's htpasswd"))?;
         password.clone_into(&mut self.options.password);
         write_credentials(&self.creds_dir, &self.options.username, password)
+    }
+
+    /// Locks the account as a BMC's administrator would (or its lockout policy): every
+    /// login is refused, with an error that says the account is locked, until
+    /// [`RedfishBmc::unlock_account`].
+    pub fn lock_account(&self) -> Result<()> {
+        write_file(&self.dir.path().join(LOCK_FILE), b"", 0o600)
+    }
+
+    /// Lifts a lock, set by [`RedfishBmc::lock_account`] or by the lockout policy.
+    pub fn unlock_account(&self) -> Result<()> {
+        match std::fs::remove_file(self.dir.path().join(LOCK_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(HarnessError::io("removing the emulator's account lock")(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// True while the account is locked (a lockout that timed out counts as lifted once the
+    /// emulator sees a request).
+    pub fn account_locked(&self) -> bool {
+        self.dir.path().join(LOCK_FILE).exists()
     }
 
     /// A directory holding `username` and `password` files (mode 0600), as a mounted

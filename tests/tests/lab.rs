@@ -112,6 +112,15 @@ fn a_wrong_bmc_password_ends_in_needs_a_person_and_touches_nothing() {
     );
 }
 
+/// `locked-account`: `check-bmc` on demand names a locked BMC account within one check
+/// period, before the host fails; unlocked, it passes again.
+#[test]
+fn a_locked_bmc_account_is_reported_by_an_on_demand_check_before_the_host_fails() {
+    let mut lab = start();
+    let report = labrun::run(&mut lab, "locked-account");
+    assert!(report.ok, "{}", report.seen);
+}
+
 #[test]
 fn a_fence_drill_power_cycles_a_healthy_host_once_and_is_recorded_as_a_drill() {
     let mut lab = start();

@@ -138,6 +138,15 @@ fn a_bmc_password_changed_without_its_secret_ends_in_needs_a_person_and_touches_
     );
 }
 
+/// `locked-account` in Kubernetes mode: `check-bmc --kubeconfig` writes
+/// `spec.bmcCheckRequest` and reads the answer from `FencingReady`.
+#[test]
+fn a_locked_bmc_account_is_reported_by_check_bmc_through_the_api_server() {
+    let mut lab = start();
+    let report = labrun::run(&mut lab, "locked-account");
+    assert!(report.ok, "{}", report.seen);
+}
+
 /// `drill` in Kubernetes mode: a `FenceRequest` with `action: Drill`.
 #[test]
 fn a_fence_request_drill_power_cycles_a_healthy_host_once_and_is_recorded() {

@@ -58,9 +58,11 @@ pub async fn check(
             identity: None,
             detail,
             credentials_id: None,
+            request: None,
         },
     };
     check.credentials_id.clone_from(&target.credentials_id);
+    check.request.clone_from(&target.check_request);
     if target.credentials_new {
         check.detail = format!(
             "with the rotation's new credentials (fences keep the previous ones until a check with these passes): {}",
@@ -149,15 +151,22 @@ fn judge(target: &BmcTarget, power: String, identity: Result<SystemIdentity, Str
         identity: identity.ok(),
         detail,
         credentials_id: None,
+        request: None,
     }
 }
 
 /// Refused logins per target, so that a wrong password does not lock the BMC's account:
 /// after `n` refusals in a row with the same credentials the next try waits `period × 2^n`
 /// (at most an hour); other credentials, or a login that passed, start afresh.
+///
+/// A person's on-demand check ([`BmcTarget::check_request`]) is tried once per request id
+/// even while backing off, and at most once per period per target: whoever can write
+/// requests cannot drive more than one extra login a period.
 #[derive(Debug, Default)]
 pub struct LoginBackoff {
     refused: HashMap<String, Refused>,
+    /// Per target, the last request id tried and when.
+    requests: HashMap<String, (String, Instant)>,
 }
 
 #[derive(Debug)]
@@ -168,14 +177,26 @@ struct Refused {
 }
 
 impl LoginBackoff {
-    /// Whether `target` may be checked with its credentials now.
-    pub fn allows(&self, target: &BmcTarget, now: Instant) -> bool {
+    /// Whether `target` may be checked with its credentials now (`period`: the check period).
+    pub fn allows(&self, target: &BmcTarget, period: Duration, now: Instant) -> bool {
         let Some(credentials) = &target.credentials else {
             return true;
         };
         self.refused
             .get(&target.host)
             .is_none_or(|r| r.credentials != fingerprint(credentials) || now >= r.until)
+            || self.asked(target, period, now)
+    }
+
+    /// True when `target` carries a request not tried yet, and none was tried on it within
+    /// `period`.
+    fn asked(&self, target: &BmcTarget, period: Duration, now: Instant) -> bool {
+        let Some(id) = &target.check_request else {
+            return false;
+        };
+        self.requests
+            .get(&target.host)
+            .is_none_or(|(tried, at)| tried != id && now.saturating_duration_since(*at) >= period)
     }
 
     /// Takes the result of a check of `target` made at `now`.
@@ -186,6 +207,14 @@ impl LoginBackoff {
         period: Duration,
         now: Instant,
     ) {
+        if let Some(id) = &target.check_request
+            && self
+                .requests
+                .get(&target.host)
+                .is_none_or(|(tried, _)| tried != id)
+        {
+            self.requests.insert(target.host.clone(), (id.clone(), now));
+        }
         let Some(credentials) = &target.credentials else {
             self.refused.remove(&target.host);
             return;
@@ -255,6 +284,7 @@ mod tests {
             expected_identity: expected.map(Box::new),
             credentials_id: None,
             credentials_new: false,
+            check_request: None,
         }
     }
 
@@ -273,6 +303,47 @@ mod tests {
         let mut id = SystemIdentity::default();
         id.set_uuid(Ok(uuid.parse().unwrap()));
         id
+    }
+
+    /// The emulator with a lockout policy (3 refused logins lock the account for a minute):
+    /// refusals are credentials refused; then even the right password is refused, and the
+    /// check names the lock. A person's request is answered with the id it carried.
+    #[tokio::test]
+    async fn a_bmc_whose_lockout_policy_tripped_is_reported_as_a_locked_account() {
+        let bmc = RedfishBmc::start(RedfishOptions {
+            lockout: Some((3, Duration::from_secs(60))),
+            ..RedfishOptions::default()
+        })
+        .unwrap();
+        let ca_dir = tempfile::tempdir().unwrap();
+        let target = redfish_target(&bmc, None);
+        let wrong = credentials(bmc.username(), "not-the-password");
+        for attempt in 1..=3 {
+            let refused = check(&target, &wrong, ca_dir.path(), TIMEOUT).await;
+            let failure = refused.check.unwrap().failure;
+            assert_eq!(
+                failure,
+                Some(CheckFailure::CredentialsRefused),
+                "attempt {attempt}"
+            );
+        }
+        assert!(bmc.account_locked(), "the policy locked the account");
+        let asked = BmcTarget {
+            check_request: Some("r7".into()),
+            ..target.clone()
+        };
+        let locked = check_own(&asked, ca_dir.path()).await;
+        let verdict = locked.check.unwrap();
+        assert_eq!(
+            verdict.failure,
+            Some(CheckFailure::AccountLocked),
+            "{verdict:?}"
+        );
+        assert!(verdict.detail.contains("locked"), "{verdict:?}");
+        assert_eq!(verdict.request.as_deref(), Some("r7"), "echoed");
+        bmc.unlock_account().unwrap();
+        let passed = check_own(&target, ca_dir.path()).await;
+        assert_eq!(passed.check.unwrap().failure, None);
     }
 
     #[tokio::test]
@@ -335,6 +406,7 @@ mod tests {
             expected_identity: Some(Box::new(identity(sim.system_uuid().unwrap()))),
             credentials_id: None,
             credentials_new: false,
+            check_request: None,
         };
         let passed = check_own(&target, ca_dir.path()).await;
         let result = passed.check.unwrap();
@@ -371,6 +443,7 @@ mod tests {
             expected_identity: None,
             credentials_id: None,
             credentials_new: false,
+            check_request: None,
         };
         let outcome = |failure| BmcReachability {
             host: "cp-2".into(),
@@ -383,30 +456,34 @@ mod tests {
                 identity: None,
                 detail: String::new(),
                 credentials_id: None,
+                request: None,
             }),
         };
         let mut backoff = LoginBackoff::default();
         let old = target("old");
-        assert!(backoff.allows(&old, now));
+        assert!(backoff.allows(&old, period, now));
         backoff.record(
             &old,
             &outcome(Some(CheckFailure::CredentialsRefused)),
             period,
             now,
         );
-        assert!(!backoff.allows(&old, now + period));
-        assert!(backoff.allows(&old, now + period * 2));
+        assert!(!backoff.allows(&old, period, now + period));
+        assert!(backoff.allows(&old, period, now + period * 2));
         backoff.record(
             &old,
             &outcome(Some(CheckFailure::AccountLocked)),
             period,
             now,
         );
-        assert!(!backoff.allows(&old, now + period * 3));
-        assert!(backoff.allows(&old, now + period * 4));
-        assert!(backoff.allows(&target("rotated"), now), "new credentials");
+        assert!(!backoff.allows(&old, period, now + period * 3));
+        assert!(backoff.allows(&old, period, now + period * 4));
+        assert!(
+            backoff.allows(&target("rotated"), period, now),
+            "new credentials"
+        );
         backoff.record(&old, &outcome(Some(CheckFailure::Unreachable)), period, now);
-        assert!(backoff.allows(&old, now), "not a refused login");
+        assert!(backoff.allows(&old, period, now), "not a refused login");
         for _ in 0..20 {
             backoff.record(
                 &old,
@@ -415,6 +492,51 @@ mod tests {
                 now,
             );
         }
-        assert!(backoff.allows(&old, now + MAX_LOGIN_BACKOFF));
+        assert!(backoff.allows(&old, period, now + MAX_LOGIN_BACKOFF));
+    }
+
+    #[test]
+    fn a_persons_request_is_tried_once_through_the_backoff_and_at_most_once_a_period() {
+        let now = Instant::now();
+        let period = Duration::from_secs(60);
+        let asked = |id: Option<&str>| BmcTarget {
+            host: "cp-2".into(),
+            bmc_address: "ipmi://x".into(),
+            tls: BmcTrust::default(),
+            credentials: Some(credentials("admin", "wrong")),
+            expected_identity: None,
+            credentials_id: None,
+            credentials_new: false,
+            check_request: id.map(str::to_owned),
+        };
+        let refused = BmcReachability {
+            host: "cp-2".into(),
+            reachable: true,
+            checked_at: Timestamp(1),
+            error: None,
+            check: Some(BmcCheck {
+                failure: Some(CheckFailure::CredentialsRefused),
+                power_state: None,
+                identity: None,
+                detail: String::new(),
+                credentials_id: None,
+                request: None,
+            }),
+        };
+        let mut backoff = LoginBackoff::default();
+        backoff.record(&asked(None), &refused, period, now);
+        let later = now + Duration::from_secs(5);
+        assert!(!backoff.allows(&asked(None), period, later), "backing off");
+        assert!(backoff.allows(&asked(Some("r1")), period, later), "asked");
+        backoff.record(&asked(Some("r1")), &refused, period, later);
+        assert!(
+            !backoff.allows(&asked(Some("r1")), period, later + Duration::from_secs(1)),
+            "once per request"
+        );
+        assert!(
+            !backoff.allows(&asked(Some("r2")), period, later + Duration::from_secs(30)),
+            "a new request within the period waits for the backoff"
+        );
+        assert!(backoff.allows(&asked(Some("r2")), period, later + period));
     }
 }

@@ -107,7 +107,12 @@ impl Reachability {
             if !inner.targets.iter().any(|t| t.host == result.host) {
                 continue;
             }
-            let verdict = |r: &BmcReachability| (r.reachable, r.check.as_ref().map(|c| c.failure));
+            let verdict = |r: &BmcReachability| {
+                (
+                    r.reachable,
+                    r.check.as_ref().map(|c| (c.failure, c.request.clone())),
+                )
+            };
             let before = inner.results.get(&result.host).map(verdict);
             changed |= before != Some(verdict(&result));
             inner.results.insert(result.host.clone(), result);
@@ -183,7 +188,7 @@ pub async fn run(
         let targets: Vec<BmcTarget> = reach
             .targets()
             .into_iter()
-            .filter(|t| logins.allows(t, started))
+            .filter(|t| logins.allows(t, config.period, started))
             .collect();
         let mut round = tokio::task::JoinSet::new();
         for target in targets.clone() {
@@ -245,6 +250,7 @@ mod tests {
             expected_identity: None,
             credentials_id: None,
             credentials_new: false,
+            check_request: None,
         }
     }
 

@@ -908,6 +908,7 @@ mod tests {
                 identity: None,
                 detail: "logged in".into(),
                 credentials_id: None,
+                request: None,
             }),
         };
         let report = || AgentReport {
@@ -961,6 +962,7 @@ mod tests {
             expected_identity: None,
             credentials_id: None,
             credentials_new: false,
+            check_request: None,
         }];
         checks.answered(&handing);
         let mut sent = report();

@@ -155,6 +155,9 @@ pub fn check_report(report: &AgentReport) -> Result<(), LimitError> {
             if let Some(id) = &check.credentials_id {
                 len(|| format!("{at}credentials_id"), id, MAX_SHORT)?;
             }
+            if let Some(id) = &check.request {
+                len(|| format!("{at}request"), id, MAX_SHORT)?;
+            }
             if let Some(identity) = &check.identity {
                 check_identity(&format!("{at}identity."), identity)?;
             }
@@ -282,6 +285,9 @@ pub fn fit_report(report: &mut AgentReport) -> bool {
                 truncate_to(state, MAX_SHORT);
             }
             if let Some(id) = &mut check.credentials_id {
+                truncate_to(id, MAX_SHORT);
+            }
+            if let Some(id) = &mut check.request {
                 truncate_to(id, MAX_SHORT);
             }
             if let Some(identity) = &mut check.identity {
@@ -531,6 +537,7 @@ mod tests {
                 identity: Some(seen),
                 detail: "d".repeat(MAX_TEXT + 1),
                 credentials_id: Some("c".repeat(MAX_SHORT + 1)),
+                request: None,
             }),
         }];
         assert_eq!(

@@ -359,6 +359,9 @@ pub struct BmcCheck {
     /// The [`BmcTarget::credentials_id`] of the credentials the check used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_id: Option<String>,
+    /// The [`BmcTarget::check_request`] this check answered, when a person asked for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
 }
 
 /// The controller's answer to a report.
@@ -438,6 +441,11 @@ pub struct BmcTarget {
     /// uses them (fences keep the previous ones until a check with these passes).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub credentials_new: bool,
+    /// A person's on-demand check (`metalguard-controller check-bmc`): an opaque id, new per
+    /// request. The agent checks at once when it sees a new one (once per id, even while its
+    /// logins back off) and echoes it in [`BmcCheck::request`]. Sent with the credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_request: Option<String>,
 }
 
 /// The answer to a long-poll: zero or more commands (empty when the wait ran out).

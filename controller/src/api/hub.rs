@@ -127,6 +127,8 @@ pub struct CheckGrant {
     pub credentials_id: String,
     /// True for a rotation's new credentials ([`BmcTarget::credentials_new`]).
     pub credentials_new: bool,
+    /// A person's on-demand check ([`BmcTarget::check_request`]).
+    pub check_request: Option<String>,
 }
 
 /// The hosts whose certificates may use the agent API.
@@ -311,6 +313,7 @@ impl Hub {
                         .clone_from(&grant.expected_identity);
                     target.credentials_id = Some(grant.credentials_id.clone());
                     target.credentials_new = grant.credentials_new;
+                    target.check_request.clone_from(&grant.check_request);
                 }
                 target
             })

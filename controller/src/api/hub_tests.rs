@@ -16,6 +16,7 @@ fn target(host: &str) -> BmcTarget {
         expected_identity: None,
         credentials_id: None,
         credentials_new: false,
+        check_request: None,
     }
 }
 
@@ -83,6 +84,7 @@ fn only_the_would_be_executor_that_asks_gets_a_bmcs_credentials() {
             expected_identity: None,
             credentials_id: "c1".into(),
             credentials_new: true,
+            check_request: Some("r1".into()),
         },
     )]));
     let credentialed = |host: &str, checks: bool| -> Vec<String> {
@@ -99,6 +101,12 @@ fn only_the_would_be_executor_that_asks_gets_a_bmcs_credentials() {
     assert_eq!(given[1].credentials, Some(credentials));
     assert_eq!(given[1].credentials_id.as_deref(), Some("c1"));
     assert!(given[1].credentials_new);
+    assert_eq!(given[1].check_request.as_deref(), Some("r1"));
+    let other = hub.bmc_targets_for("cp-2", true);
+    assert!(
+        other.iter().all(|t| t.check_request.is_none()),
+        "a request goes with the credentials, only to the executor"
+    );
 }
 
 #[test]

@@ -146,6 +146,7 @@ fn schemas() -> Value {
             ("identity", reference("SystemIdentity")),
             ("detail", string()),
             ("credentials_id", string()),
+            ("request", string()),
         ], &["detail"]),
         "ReportAck": object(&[
             ("sequence", integer()),
@@ -163,6 +164,7 @@ fn schemas() -> Value {
             ("expected_identity", reference("SystemIdentity")),
             ("credentials_id", string()),
             ("credentials_new", boolean()),
+            ("check_request", string()),
         ], &["host", "bmc_address"]),
         "CommandBatch": object(&[
             ("commands", array(&reference("Command"))),

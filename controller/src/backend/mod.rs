@@ -12,8 +12,8 @@ pub mod state;
 use std::future::Future;
 
 pub use state::{
-    ConsumedFenceRequest, ControllerNotes, HoldRelease, OperationKind, StaleSeal, State,
-    StoredHold, StoredOperation, StoredReport,
+    BmcCheckRequest, ConsumedFenceRequest, ControllerNotes, HoldRelease, OperationKind, StaleSeal,
+    State, StoredHold, StoredOperation, StoredReport,
 };
 
 use metalguard_api::remediation::Remediation;

@@ -141,6 +141,19 @@ pub struct HoldRelease {
     pub reason: String,
 }
 
+/// A person's on-demand check of a host's BMC (`metalguard-controller check-bmc`): the
+/// agent that would execute the host's fence checks it at once and echoes `id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BmcCheckRequest {
+    /// New per request (random).
+    pub id: String,
+    /// When.
+    pub at: Timestamp,
+    /// Who.
+    pub by: String,
+}
+
 /// Everything a backend persists.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
@@ -157,6 +170,8 @@ pub struct State {
     pub consumed_fence_requests: BTreeMap<String, ConsumedFenceRequest>,
     /// Pending administrator retirement requests by host.
     pub retirements: BTreeMap<String, Retirement>,
+    /// The latest on-demand BMC check request by host.
+    pub bmc_check_requests: BTreeMap<String, BmcCheckRequest>,
     /// preDrain hooks per host.
     pub hooks: BTreeMap<String, BTreeSet<String>>,
     /// Node leases another actor holds, by host: the holder (Kubernetes backend,

@@ -117,6 +117,28 @@ pub(super) enum Command {
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         wait: std::time::Duration,
     },
+    /// Check a host's BMC now: the agent that would execute its fence logs in with the
+    /// credentials a fence would use, reads the power state and the system's identity (never
+    /// changing power) and the verdict is printed. Exit status 1 when the check failed or no
+    /// answer came within `--wait`.
+    CheckBmc {
+        /// The host whose BMC is checked.
+        host: String,
+        /// The inventory file.
+        #[arg(
+            long,
+            env = "METALGUARD_INVENTORY",
+            required_unless_present = "kubeconfig"
+        )]
+        inventory: Option<PathBuf>,
+        /// Kubernetes mode: write `spec.bmcCheckRequest` on the host's `GuardedHost` and wait
+        /// for `status.bmcCheckAnswered`.
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// How long to wait for the answer.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
+    },
     /// Retire a control-plane host: its etcd member is replaced (add its replacement to the
     /// inventory), removed, its hooks released, and then it is powered off.
     Retire {

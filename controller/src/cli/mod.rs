@@ -1,8 +1,9 @@
-//! The command line: `run`, `plan`, `status`, `fence`, `retire`, `release`, `certs`, `openapi`,
-//! `crd`. Each
+//! The command line: `run`, `plan`, `status`, `fence`, `drill`, `check-bmc`, `retire`,
+//! `release`, `certs`, `openapi`, `crd`. Each
 //! subcommand wires the modules and maps errors to an exit status; no decisions are made here.
 
 mod args;
+pub mod check_bmc;
 mod etcd_report;
 mod holds;
 #[cfg(feature = "kubernetes")]
@@ -245,6 +246,27 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 wait,
             };
             request_fence(ask, inventory, &cluster).await
+        }
+        Command::CheckBmc {
+            host,
+            inventory,
+            cluster,
+            wait,
+        } => {
+            #[cfg(feature = "kubernetes")]
+            if let Some(target) = cluster.target() {
+                return crate::cli::kube::check_bmc::check_bmc(&target, &host, wait).await;
+            }
+            #[cfg(not(feature = "kubernetes"))]
+            cluster.refuse_kubeconfig()?;
+            let inventory = Inventory::load(&inventory_path(inventory)?)?;
+            crate::cli::check_bmc::check_bmc(
+                &inventory,
+                &host,
+                format!("{} (cli)", invoker()),
+                wait,
+            )
+            .await
         }
         Command::Retire {
             host,

@@ -230,6 +230,7 @@ mod tests {
             identity: None,
             detail: String::new(),
             credentials_id: Some(id.into()),
+            request: None,
         }
     }
 

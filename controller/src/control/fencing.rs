@@ -112,6 +112,42 @@ pub fn readiness_of<'a>(
         .collect()
 }
 
+/// The check that answered a person's on-demand request `id` for `host`
+/// (`metalguard-controller check-bmc`): the latest check of the agent the plan would send the
+/// host's fence to (`executors`), when it echoes `id`. Another agent's check never answers:
+/// the request went with the credentials, to the executor only.
+pub fn answer<'a>(
+    state: &'a State,
+    executors: &BTreeMap<String, String>,
+    host: &str,
+    id: &str,
+) -> Option<(&'a str, &'a metalguard_api::protocol::BmcReachability)> {
+    let executor = executors.get(host)?;
+    let (agent, stored) = state.reports.get_key_value(executor)?;
+    stored
+        .report
+        .bmc_reachability
+        .iter()
+        .find(|p| {
+            p.host == host
+                && p.check
+                    .as_ref()
+                    .is_some_and(|c| c.request.as_deref() == Some(id))
+        })
+        .map(|p| (agent.as_str(), p))
+}
+
+/// The id of `host`'s on-demand check request when the executor's latest check answered it.
+#[cfg(feature = "kubernetes")]
+pub fn answered<'a>(
+    state: &'a State,
+    executors: &BTreeMap<String, String>,
+    host: &str,
+) -> Option<&'a str> {
+    let request = state.bmc_check_requests.get(host)?;
+    answer(state, executors, host, &request.id).map(|_| request.id.as_str())
+}
+
 /// A failure class as a Kubernetes condition reason (CamelCase: `credentials-refused` is
 /// `CredentialsRefused`).
 #[cfg(feature = "kubernetes")]
@@ -239,6 +275,7 @@ mod tests {
                 identity: None,
                 detail: "the BMC refused the login: 401".into(),
                 credentials_id: None,
+                request: None,
             }),
         }
     }
@@ -312,6 +349,40 @@ mod tests {
         assert!(
             text.contains("cp-2: not checked yet by any agent"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn only_the_executors_check_answers_a_persons_request() {
+        let echoing = |id: &str| {
+            let mut p = probe("cp-3", 10, None);
+            p.check.as_mut().unwrap().request = Some(id.into());
+            p
+        };
+        let mut state = State::default();
+        state.bmc_check_requests.insert(
+            "cp-3".into(),
+            crate::backend::BmcCheckRequest {
+                id: "r1".into(),
+                at: Timestamp(5),
+                by: "alice (cli)".into(),
+            },
+        );
+        let executors = BTreeMap::from([("cp-3".to_owned(), "cp-1".to_owned())]);
+        // Another agent echoing the id (it was never given it) answers nothing.
+        reporting(&mut state, "cp-2", vec![echoing("r1")]);
+        assert!(answer(&state, &executors, "cp-3", "r1").is_none());
+        // The executor's check of an earlier request does not answer this one.
+        reporting(&mut state, "cp-1", vec![echoing("r0")]);
+        assert!(answer(&state, &executors, "cp-3", "r1").is_none());
+        reporting(&mut state, "cp-1", vec![echoing("r1")]);
+        let (by, probe) = answer(&state, &executors, "cp-3", "r1").unwrap();
+        assert_eq!((by, probe.host.as_str()), ("cp-1", "cp-3"));
+        #[cfg(feature = "kubernetes")]
+        assert_eq!(answered(&state, &executors, "cp-3"), Some("r1"));
+        assert!(
+            answer(&state, &BTreeMap::new(), "cp-3", "r1").is_none(),
+            "no executor"
         );
     }
 }

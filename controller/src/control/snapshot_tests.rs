@@ -457,6 +457,7 @@ fn a_check_that_failed_on_the_agents_own_path_counts_as_not_reaching_the_bmc() {
             identity: None,
             detail: "d".into(),
             credentials_id: None,
+            request: None,
         }),
     };
     let reaches = |p: BmcReachability| {

@@ -401,6 +401,10 @@ pub fn observe_host(
         leader: m.leader,
     });
     status.conditions = host_conditions(index, judged, &previous.conditions, host, now);
+    let executors = &judged.plan.fence_executors;
+    if let Some(id) = crate::control::fencing::answered(judged.state, executors, &host.name) {
+        status.bmc_check_answered = Some(id.to_owned());
+    }
     status
 }
 

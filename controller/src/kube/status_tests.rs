@@ -483,6 +483,7 @@ fn fencing_ready_is_the_would_be_executors_check_and_unknown_without_one() {
             identity: None,
             detail: "the BMC refused the login (401)".into(),
             credentials_id: None,
+            request: None,
         }),
     };
     let mut state = State::default();
@@ -566,6 +567,7 @@ fn the_control_plane_is_fencing_ready_only_when_every_control_plane_hosts_check_
                 identity: None,
                 detail: "d".into(),
                 credentials_id: None,
+                request: None,
             }),
         };
         let mut state = State::default();

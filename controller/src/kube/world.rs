@@ -397,6 +397,16 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
 /// leader has recorded that yet). Returns the entries it could not read.
 pub fn host_records(name: &str, h: &GuardedHost, state: &mut State) -> Vec<String> {
     let mut problems = Vec::new();
+    if let Some(request) = &h.spec.bmc_check_request {
+        state.bmc_check_requests.insert(
+            name.to_owned(),
+            crate::backend::BmcCheckRequest {
+                id: request.id.clone(),
+                at: record::timestamp(&request.requested_at),
+                by: request.requested_by.clone().unwrap_or_default(),
+            },
+        );
+    }
     let Some(status) = &h.status else {
         return problems;
     };

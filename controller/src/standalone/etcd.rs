@@ -43,6 +43,7 @@ const FENCE_REQUESTS: &str = "fence-requests/";
 const HOOKS: &str = "hooks/";
 const RETIREMENTS: &str = "retirements/";
 const HOLDS: &str = "holds/";
+const BMC_CHECK_REQUESTS: &str = "bmc-check-requests/";
 const NOTES: &str = "notes";
 /// Pause before re-establishing a broken watch.
 const WATCH_RETRY: Duration = Duration::from_secs(1);
@@ -91,6 +92,7 @@ pub fn kind_of(sub: &str) -> &'static str {
         (RETIREMENTS, "retirement"),
         (HOOKS, "hooks"),
         (HOLDS, "hold"),
+        (BMC_CHECK_REQUESTS, "bmc-check-request"),
         (replay::CONSUMED, "consumed-fence-request"),
         (NOTES, "notes"),
     ]
@@ -122,6 +124,10 @@ fn place(
     } else if let Some(host) = sub.strip_prefix(RETIREMENTS) {
         state
             .retirements
+            .insert(host.to_owned(), serde_json::from_value(value)?);
+    } else if let Some(host) = sub.strip_prefix(BMC_CHECK_REQUESTS) {
+        state
+            .bmc_check_requests
             .insert(host.to_owned(), serde_json::from_value(value)?);
     } else if sub == NOTES {
         state.notes = Some(serde_json::from_value(value)?);
@@ -388,9 +394,11 @@ impl Backend for EtcdBackend {
         let fences = watch_prefix(self.etcd.share(), self.key(FENCE_REQUESTS), wake.clone());
         let retirements = watch_prefix(self.etcd.share(), self.key(RETIREMENTS), wake.clone());
         // A release (written by the CLI) hands the host back at once.
-        let holds = watch_prefix(self.etcd.share(), self.key(HOLDS), wake);
+        let holds = watch_prefix(self.etcd.share(), self.key(HOLDS), wake.clone());
+        // A person waits for the answer to an on-demand check.
+        let checks = watch_prefix(self.etcd.share(), self.key(BMC_CHECK_REQUESTS), wake);
         async move {
-            tokio::join!(fences, retirements, holds);
+            tokio::join!(fences, retirements, holds, checks);
         }
     }
 

@@ -331,6 +331,19 @@ impl LabHost {
         Ok(())
     }
 
+    /// Locks (`true`) or unlocks this host's BMC account on the BMC (a Redfish emulator:
+    /// `ipmi_sim` has no lock that says so).
+    pub fn lock_bmc_account(&self, locked: bool) -> Result<()> {
+        match &self.bmc {
+            Bmc::Redfish(b) if locked => b.lock_account(),
+            Bmc::Redfish(b) => b.unlock_account(),
+            Bmc::Ipmi(_) => Err(HarnessError::Other(format!(
+                "{}'s BMC is an ipmi_sim: its account has no lock that a login would name",
+                self.name
+            ))),
+        }
+    }
+
     /// Writes the credentials the controller will use: the right ones (`None`) or a wrong
     /// password.
     pub fn set_known_password(&self, wrong: Option<&str>) -> Result<()> {

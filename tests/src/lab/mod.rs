@@ -698,6 +698,26 @@ impl Lab {
         self.request_cli("drill", args)
     }
 
+    /// `metalguard-controller check-bmc HOST` (Kubernetes mode: against the API server):
+    /// whether it exited 0 (the check passed), and its stdout and stderr.
+    pub fn check_bmc_cli(&self, host: &str, wait: Duration) -> Result<(bool, String)> {
+        let wait = format!("{}ms", wait.as_millis());
+        let output = self
+            .controller_cli_command(&["check-bmc", host, "--wait", &wait])
+            // The verdict only, not the client's connection log.
+            .env("RUST_LOG", "warn")
+            .output()
+            .map_err(HarnessError::io("running metalguard-controller check-bmc"))?;
+        Ok((
+            output.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        ))
+    }
+
     fn request_cli(&self, subcommand: &str, args: &[&str]) -> Result<String> {
         let mut all = vec![subcommand];
         all.extend_from_slice(args);
@@ -887,6 +907,21 @@ impl Lab {
             "lab",
             format!("the password of {name}'s BMC account changed on the BMC"),
             "the controller's credentials are not updated by this",
+        );
+        Ok(())
+    }
+
+    /// Locks (`true`) or unlocks the account of host `i`'s BMC, on the BMC.
+    pub fn lock_bmc_account(&mut self, i: usize, locked: bool) -> Result<()> {
+        self.hosts[i].lock_bmc_account(locked)?;
+        let name = self.hosts[i].name.clone();
+        self.timeline.add(
+            "lab",
+            format!(
+                "the account of {name}'s BMC {} on the BMC",
+                if locked { "locked" } else { "unlocked" }
+            ),
+            "as its administrator or its lockout policy would",
         );
         Ok(())
     }

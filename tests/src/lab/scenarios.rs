@@ -15,6 +15,9 @@ pub use partition::{MajorityWrites, PartitionOutcome, observe_partition, partiti
 mod break_glass;
 pub use break_glass::{BreakGlassOutcome, break_glass, observe_break_glass};
 
+mod locked_account;
+pub use locked_account::locked_account;
+
 /// Slack on top of the configured timeouts: report and plan periods, a fence with its
 /// verifying reads, and the time a host needs to boot (etcd rejoins, the agent reports).
 /// The measured figures are in docs/benchmarks.md.
@@ -56,13 +59,14 @@ pub fn run(lab: &mut Lab, name: &str) -> Result<Report> {
         "bad-bmc" => bad_bmc(lab),
         "swapped-bmc" => swapped_bmc(lab),
         "rotate-credentials" => rotate_credentials(lab),
+        "locked-account" => locked_account(lab),
         "drill" => drill(lab),
         "node-lease" => node_lease(lab),
         "controller-crash" => controller_crash(lab),
         "replace" => replace(lab),
         "break-glass" => break_glass(lab),
         other => Err(HarnessError::Other(format!(
-            "unknown scenario {other} (one of {}, controller-crash, partition, break-glass, swapped-bmc, rotate-credentials, drill, node-lease)",
+            "unknown scenario {other} (one of {}, controller-crash, partition, break-glass, swapped-bmc, rotate-credentials, locked-account, drill, node-lease)",
             ALL.join(", ")
         ))),
     }

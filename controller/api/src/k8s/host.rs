@@ -81,6 +81,25 @@ pub struct GuardedHostSpec {
     /// `status.holds`, and a released id is never honoured again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_release: Option<HoldReleaseRequest>,
+    /// A person's on-demand check of the host's BMC (`metalguard-controller check-bmc`): the
+    /// agent that would execute the host's fence checks it at once, and `status.bmcCheckAnswered`
+    /// names `id` once the `FencingReady` condition holds that check's verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc_check_request: Option<BmcCheckRequestSpec>,
+}
+
+/// A person's on-demand BMC check: an id new per request, who and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BmcCheckRequestSpec {
+    /// New per request (random).
+    #[schemars(length(min = 1, max = 128))]
+    pub id: String,
+    /// When it was requested.
+    pub requested_at: Time,
+    /// Who asked (the user the API server authenticated, as the command line recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_by: Option<String>,
 }
 
 /// A person's release of break-glass holds: which, when, who, why.
@@ -243,6 +262,10 @@ pub struct GuardedHostStatus {
     #[schemars(length(max = 64))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
     pub holds: Vec<HoldStatus>,
+    /// The id of the latest `spec.bmcCheckRequest` the executor's check answered (its verdict
+    /// is the `FencingReady` condition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bmc_check_answered: Option<String>,
 }
 
 /// A break-glass hold as the leader recorded it.

@@ -4,6 +4,7 @@
 //! read; the leader decides, with the same planner and guards, and answers in status. The
 //! API server's own authentication and RBAC decide who may declare.
 
+pub mod check_bmc;
 pub mod fence;
 pub mod observed;
 pub mod release;

@@ -12,8 +12,16 @@ const GRANTS_REREAD: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Per fence target, the agent that gets its credentials for checks and the identity the
 /// target's agent reported (what the grants were last built from).
-pub(super) type Granted =
-    std::collections::BTreeMap<String, (String, Option<metalguard_api::identity::SystemIdentity>)>;
+/// Per fence target: the executor, the identity its own agent reported, and a person's
+/// on-demand check request (its id).
+pub(super) type Granted = std::collections::BTreeMap<
+    String,
+    (
+        String,
+        Option<metalguard_api::identity::SystemIdentity>,
+        Option<String>,
+    ),
+>;
 
 /// Most records sealed again in one round after a key rotation.
 const RESEAL_BATCH: usize = 64;
@@ -104,6 +112,7 @@ impl<B: Backend> Controller<B> {
                     expected_identity: None,
                     credentials_id: None,
                     credentials_new: false,
+                    check_request: None,
                 }),
                 Err(error) => {
                     tracing::warn!(host = %h.name, error = %crate::error::chain(&error), "bmc left out of the agents' reachability probes");
@@ -154,7 +163,8 @@ impl<B: Backend> Controller<B> {
                     .reports
                     .get(target)
                     .and_then(|r| r.report.host_identity.clone());
-                (target.clone(), (executor.clone(), identity))
+                let request = state.bmc_check_requests.get(target).map(|r| r.id.clone());
+                (target.clone(), (executor.clone(), identity, request))
             })
             .collect();
         let due = self
@@ -167,7 +177,7 @@ impl<B: Backend> Controller<B> {
         self.credentials
             .retain(|host| inventory.host(host).is_some_and(|h| h.bmc.is_some()));
         let mut grants = std::collections::BTreeMap::new();
-        for (target, (executor, identity)) in &wanted {
+        for (target, (executor, identity, request)) in &wanted {
             let Some(bmc) = self.inventory.host(target).and_then(|h| h.bmc.as_ref()) else {
                 continue;
             };
@@ -200,6 +210,7 @@ impl<B: Backend> Controller<B> {
                     expected_identity: identity.clone().map(Box::new),
                     credentials_id: check.id,
                     credentials_new: check.new,
+                    check_request: request.clone(),
                 },
             );
         }

@@ -6,8 +6,10 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
 use metalguard_api::plan::OperationId;
 use metalguard_api::snapshot::{FenceRequest, Retirement};
 
-use super::{EtcdAlarm, EtcdBackend, FENCE_REQUESTS, HOLDS, OPERATIONS, RETIREMENTS};
-use crate::backend::{Backend, BackendError, HoldRelease, StoredHold};
+use super::{
+    BMC_CHECK_REQUESTS, EtcdAlarm, EtcdBackend, FENCE_REQUESTS, HOLDS, OPERATIONS, RETIREMENTS,
+};
+use crate::backend::{Backend, BackendError, BmcCheckRequest, HoldRelease, StoredHold};
 
 impl EtcdBackend {
     /// The alarms active in etcd (`etcdctl alarm list`), each with the name of the member that
@@ -57,6 +59,25 @@ impl EtcdBackend {
         let value = self.seal(&sub, 0, request)?;
         self.etcd
             .call("fence request", |mut c| {
+                let (key, value) = (key.clone(), value.clone());
+                async move { c.put(key, value, None).await }
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Records a person's on-demand check of `host`'s BMC (replacing an earlier one): the
+    /// leader hands its id to the agent that would execute the host's fence.
+    pub async fn request_bmc_check(
+        &mut self,
+        host: &str,
+        request: &BmcCheckRequest,
+    ) -> Result<(), BackendError> {
+        let sub = format!("{BMC_CHECK_REQUESTS}{host}");
+        let key = self.key(&sub);
+        let value = self.seal(&sub, 0, request)?;
+        self.etcd
+            .call("bmc check request", |mut c| {
                 let (key, value) = (key.clone(), value.clone());
                 async move { c.put(key, value, None).await }
             })
