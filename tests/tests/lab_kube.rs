@@ -138,6 +138,24 @@ fn a_bmc_password_changed_without_its_secret_ends_in_needs_a_person_and_touches_
     );
 }
 
+/// `swapped-bmc` in Kubernetes mode: two `GuardedHost`s get each other's `spec.bmc` (valid
+/// Secret, the other server): not ready by identity before the hang, refused at the fence.
+#[test]
+fn a_bmc_copied_from_another_guarded_host_is_refused_by_identity_and_touches_nothing() {
+    let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
+    options.backend = LabBackend::Kubernetes;
+    options.timings.bmc_check_period = std::time::Duration::from_secs(5);
+    let mut lab = labrun::start(options);
+    let report = labrun::run(&mut lab, "swapped-bmc");
+    assert!(
+        report.ok
+            && report.seen.contains("answers for another machine")
+            && report.seen.ends_with("0 power events"),
+        "{}",
+        report.seen
+    );
+}
+
 /// `locked-account` in Kubernetes mode: `check-bmc --kubeconfig` writes
 /// `spec.bmcCheckRequest` and reads the answer from `FencingReady`.
 #[test]

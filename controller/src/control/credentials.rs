@@ -83,7 +83,8 @@ impl Default for CredentialBook {
 }
 
 impl CredentialBook {
-    fn with_key(key: [u8; 32]) -> Self {
+    /// A book whose ids are made with `key` (tests; [`Default`] draws a random one).
+    pub(crate) fn with_key(key: [u8; 32]) -> Self {
         Self {
             key,
             hosts: BTreeMap::new(),

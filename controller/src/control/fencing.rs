@@ -112,15 +112,14 @@ pub fn readiness_of<'a>(
         .collect()
 }
 
-/// The check that answered a person's on-demand request `id` for `host`
-/// (`metalguard-controller check-bmc`): the latest check of the agent the plan would send the
-/// host's fence to (`executors`), when it echoes `id`. Another agent's check never answers:
-/// the request went with the credentials, to the executor only.
-pub fn answer<'a>(
+/// The latest credentialed check of `host`'s BMC by the agent the plan would send its fence
+/// to (`executors`), with that agent's name. Only this check speaks for the host: a rotation's
+/// new credentials are taken (`control::credentials`) and a person's request is answered by it
+/// alone, whatever other agents report.
+pub fn executor_check<'a>(
     state: &'a State,
     executors: &BTreeMap<String, String>,
     host: &str,
-    id: &str,
 ) -> Option<(&'a str, &'a metalguard_api::protocol::BmcReachability)> {
     let executor = executors.get(host)?;
     let (agent, stored) = state.reports.get_key_value(executor)?;
@@ -128,13 +127,25 @@ pub fn answer<'a>(
         .report
         .bmc_reachability
         .iter()
-        .find(|p| {
-            p.host == host
-                && p.check
-                    .as_ref()
-                    .is_some_and(|c| c.request.as_deref() == Some(id))
-        })
+        .find(|p| p.host == host && p.check.is_some())
         .map(|p| (agent.as_str(), p))
+}
+
+/// The check that answered a person's on-demand request `id` for `host`
+/// (`metalguard-controller check-bmc`): the executor's latest check ([`executor_check`]), when
+/// it echoes `id`. Another agent's check never answers: the request went with the
+/// credentials, to the executor only.
+pub fn answer<'a>(
+    state: &'a State,
+    executors: &BTreeMap<String, String>,
+    host: &str,
+    id: &str,
+) -> Option<(&'a str, &'a metalguard_api::protocol::BmcReachability)> {
+    executor_check(state, executors, host).filter(|(_, p)| {
+        p.check
+            .as_ref()
+            .is_some_and(|c| c.request.as_deref() == Some(id))
+    })
 }
 
 /// The id of `host`'s on-demand check request when the executor's latest check answered it.
@@ -384,5 +395,40 @@ mod tests {
             answer(&state, &BTreeMap::new(), "cp-3", "r1").is_none(),
             "no executor"
         );
+    }
+
+    /// A rotation's new credentials are taken from the executor's check only: another agent
+    /// that reports a passing check with the candidate's id (it was never given the id or
+    /// the credentials; say it guessed) is not read.
+    #[test]
+    fn a_rotation_is_taken_from_the_executors_check_only() {
+        use crate::control::credentials::CredentialBook;
+        let creds = |p: &str| metalguard_api::protocol::BmcCredentials {
+            username: "admin".into(),
+            password: metalguard_api::protocol::Secret::new(p),
+        };
+        let address = "redfish+https://10.0.1.3";
+        let mut book = CredentialBook::with_key([3; 32]);
+        book.read("cp-3", address, creds("old"));
+        book.read("cp-3", address, creds("new"));
+        let candidate = book.for_check("cp-3").unwrap().id;
+        let passing = |id: &str| {
+            let mut p = probe("cp-3", 10, None);
+            p.check.as_mut().unwrap().credentials_id = Some(id.into());
+            p
+        };
+        let executors = BTreeMap::from([("cp-3".to_owned(), "cp-1".to_owned())]);
+        let mut state = State::default();
+        reporting(&mut state, "cp-2", vec![passing(&candidate)]);
+        let take = |book: &mut CredentialBook, state: &State| {
+            executor_check(state, &executors, "cp-3")
+                .and_then(|(by, p)| Some((by, p.check.as_ref()?)))
+                .is_some_and(|(by, check)| book.take_check("cp-3", by, check))
+        };
+        assert!(!take(&mut book, &state), "not the executor");
+        assert!(book.rotating("cp-3"));
+        reporting(&mut state, "cp-1", vec![passing(&candidate)]);
+        assert!(take(&mut book, &state));
+        assert!(!book.rotating("cp-3"));
     }
 }

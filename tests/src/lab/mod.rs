@@ -873,23 +873,22 @@ impl Lab {
     }
 
     /// Swaps the BMC entries (address, credentials, trust) of hosts `a` and `b` in the
-    /// inventory, as a copy-paste error would (`false`: each its own again). Standalone only:
-    /// in Kubernetes mode the BMCs are on the GuardedHosts.
+    /// inventory, as a copy-paste error would (`false`: each its own again). In Kubernetes
+    /// mode their `GuardedHost`s' `spec.bmc` are swapped (again: back).
     pub fn swap_bmcs(&mut self, a: usize, b: usize, swapped: bool) -> Result<()> {
-        if self.kube.is_some() {
-            return Err(HarnessError::Other(
-                "swapping BMC entries is done in the standalone inventory".into(),
-            ));
-        }
-        let (entry_a, entry_b) = (self.hosts[a].bmc_entry(), self.hosts[b].bmc_entry());
-        self.hosts[a].set_bmc_entry_override(swapped.then_some(entry_b));
-        self.hosts[b].set_bmc_entry_override(swapped.then_some(entry_a));
-        self.write_inventory()?;
         let (na, nb) = (self.hosts[a].name.clone(), self.hosts[b].name.clone());
+        if let Some(kube) = &self.kube {
+            kube.swap_bmcs(&na, &nb)?;
+        } else {
+            let (entry_a, entry_b) = (self.hosts[a].bmc_entry(), self.hosts[b].bmc_entry());
+            self.hosts[a].set_bmc_entry_override(swapped.then_some(entry_b));
+            self.hosts[b].set_bmc_entry_override(swapped.then_some(entry_a));
+            self.write_inventory()?;
+        }
         self.timeline.add(
             "lab",
             if swapped {
-                format!("the inventory swaps the BMC lines of {na} and {nb} (valid credentials, the other server)")
+                format!("the inventory swaps the BMC entries of {na} and {nb} (valid credentials, the other server)")
             } else {
                 format!("the inventory names {na}'s and {nb}'s own BMCs again")
             },

@@ -97,7 +97,7 @@ impl<B: Backend> Controller<B> {
     /// Tells the hub every BMC of the inventory (address and trust, no credentials), for the
     /// agents to probe. A BMC whose trust cannot be read (a missing CA file) is left out and
     /// logged; fencing it fails for the same reason.
-    pub(super) fn publish_bmc_targets(&self) {
+    pub(super) fn publish_bmc_targets(&mut self) {
         let targets = self
             .inventory
             .hosts
@@ -121,6 +121,9 @@ impl<B: Backend> Controller<B> {
             })
             .collect();
         self.hub.set_bmc_targets(targets);
+        // A changed BMC entry (address, credentials source) is read for the checks at the
+        // next round, not at the next periodic re-read.
+        self.grants_read_at = None;
     }
 
     /// Hands each BMC's credentials, for its read-only checks, to the agent that would
@@ -143,14 +146,9 @@ impl<B: Backend> Controller<B> {
             .filter(|(t, _)| self.credentials.rotating(t))
             .collect();
         for (target, executor) in rotating {
-            let check = state.reports.get(executor).and_then(|r| {
-                r.report
-                    .bmc_reachability
-                    .iter()
-                    .find(|p| p.host == *target)?
-                    .check
-                    .as_ref()
-            });
+            let check =
+                crate::control::fencing::executor_check(state, &plan.fence_executors, target)
+                    .and_then(|(_, probe)| probe.check.as_ref());
             if let Some(check) = check {
                 rotated |= self.credentials.take_check(target, executor, check);
             }

@@ -379,6 +379,28 @@ impl KubeSide {
         zone_of(name)
     }
 
+    /// Gives `a`'s and `b`'s `GuardedHost`s each other's `spec.bmc` (address, credentials
+    /// Secret, CA), as a copy-paste error would; doing it again puts each back.
+    pub fn swap_bmcs(&self, a: &str, b: &str) -> Result<()> {
+        let admin = self.cluster.admin();
+        let path = |name: &str| format!("{MG}/guardedhosts/{name}");
+        let bmc_a = admin.get(&path(a))?["spec"]["bmc"].clone();
+        let bmc_b = admin.get(&path(b))?["spec"]["bmc"].clone();
+        // A merge patch keeps keys it does not name: the ones only the old value had go.
+        let replacing = |old: &Value, new: &Value| {
+            let mut value = new.clone();
+            if let (Some(old), Some(fields)) = (old.as_object(), value.as_object_mut()) {
+                for key in old.keys() {
+                    fields.entry(key.clone()).or_insert(Value::Null);
+                }
+            }
+            json!({"spec": {"bmc": value}})
+        };
+        admin.merge_patch(&path(a), &replacing(&bmc_a, &bmc_b))?;
+        admin.merge_patch(&path(b), &replacing(&bmc_b, &bmc_a))?;
+        Ok(())
+    }
+
     /// Writes `password` (the wrong one, or the right one back) into host `name`'s BMC
     /// Secret, as an administrator would: again while the API server cannot write, up to
     /// [`APISERVER_ETCD_STALL`]. Just after a frozen member resumes, etcd may answer a write
