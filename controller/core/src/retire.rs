@@ -133,6 +133,19 @@ pub fn plan_decommissions(inp: RetireInputs<'_>) -> RetireOutput {
             );
             continue;
         }
+        if let Some(holder) = &host.lease_held_by {
+            // Another actor (Node Maintenance, Node Health Check) is disrupting the host: the
+            // retirement's power-off waits for its node lease, as a remediation does.
+            out.refuse(
+                name,
+                ReasonKind::Hold,
+                format!(
+                    "its node lease medik8s-leases/node-{name} is held by {}: another actor is disrupting it; the power-off waits until the lease is free",
+                    metalguard_api::text::escaped(holder)
+                ),
+            );
+            continue;
+        }
         let executor = match choose_executor(&inp, host) {
             Ok(e) => e,
             Err(why) => {

@@ -135,6 +135,31 @@ fn a_retired_host_is_never_powered_off_while_any_hook_is_left() {
     );
 }
 
+/// One authority over power: while another actor holds the host's node lease, the
+/// retirement's power-off waits and says who holds it.
+#[test]
+fn a_retired_host_is_not_powered_off_while_another_actor_holds_its_node_lease() {
+    let mut s = cluster(3, 1);
+    retire(&mut s, "cp-0");
+    let h = find(&mut s, "cp-0");
+    h.etcd = None;
+    h.pre_drain_hooks.clear();
+    h.lease_held_by = Some("node-maintenance".into());
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(power_offs(&p), [], "{p}");
+    assert!(
+        refused(
+            &p,
+            "cp-0",
+            "its node lease medik8s-leases/node-cp-0 is held by node-maintenance"
+        ),
+        "{p}"
+    );
+    find(&mut s, "cp-0").lease_held_by = None;
+    let p = crate::plan(&s, &policy(), NOW);
+    assert_eq!(power_offs(&p).len(), 1, "{p}");
+}
+
 #[test]
 fn only_retiring_hosts_are_powered_off() {
     let mut s = cluster(3, 1);
