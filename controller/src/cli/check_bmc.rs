@@ -33,6 +33,15 @@ fn rfc3339(at: metalguard_api::duration::Timestamp) -> String {
         .to_string()
 }
 
+/// Tells the person the request is recorded and how long the command waits.
+pub fn announce(host: &str, request: &BmcCheckRequest, wait: Duration) {
+    println!(
+        "check of {host}'s bmc requested ({}); waiting up to {} for the agent that would fence it",
+        request.id,
+        humantime::format_duration(wait)
+    );
+}
+
 /// One line for the check `by` made of `host`'s BMC; `Ok` when it passed.
 pub fn verdict(host: &str, by: &str, probe: &BmcReachability) -> Result<String, String> {
     let Some(check) = &probe.check else {
@@ -73,11 +82,7 @@ pub async fn check_bmc(
     let mut backend = super::connect(inventory, "cli".to_owned())?;
     let request = new_request(by)?;
     backend.request_bmc_check(host, &request).await?;
-    println!(
-        "check of {host}'s bmc requested ({}); waiting up to {} for the agent that would fence it",
-        request.id,
-        humantime::format_duration(wait)
-    );
+    announce(host, &request, wait);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let state = backend.load().await?;

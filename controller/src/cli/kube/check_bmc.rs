@@ -51,11 +51,7 @@ pub async fn check_bmc(target: &Target, host: &str, wait: Duration) -> anyhow::R
         .with_context(|| {
             format!("the check request on GuardedHost {ns}/{host} could not be written")
         })?;
-    println!(
-        "check of {host}'s bmc requested ({}); waiting up to {} for the agent that would fence it",
-        request.id,
-        humantime::format_duration(wait)
-    );
+    crate::cli::check_bmc::announce(host, &request, wait);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let current = api

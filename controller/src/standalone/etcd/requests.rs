@@ -54,11 +54,21 @@ impl EtcdBackend {
         host: &str,
         request: &FenceRequest,
     ) -> Result<(), BackendError> {
-        let sub = format!("{FENCE_REQUESTS}{host}");
-        let key = self.key(&sub);
-        let value = self.seal(&sub, 0, request)?;
+        self.put_request("fence request", &format!("{FENCE_REQUESTS}{host}"), request)
+            .await
+    }
+
+    /// Puts a person's request under `sub`, sealed by no leadership (token 0).
+    async fn put_request<T: serde::Serialize>(
+        &mut self,
+        what: &'static str,
+        sub: &str,
+        request: &T,
+    ) -> Result<(), BackendError> {
+        let key = self.key(sub);
+        let value = self.seal(sub, 0, request)?;
         self.etcd
-            .call("fence request", |mut c| {
+            .call(what, |mut c| {
                 let (key, value) = (key.clone(), value.clone());
                 async move { c.put(key, value, None).await }
             })
@@ -74,15 +84,7 @@ impl EtcdBackend {
         request: &BmcCheckRequest,
     ) -> Result<(), BackendError> {
         let sub = format!("{BMC_CHECK_REQUESTS}{host}");
-        let key = self.key(&sub);
-        let value = self.seal(&sub, 0, request)?;
-        self.etcd
-            .call("bmc check request", |mut c| {
-                let (key, value) = (key.clone(), value.clone());
-                async move { c.put(key, value, None).await }
-            })
-            .await?;
-        Ok(())
+        self.put_request("bmc check request", &sub, request).await
     }
 
     /// Records an administrator's retirement request unless one is already recorded for
