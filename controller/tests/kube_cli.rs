@@ -335,11 +335,21 @@ fn retire_declares_on_the_resource_and_the_controller_acts_only_as_the_guard_all
     };
     assert!(off.ends_with("/power-off"), "{off}");
     assert_ne!(lab.agents.offered()[&off].agent, "cp-2");
+    // One authority over power: the power-off is offered with cp-2's node lease taken, and
+    // the lease is released once its result is in.
+    let lease_path = "/apis/coordination.k8s.io/v1/namespaces/medik8s-leases/leases/node-cp-2";
+    let lease = lab.admin().get(lease_path).unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "metalguard", "{lease}");
     lab.agents.set_live("cp-2", false);
     lab.agents.finish_until_recorded(
         &off,
         metalguard_api::protocol::Outcome::Succeeded,
         Duration::from_secs(20),
+    );
+    lab.wait(
+        "cp-2's node lease released after its power-off",
+        Duration::from_secs(20),
+        |lab| lab.admin().get_opt(lease_path).unwrap().is_none(),
     );
 
     // cp-1 holds the only voter: declared, but the guard keeps it (no replacement exists).

@@ -29,6 +29,14 @@ pub fn decommission_id(host: &str, requested_at: Timestamp) -> OperationId {
     OperationId(format!("retire/{host}/{}/power-off", requested_at.0))
 }
 
+/// True for the id of a retirement's power-off ([`decommission_id`]).
+pub fn is_decommission(id: &OperationId) -> bool {
+    // Four parts: a remediation's step of a host named `retire` has three.
+    let parts: Vec<&str> = id.0.split('/').collect();
+    matches!(parts.as_slice(), ["retire", host, at, "power-off"]
+        if !host.is_empty() && !at.is_empty() && at.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Power-offs of retired hosts, and why others wait.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RetireOutput {

@@ -210,6 +210,16 @@ fn the_power_off_id_depends_only_on_the_host_and_its_request() {
     assert_eq!(power_offs(&first), [("cp-0", "cp-1")]);
     assert_ne!(power_offs(&second)[0].1, "cp-1", "{second}");
     assert_eq!(ids(&first), ids(&second));
+    // Told apart from every other operation (the node lease is taken for it).
+    assert!(ids(&first).iter().all(crate::retire::is_decommission));
+    for other in [
+        "cp-0/1/power-off",
+        "retire/1/power-off",
+        "retire/cp-0/x/power-off",
+    ] {
+        let id = metalguard_api::plan::OperationId(other.into());
+        assert!(!crate::retire::is_decommission(&id), "{other}");
+    }
     // A new retirement request is a new operation.
     find(&mut s, "cp-0")
         .retirement

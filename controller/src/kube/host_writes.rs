@@ -43,17 +43,23 @@ impl KubeBackend {
                         }
                         i += 1;
                     }
-                    // A remediation about to start takes the host's node lease first: no
-                    // second actor disrupts it meanwhile, and none is disrupting it now.
-                    if remediation.as_ref().is_some_and(|r| {
+                    // A remediation about to start, or a retirement's power-off, takes the
+                    // host's node lease first: no second actor disrupts it meanwhile, and none
+                    // is disrupting it now.
+                    let starting = remediation.as_ref().is_some_and(|r| {
                         matches!(
                             r.phase,
                             metalguard_api::remediation::RemediationPhase::Detected
                                 | metalguard_api::remediation::RemediationPhase::Gated
                         )
-                    }) && let Err(error) = self.take_node_lease(&host).await
+                    });
+                    let decommissioning = ops.iter().any(|op| {
+                        op.in_flight() && metalguard_core::retire::is_decommission(&op.id)
+                    });
+                    if (starting || decommissioning)
+                        && let Err(error) = self.take_node_lease(&host).await
                     {
-                        tracing::warn!(%host, error = %crate::error::chain(&error), "remediation not started: the host's node lease was not taken");
+                        tracing::warn!(%host, error = %crate::error::chain(&error), "remediation or retirement power-off not started: the host's node lease was not taken");
                         // Its fence request, if one asked for it, stays pending too.
                         if matches!(writes.get(i), Some(Write::DeleteFenceRequest(t)) if *t == host)
                         {

@@ -3,8 +3,9 @@
 //! namespace `medik8s-leases`, name `node-<name>`). Before a remediation of a host starts,
 //! the leader takes the host's Lease when it is free (no holder, or its holder's duration ran
 //! out) with holder `metalguard`; while another actor holds it the core refuses to start
-//! anything (the snapshot's `lease_held_by`). The Lease is renewed while the host has an
-//! active remediation and deleted when it has none. Off with `--node-leases=false`.
+//! anything (the snapshot's `lease_held_by`). A retirement's power-off takes it the same way.
+//! The Lease is renewed while the host has an active remediation or a retirement power-off in
+//! flight, and deleted when it has neither. Off with `--node-leases=false`.
 
 use std::collections::BTreeMap;
 
@@ -141,7 +142,12 @@ impl KubeBackend {
             let active = state
                 .remediations
                 .values()
-                .any(|r| r.target == host && !r.phase.is_terminal());
+                .any(|r| r.target == host && !r.phase.is_terminal())
+                || state.operations.values().any(|op| {
+                    op.in_flight()
+                        && metalguard_core::retire::is_decommission(&op.id)
+                        && super::record::home_of(op) == host
+                });
             let name = lease.name_any();
             if !active {
                 let params = DeleteParams {
