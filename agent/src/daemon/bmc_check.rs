@@ -268,6 +268,24 @@ mod tests {
 
     const TIMEOUT: Duration = Duration::from_secs(2);
 
+    /// What a check of `cp-2` came to, as the backoff sees it.
+    fn outcome(failure: Option<CheckFailure>) -> BmcReachability {
+        BmcReachability {
+            host: "cp-2".into(),
+            reachable: true,
+            checked_at: Timestamp(1),
+            error: None,
+            check: Some(BmcCheck {
+                failure,
+                power_state: None,
+                identity: None,
+                detail: String::new(),
+                credentials_id: None,
+                request: None,
+            }),
+        }
+    }
+
     fn credentials(user: &str, password: &str) -> BmcCredentials {
         BmcCredentials {
             username: user.into(),
@@ -445,20 +463,6 @@ mod tests {
             credentials_new: false,
             check_request: None,
         };
-        let outcome = |failure| BmcReachability {
-            host: "cp-2".into(),
-            reachable: true,
-            checked_at: Timestamp(1),
-            error: None,
-            check: Some(BmcCheck {
-                failure,
-                power_state: None,
-                identity: None,
-                detail: String::new(),
-                credentials_id: None,
-                request: None,
-            }),
-        };
         let mut backoff = LoginBackoff::default();
         let old = target("old");
         assert!(backoff.allows(&old, period, now));
@@ -509,20 +513,7 @@ mod tests {
             credentials_new: false,
             check_request: id.map(str::to_owned),
         };
-        let refused = BmcReachability {
-            host: "cp-2".into(),
-            reachable: true,
-            checked_at: Timestamp(1),
-            error: None,
-            check: Some(BmcCheck {
-                failure: Some(CheckFailure::CredentialsRefused),
-                power_state: None,
-                identity: None,
-                detail: String::new(),
-                credentials_id: None,
-                request: None,
-            }),
-        };
+        let refused = outcome(Some(CheckFailure::CredentialsRefused));
         let mut backoff = LoginBackoff::default();
         backoff.record(&asked(None), &refused, period, now);
         let later = now + Duration::from_secs(5);
