@@ -12,6 +12,7 @@ use metalguard_api::protocol::{
     self, AgentReport, Command, CommandBatch, CommandResult, Condition, ErrorBody, EtcdMemberView,
     EtcdView, HoldAck, ReportAck, ResultAck,
 };
+use metalguard_api::skew;
 use metalguard_api::snapshot::ConditionStatus;
 use metalguard_api::snapshot::Hold;
 use serde::Serialize;
@@ -74,13 +75,27 @@ pub enum LinkError {
     /// No controller gave an answer in time (each attempt still waiting).
     #[error("no controller answered within {0:?}")]
     NoAnswer(Duration),
+    /// The controller's release is outside the skew policy (or its version header is not a
+    /// version): nothing it answers is used, no command of it executed
+    /// (`metalguard_api::skew`).
+    #[error("controller not used: {0}")]
+    Skew(#[source] metalguard_api::skew::SkewError),
+    /// The answer is not the message it should be (a controller of the same or an older
+    /// release sent a field this agent does not know, or a value of the wrong type).
+    #[error("controller's answer could not be read: {0}")]
+    Answer(String),
 }
 
 impl LinkError {
     /// Whether another controller may answer: this one is unreachable or not the leader.
     fn try_another(&self) -> bool {
         match self {
-            LinkError::Transport(_) | LinkError::NoController | LinkError::NoAnswer(_) => true,
+            // Another controller may run a release within the policy (a rolling update).
+            LinkError::Transport(_)
+            | LinkError::NoController
+            | LinkError::NoAnswer(_)
+            | LinkError::Skew(_) => true,
+            LinkError::Answer(_) => false,
             LinkError::Status { status, .. } => *status == reqwest::StatusCode::SERVICE_UNAVAILABLE,
             // The leader answered: another controller would only answer 503.
             LinkError::Throttled { .. } => false,
@@ -217,14 +232,12 @@ impl Link {
             None => client.get(url),
         };
         let response = request
+            .header(skew::VERSION_HEADER, skew::Version::ours().to_string())
             .timeout(timeout)
             .send()
             .await
             .map_err(LinkError::Transport)?;
-        if !response.status().is_success() {
-            return Err(LinkError::from_answer(response).await);
-        }
-        response.json().await.map_err(LinkError::Transport)
+        read_answer(base, response).await
     }
 
     /// Sends a report, asking for the BMC targets in the answer (fitted to the protocol's
@@ -346,6 +359,40 @@ impl Link {
         )
         .await
     }
+}
+
+/// A controller's answer as this agent may use it: nothing from a controller whose release is
+/// outside the skew policy ([`LinkError::Skew`], whatever it answered), an error answer as its
+/// [`ErrorBody`], and a body read as the controller's release allows (a newer one's unknown
+/// fields left out, anyone else's refused: [`LinkError::Answer`]).
+async fn read_answer<R: DeserializeOwned>(
+    base: &str,
+    response: reqwest::Response,
+) -> Result<R, LinkError> {
+    let header = response
+        .headers()
+        .get(skew::VERSION_HEADER)
+        .map(|value| value.to_str().unwrap_or("<not text>").to_owned());
+    let (_, skew) = skew::judge(
+        skew::Version::ours(),
+        "agent",
+        header.as_deref(),
+        "controller",
+    )
+    .map_err(|error| {
+        tracing::warn!(controller = %base, %error, "controller's release outside the skew policy: its answers are not used");
+        LinkError::Skew(error)
+    })?;
+    if !response.status().is_success() {
+        return Err(LinkError::from_answer(response).await);
+    }
+    let bytes = response.bytes().await.map_err(LinkError::Transport)?;
+    let decoded = skew::decode::<R>(&bytes, skew.tolerance())
+        .map_err(|error| LinkError::Answer(error.to_string()))?;
+    if !decoded.ignored.is_empty() {
+        tracing::debug!(controller = %base, ignored = ?decoded.ignored, "fields of a newer controller left out");
+    }
+    Ok(decoded.value)
 }
 
 /// Capped exponential backoff.
@@ -828,6 +875,62 @@ mod tests {
         let mut backoff = Backoff::new();
         assert_eq!(wait_after(&unavailable, &mut backoff), BACKOFF_START);
         assert_eq!(wait_after(&unavailable, &mut backoff), BACKOFF_START * 2);
+    }
+
+    /// A controller's 200 answer with `body`, saying `release` (none: the first release).
+    fn from_release(release: Option<&str>, body: &str) -> reqwest::Response {
+        let mut builder = http::Response::builder().status(200);
+        if let Some(release) = release {
+            builder = builder.header(skew::VERSION_HEADER, release);
+        }
+        reqwest::Response::from(builder.body(body.to_owned()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn commands_of_a_controller_outside_the_skew_policy_are_never_used() {
+        let ours = skew::Version::ours();
+        let release = |minors: u64| format!("{}.{}.0", ours.major, ours.minor + minors);
+        let fence = r#"{"commands":[{"operation_id":"op-1","issued_at":5,"term":3,
+            "kind":{"type":"fence","target":"cp-2","action":"off",
+            "bmc_address":"ipmi://10.0.0.2","credentials":{"username":"u","password":"p"}%EXTRA%}}]}"#;
+        let plain = fence.replace("%EXTRA%", "");
+        let newer = fence.replace("%EXTRA%", r#","confirm_twice":true"#);
+        // This release and the next minor one: the command is read; the next one's field
+        // this agent does not know is left out.
+        let batch: CommandBatch = read_answer("c", from_release(Some(&release(0)), &plain))
+            .await
+            .unwrap();
+        assert_eq!(batch.commands.len(), 1);
+        let batch: CommandBatch = read_answer("c", from_release(Some(&release(1)), &newer))
+            .await
+            .unwrap();
+        assert_eq!(batch.commands[0].term, 3);
+        // The same field from this release is refused (a bug or an attacker), and asking
+        // another controller would not help.
+        let error = read_answer::<CommandBatch>("c", from_release(Some(&release(0)), &newer))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, LinkError::Answer(m) if m.contains("confirm_twice")),
+            "{error:?}"
+        );
+        assert!(!error.try_another());
+        // Two minor releases ahead, or a header that is not a version: nothing it says is
+        // used, whatever it is; another controller (a rolling update) may be asked.
+        for release in [release(2), "9.0.0".to_owned(), "latest".to_owned()] {
+            let error = read_answer::<CommandBatch>("c", from_release(Some(&release), &plain))
+                .await
+                .unwrap_err();
+            assert!(matches!(error, LinkError::Skew(_)), "{release}: {error:?}");
+            assert!(error.try_another());
+        }
+        // No header: the first release, within the policy while this one is its next minor.
+        let first = read_answer::<CommandBatch>("c", from_release(None, &plain)).await;
+        assert_eq!(
+            first.is_ok(),
+            skew::judge(ours, "agent", None, "controller").is_ok(),
+            "{first:?}"
+        );
     }
 
     #[test]

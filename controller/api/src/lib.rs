@@ -7,7 +7,7 @@
 //! Data flow: adapters (agent, controller backends) build these types from the world; the
 //! core turns a snapshot into a plan; executors carry the plan out.
 //!
-//! May depend on: `serde`, `serde_json`, `thiserror`, `url` (BMC addresses); with `k8s`, `kube-core`, `k8s-openapi`,
+//! May depend on: `serde`, `serde_json`, `serde_path_to_error`, `thiserror`, `url` (BMC addresses); with `k8s`, `kube-core`, `k8s-openapi`,
 //! `schemars`. Must never depend on tokio, hyper, reqwest, the kube client crates or
 //! etcd-client (enforced by `metalguard-e2e`'s dependency-rule test).
 
@@ -22,5 +22,6 @@ pub mod plan;
 pub mod policy;
 pub mod protocol;
 pub mod remediation;
+pub mod skew;
 pub mod snapshot;
 pub mod text;

@@ -109,6 +109,8 @@ pub struct Hub {
     certificates: Mutex<BTreeMap<String, i64>>,
     /// Error answers of the agent API so far, by HTTP status.
     refusals: Mutex<BTreeMap<u16, u64>>,
+    /// Per host, the release its agent last sent and whether the skew policy supports it.
+    releases: Mutex<BTreeMap<String, (String, bool)>>,
     /// Reports accepted before the loop handled them, and spans this process was deaf.
     hearing: Mutex<crate::api::hearing::Hearing>,
 }
@@ -155,6 +157,7 @@ impl Hub {
             admission: Mutex::new(Admission::default()),
             revoked: Revoked::default(),
             certificates: Mutex::new(BTreeMap::new()),
+            releases: Mutex::new(BTreeMap::new()),
             refusals: Mutex::new(BTreeMap::new()),
             hearing: Mutex::new(crate::api::hearing::Hearing::default()),
         };
@@ -410,6 +413,29 @@ impl Hub {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// Records the release `host`'s agent sent, and whether the skew policy supports it;
+    /// true when that differs from what it sent before (worth a log line).
+    pub fn note_release(&self, host: &str, release: String, supported: bool) -> bool {
+        let entry = (release, supported);
+        self.releases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(host.to_owned(), entry.clone())
+            .is_none_or(|before| before != entry)
+    }
+
+    /// Per inventory host, the release its agent last sent and whether it is supported.
+    pub fn agent_releases(&self) -> BTreeMap<String, (String, bool)> {
+        let hosts = self.admission().hosts.clone();
+        self.releases
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(host, _)| hosts.contains(*host))
+            .map(|(host, release)| (host.clone(), release.clone()))
+            .collect()
     }
 
     /// Per inventory host, the end of validity (Unix seconds) of the certificate it was last

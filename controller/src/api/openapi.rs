@@ -236,7 +236,7 @@ fn errors() -> Value {
         "schema": { "type": "integer", "minimum": 1 },
     }});
     json!({
-        "400": with("the query or the body is not well-formed"),
+        "400": with("the query, the body or the metalguard-version header is not well-formed"),
         "403": with("the path names a host other than the client certificate's, or the certificate may not speak: its host is not in the inventory, is retired and powered off, or it is revoked"),
         "429": throttled,
         "503": with("this controller is not the leader, or is stopping"),
@@ -271,6 +271,11 @@ pub fn document() -> Value {
     let host = json!({
         "name": "host", "in": "path", "required": true,
         "description": "the host named by the client certificate",
+        "schema": { "type": "string" },
+    });
+    let release = json!({
+        "name": metalguard_api::skew::VERSION_HEADER, "in": "header", "required": false,
+        "description": "the agent's release (MAJOR.MINOR.PATCH); absent: 0.1.0. Every answer carries the controller's in the same header. Agents and controllers at most one minor version apart work together; a newer agent's unknown fields are left out, the same or an older release's refused (422)",
         "schema": { "type": "string" },
     });
     let with_errors = |mut responses: Value| {
@@ -324,7 +329,7 @@ pub fn document() -> Value {
             REPORT_PATH: { "post": {
                 "operationId": "report",
                 "summary": "An agent's report about its own host",
-                "parameters": [host, {
+                "parameters": [host, release, {
                     "name": BMC_TARGETS_PARAM, "in": "query", "required": false,
                     "description": "true: answer with bmc_targets (agents that predate it refuse unknown fields)",
                     "schema": { "type": "boolean" },
@@ -347,7 +352,7 @@ pub fn document() -> Value {
             COMMANDS_PATH: { "get": {
                 "operationId": "commands",
                 "summary": "Long-poll for the host's pending commands",
-                "parameters": [host, {
+                "parameters": [host, release, {
                     "name": WAIT_PARAM, "in": "query", "required": false,
                     "description": format!("seconds to wait for a command (at most {})", MAX_WAIT.as_secs()),
                     "schema": { "type": "integer", "minimum": 0 },
@@ -360,19 +365,25 @@ pub fn document() -> Value {
                     "description": "true: the agent checks a fence target's identity (fences carry expected_identity; agents that predate it refuse the field)",
                     "schema": { "type": "boolean" },
                 }],
-                "responses": with_errors(json!({ "200": ok("CommandBatch", "pending commands; empty when the wait ran out") })),
+                "responses": with_errors(json!({
+                    "200": ok("CommandBatch", "pending commands; empty when the wait ran out"),
+                    "426": {
+                        "description": "the agent's release is outside the skew policy: it is given no command (its reports, results and holds are still read)",
+                        "content": { "application/json": { "schema": reference("ErrorBody") } },
+                    },
+                })),
             }},
             RESULTS_PATH: { "post": {
                 "operationId": "results",
                 "summary": "The result of one command",
-                "parameters": [host],
+                "parameters": [host, release],
                 "requestBody": json_body("CommandResult"),
                 "responses": result_responses,
             }},
             HOLDS_PATH: { "post": {
                 "operationId": "holds",
                 "summary": "A break-glass hold recorded on this host (metalguard-agent fence --direct)",
-                "parameters": [host],
+                "parameters": [host, release],
                 "requestBody": json_body("Hold"),
                 "responses": hold_responses,
             }},

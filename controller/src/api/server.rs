@@ -16,6 +16,7 @@
 pub mod conn;
 pub mod guard;
 pub mod http;
+pub mod skew;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::conn::{ConnectionSlot, Connections, HandshakeSlot};
 use self::guard::{BodyBound, Guards};
+use self::skew::{AgentVersion, Peer};
 use crate::api::hub::{HoldError, Hub, Inbound, ResultError};
 use crate::clock::now;
 use crate::inventory::ApiLimits;
@@ -94,6 +96,7 @@ pub fn router(hub: Arc<Hub>, guards: &Arc<Guards>, limits: &ApiLimits) -> Router
         ))
         .layer(axum::middleware::from_fn(conn::track_activity))
         .layer(axum::middleware::map_response(guard::json_errors))
+        .layer(axum::middleware::map_response(skew::announce))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&hub),
             count_refusals,
@@ -168,11 +171,16 @@ async fn report(
     Extension(peer): Extension<PeerHost>,
     Path(host): Path<String>,
     Query(query): Query<ReportQuery>,
-    Json(report): Json<AgentReport>,
+    Peer {
+        body: report,
+        agent,
+    }: Peer<AgentReport>,
 ) -> Response {
     if let Err(refusal) = admit(&hub, &peer, &host) {
         return *refusal;
     }
+    // Read even outside the skew policy: a host is never fenced for its agent's release.
+    skew::note(&hub, &host, &agent);
     if report.host != host {
         return refuse(
             StatusCode::FORBIDDEN,
@@ -260,9 +268,13 @@ async fn commands(
     Extension(peer): Extension<PeerHost>,
     Path(host): Path<String>,
     Query(query): Query<WaitQuery>,
+    agent: AgentVersion,
 ) -> Response {
     if let Err(refusal) = admit(&hub, &peer, &host) {
         return *refusal;
+    }
+    if let Err(refusal) = agent.within_policy(&host, "commands") {
+        return refusal;
     }
     let wait = Duration::from_secs(query.wait).min(MAX_WAIT);
     let mut commands = hub.poll(&host, wait).await;
@@ -283,7 +295,9 @@ async fn results(
     State(hub): State<Arc<Hub>>,
     Extension(peer): Extension<PeerHost>,
     Path(host): Path<String>,
-    Json(result): Json<CommandResult>,
+    // Results and holds are facts from the agent, read strictly outside the skew policy too:
+    // a fence's verified outcome and a person's hold must never be lost to a version.
+    Peer { body: result, .. }: Peer<CommandResult>,
 ) -> Response {
     if let Err(refusal) = admit(&hub, &peer, &host) {
         return *refusal;
@@ -320,7 +334,7 @@ async fn holds(
     State(hub): State<Arc<Hub>>,
     Extension(peer): Extension<PeerHost>,
     Path(host): Path<String>,
-    Json(hold): Json<Hold>,
+    Peer { body: hold, .. }: Peer<Hold>,
 ) -> Response {
     if let Err(refusal) = admit(&hub, &peer, &host) {
         return *refusal;

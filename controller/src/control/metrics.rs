@@ -101,6 +101,9 @@ pub struct Metrics {
     pub round_seconds: Histogram,
     /// Error answers of the agent API, by HTTP status (`code`).
     pub api_refusals: Family<Labels, Counter>,
+    /// Per host, 1 for the release its agent last sent (`version`), with `supported` false
+    /// when the skew policy does not cover it (its commands and results are refused).
+    pub agent_release: Family<Labels, Gauge>,
 }
 
 impl Metrics {
@@ -149,6 +152,7 @@ impl Metrics {
             refusals: Family::default(),
             round_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             api_refusals: Family::default(),
+            agent_release: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -356,6 +360,11 @@ impl Metrics {
             "Error answers of the agent API, by HTTP status",
             self.api_refusals.clone(),
         );
+        registry.register(
+            "agent_release",
+            "1 per host for the release its agent last sent; supported=false outside the skew policy",
+            self.agent_release.clone(),
+        );
     }
 
     /// Brings the API refusal counters up to the hub's totals (`refusals`, by status).
@@ -365,6 +374,22 @@ impl Metrics {
                 .api_refusals
                 .get_or_create(&label("code", &status.to_string()));
             counter.inc_by(total.saturating_sub(counter.get()));
+        }
+    }
+
+    /// Sets the per-host release gauges to `releases` (host → release, supported).
+    pub fn set_agent_releases(
+        &self,
+        releases: &std::collections::BTreeMap<String, (String, bool)>,
+    ) {
+        self.agent_release.clear();
+        for (host, (release, supported)) in releases {
+            let labels = vec![
+                ("host".to_owned(), host.clone()),
+                ("version".to_owned(), release.clone()),
+                ("supported".to_owned(), supported.to_string()),
+            ];
+            self.agent_release.get_or_create(&labels).set(1);
         }
     }
 

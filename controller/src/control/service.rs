@@ -264,6 +264,7 @@ impl<B: Backend> Controller<B> {
                 .agents_connected
                 .set(i64::try_from(self.hub.agents_polling()).unwrap_or(i64::MAX));
             self.metrics.count_api_refusals(&self.hub.refusals());
+            self.metrics.set_agent_releases(&self.hub.agent_releases());
             self.metrics.agent_certificate_expiry.clear();
             for (host, end) in self.hub.agent_certificates() {
                 self.metrics

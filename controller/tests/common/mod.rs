@@ -230,7 +230,26 @@ pub fn client_config(tls: &Path, host: Option<&str>) -> rustls::ClientConfig {
     }
 }
 
+/// An agent's client: mTLS as `host`, saying this tree's release as every agent does.
 pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        metalguard_api::skew::VERSION_HEADER,
+        metalguard_api::skew::Version::ours()
+            .to_string()
+            .parse()
+            .unwrap(),
+    );
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(client_config(tls, host))
+        .default_headers(headers)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// [`client`] without the release header: an agent of the release before the exchange.
+pub fn client_unversioned(tls: &Path, host: Option<&str>) -> reqwest::Client {
     reqwest::Client::builder()
         .tls_backend_preconfigured(client_config(tls, host))
         .timeout(Duration::from_secs(20))

@@ -56,8 +56,18 @@ pub fn agent_client(tls: &Path, host: &str) -> reqwest::blocking::Client {
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)
         .unwrap();
+    // Says this tree's release, as every agent does.
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        metalguard_api::skew::VERSION_HEADER,
+        metalguard_api::skew::Version::ours()
+            .to_string()
+            .parse()
+            .unwrap(),
+    );
     reqwest::blocking::Client::builder()
         .tls_backend_preconfigured(config)
+        .default_headers(headers)
         .timeout(Duration::from_secs(10))
         .connect_timeout(Duration::from_secs(2))
         .build()

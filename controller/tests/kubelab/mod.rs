@@ -507,7 +507,7 @@ pub fn create_pod(admin: &ApiClient, name: &str) {
                 "spec": {
                     "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
                         "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [{"name": "controller", "image": "metalguard-controller:0.1.0",
+                    "containers": [{"name": "controller", "image": "metalguard-controller:0.2.0",
                         "securityContext": {"allowPrivilegeEscalation": false,
                             "capabilities": {"drop": ["ALL"]}}}]}}),
         )
