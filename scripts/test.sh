@@ -22,6 +22,13 @@ packaging/test-packages.sh
 # Debian's 3.4 (PATH) and on a 3.5 build (scripts/etcd35.sh, fetched by setup.sh). Every run
 # uses the one build of the workspace's tests: the later runs select a package with a filter
 # instead of `-p`, which could resolve features differently and build again.
+# The previous release's agent and controller, for the mixed-version tests (issue 26,
+# tests/tests/lab_upgrade.rs): built from the commit packaging/releases.tsv records, in this
+# tree's target directory so that shared dependencies are built once.
+echo "== the previous release ($(scripts/previous-release.sh --version)) for the mixed-version tests"
+METALGUARD_PREVIOUS_BIN_DIR="$(scripts/previous-release.sh)"
+export METALGUARD_PREVIOUS_BIN_DIR
+
 eval "$(scripts/kube-build.sh --print-env | sed 's/^/export /')"
 etcd36="$METALGUARD_ETCD36_BIN"
 etcd35="$(scripts/etcd35.sh)"

@@ -185,7 +185,12 @@ impl Lab {
         self.controllers[slot].frozen = false;
         self.controllers[slot].restart_at = None;
         self.controllers[slot].started_at = Some(Instant::now());
-        let bin = self.options.bin_dir.join("metalguard-controller");
+        let bin = self
+            .options
+            .controller_bin_dir
+            .as_ref()
+            .unwrap_or(&self.options.bin_dir)
+            .join("metalguard-controller");
         let c = &self.controllers[slot];
         let id = c.identity();
         let mut command = if let Some(kube) = &self.kube {

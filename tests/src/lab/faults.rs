@@ -47,6 +47,29 @@ impl Lab {
         Ok(())
     }
 
+    /// Upgrades (or downgrades) host `i`'s agent as its package would: the running agent is
+    /// stopped (SIGTERM, as systemd's restart does) and the one in `bin_dir` (`None`: the
+    /// lab's own) started with the same configuration and state. The host's etcd member
+    /// keeps running.
+    pub fn upgrade_agent(&mut self, i: usize, bin_dir: Option<&std::path::Path>) -> Result<()> {
+        let name = self.hosts[i].name.clone();
+        self.hosts[i].stop_agent();
+        self.hosts[i].agent_bin_dir = bin_dir.map(std::path::Path::to_path_buf);
+        self.hosts[i].start_agent(&self.options.bin_dir)?;
+        let from = self.hosts[i]
+            .agent_bin_dir
+            .as_deref()
+            .unwrap_or(&self.options.bin_dir)
+            .display()
+            .to_string();
+        self.timeline.add(
+            "lab",
+            format!("{name}'s agent restarts on another release"),
+            &from,
+        );
+        Ok(())
+    }
+
     /// Freezes (`true`) or thaws host `i`'s BMC emulator: a BMC that does not answer.
     pub fn freeze_bmc(&mut self, i: usize, frozen: bool) -> Result<()> {
         self.hosts[i].freeze_bmc(frozen)?;

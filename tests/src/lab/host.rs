@@ -71,6 +71,9 @@ pub struct LabHost {
     pub index: usize,
     agent: Option<Proc>,
     agent_frozen: bool,
+    /// Where this host's `metalguard-agent` comes from when not the lab's own `bin_dir`: an
+    /// older release ([`super::LabOptions::agent_bin_dir`], [`super::Lab::upgrade_agent`]).
+    pub(super) agent_bin_dir: Option<PathBuf>,
     powered: bool,
     power_events_seen: usize,
     /// The BMC lies (a nemesis fault): it records power changes and the host ignores them.
@@ -136,6 +139,7 @@ impl LabHost {
             index,
             agent: None,
             agent_frozen: false,
+            agent_bin_dir: None,
             powered: true,
             power_events_seen: 0,
             bmc_lying: false,
@@ -405,7 +409,11 @@ impl LabHost {
     }
 
     pub(super) fn start_agent(&mut self, bin_dir: &Path) -> Result<()> {
-        let agent = bin_dir.join("metalguard-agent");
+        let agent = self
+            .agent_bin_dir
+            .as_deref()
+            .unwrap_or(bin_dir)
+            .join("metalguard-agent");
         let mut command = netns::command_in(self.placement.netns.as_deref(), &agent)?;
         command
             .args(["run", "--log-stderr", "--config"])
@@ -440,6 +448,14 @@ impl LabHost {
     pub(super) fn kill_agent(&mut self) {
         if let Some(mut a) = self.agent.take() {
             a.kill();
+        }
+        self.agent_frozen = false;
+    }
+
+    /// Stops the agent as systemd would (SIGTERM, then SIGKILL after 5 s).
+    pub(super) fn stop_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            a.terminate(std::time::Duration::from_secs(5));
         }
         self.agent_frozen = false;
     }

@@ -165,6 +165,12 @@ pub struct LabOptions {
     /// ([`Lab::take_controller_exits`] lists the exits); without it an exit fails the next
     /// tick, as a test wants.
     pub supervise_controllers: bool,
+    /// Where every agent's binary comes from at the start, when not `bin_dir`: another
+    /// release's (`scripts/previous-release.sh`), for the mixed-version tests.
+    pub agent_bin_dir: Option<PathBuf>,
+    /// Where the controller replicas' binary comes from, when not `bin_dir` (the lab's own
+    /// certificate and status commands keep `bin_dir`'s).
+    pub controller_bin_dir: Option<PathBuf>,
 }
 
 /// The controller's backend in the lab.
@@ -219,6 +225,8 @@ impl LabOptions {
             controllers: 1,
             lag_relays: false,
             supervise_controllers: false,
+            agent_bin_dir: None,
+            controller_bin_dir: None,
         }
     }
 }
@@ -468,6 +476,9 @@ impl Lab {
         for i in 0..lab.hosts.len() {
             let config = lab.agent_config(i, &endpoints);
             lab.hosts[i].write_agent_config(&config)?;
+            lab.hosts[i]
+                .agent_bin_dir
+                .clone_from(&lab.options.agent_bin_dir);
             lab.hosts[i].start_agent(&lab.options.bin_dir)?;
         }
         lab.timeline
