@@ -82,24 +82,30 @@ fi
 # was the larger part of their ~15 minutes on a cold 2-core machine (issue 29,
 # docs/benchmarks.md). Per-package settings of a tool's own manifest still apply.
 cargo_install() {
-  say "cargo: installing $1"
+  say "cargo: installing $*"
   CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_LTO=false \
     CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG=false \
-    cargo install --locked "$1"
+    cargo install --locked "$@"
 }
-
-for tool in cargo-deb cargo-generate-rpm; do
-  command -v "$tool" >/dev/null 2>&1 || cargo_install "$tool"
-done
 
 # kube-apiserver, kube-controller-manager, kubectl, etcd and etcdctl of the pinned releases
 # (tests/kube/*/go.mod) into .tools/, keyed by version; kube-build.sh skips what is built.
+# It runs beside the cargo installs below: each leaves a core idle for stretches (a
+# crate's single-threaded build, a link), so together they take less than one after the
+# other on 2 cores (issue 29, docs/benchmarks.md).
 if ! command -v go >/dev/null 2>&1; then
   echo "[setup] go not found: Go 1.26 is needed to build the Kubernetes test binaries (tests/kube/)" >&2
   exit 1
 fi
-say "kube: building or reusing the Kubernetes and etcd 3.6 test binaries"
-scripts/kube-build.sh
+say "kube: building or reusing the Kubernetes and etcd 3.6 test binaries (in the background)"
+scripts/kube-build.sh &
+kube_build=$!
+# A set-up that fails meanwhile does not leave the build running.
+trap 'pkill -P "$kube_build" 2>/dev/null; kill "$kube_build" 2>/dev/null; true' EXIT
+
+for tool in cargo-deb cargo-generate-rpm; do
+  command -v "$tool" >/dev/null 2>&1 || cargo_install "$tool"
+done
 
 # etcd 3.5 for the etcd matrix of scripts/test.sh (3.4 is Debian's, 3.6 the build above):
 # Debian trixie's package unpacked into .tools/etcd35/; kept when present.
@@ -107,8 +113,16 @@ say "etcd: fetching or reusing etcd 3.5 (scripts/etcd35.sh)"
 scripts/etcd35.sh >/dev/null
 
 if ! cargo nextest --version >/dev/null 2>&1; then
-  cargo_install cargo-nextest
+  # Without the self-update feature (an HTTP client, archive formats): ~40 crates fewer, and
+  # the test command never updates its tools.
+  cargo_install cargo-nextest --no-default-features --features default-no-update
 else
   say "cargo: nextest present"
 fi
+
+if ! wait "$kube_build"; then
+  echo "[setup] scripts/kube-build.sh failed (its output is above)" >&2
+  exit 1
+fi
+trap - EXIT
 say "done"

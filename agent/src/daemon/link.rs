@@ -231,8 +231,9 @@ impl Link {
             Some(body) => client.post(url).json(body),
             None => client.get(url),
         };
+        let (version_header, release) = skew::our_header();
         let response = request
-            .header(skew::VERSION_HEADER, skew::Version::ours().to_string())
+            .header(version_header, release)
             .timeout(timeout)
             .send()
             .await

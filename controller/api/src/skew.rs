@@ -107,6 +107,12 @@ impl fmt::Display for Version {
     }
 }
 
+/// The header this build sends on every request or answer: ([`VERSION_HEADER`], its release).
+#[must_use]
+pub fn our_header() -> (&'static str, String) {
+    (VERSION_HEADER, Version::ours().to_string())
+}
+
 /// Where a peer stands relative to us, within the policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Skew {

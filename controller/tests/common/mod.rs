@@ -232,14 +232,10 @@ pub fn client_config(tls: &Path, host: Option<&str>) -> rustls::ClientConfig {
 
 /// An agent's client: mTLS as `host`, saying this tree's release as every agent does.
 pub fn client(tls: &Path, host: Option<&str>) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        metalguard_api::skew::VERSION_HEADER,
-        metalguard_api::skew::Version::ours()
-            .to_string()
-            .parse()
-            .unwrap(),
-    );
+    let (name, release) = metalguard_api::skew::our_header();
+    let headers = [(name.parse().unwrap(), release.parse().unwrap())]
+        .into_iter()
+        .collect();
     reqwest::Client::builder()
         .tls_backend_preconfigured(client_config(tls, host))
         .default_headers(headers)

@@ -57,14 +57,10 @@ pub fn agent_client(tls: &Path, host: &str) -> reqwest::blocking::Client {
         .with_client_auth_cert(chain, key)
         .unwrap();
     // Says this tree's release, as every agent does.
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        metalguard_api::skew::VERSION_HEADER,
-        metalguard_api::skew::Version::ours()
-            .to_string()
-            .parse()
-            .unwrap(),
-    );
+    let (name, release) = metalguard_api::skew::our_header();
+    let headers = [(name.parse().unwrap(), release.parse().unwrap())]
+        .into_iter()
+        .collect();
     reqwest::blocking::Client::builder()
         .tls_backend_preconfigured(config)
         .default_headers(headers)
