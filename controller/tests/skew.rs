@@ -39,7 +39,7 @@ async fn a_newer_agents_fields_are_left_out_and_an_agent_outside_the_policy_gets
     let w1 = client_unversioned(&lab.tls(), Some("w-1"));
     wait_leader(&w1, port.port(), Duration::from_secs(15)).await;
     let report_url = url(port.port(), &report_path("w-1"));
-    let post = |version: Option<String>, body: String| {
+    let send = |version: Option<String>, body: String| {
         let mut request = w1
             .post(&report_url)
             .header("content-type", "application/json")
@@ -51,7 +51,7 @@ async fn a_newer_agents_fields_are_left_out_and_an_agent_outside_the_policy_gets
     };
 
     // Every answer says the controller's release, errors too.
-    let answer = post(Some(ours_plus(0)), report_json(2, "")).await.unwrap();
+    let answer = send(Some(ours_plus(0)), report_json(2, "")).await.unwrap();
     assert_eq!(answer.status().as_u16(), 200);
     let said = answer
         .headers()
@@ -64,7 +64,7 @@ async fn a_newer_agents_fields_are_left_out_and_an_agent_outside_the_policy_gets
     // A field this release does not know: left out from the next minor release, refused
     // (naming it) from this release and from one that sends no version.
     let unknown = r#","coming_in_a_later_release":{"x":[1,2]}"#;
-    let newer = post(Some(ours_plus(1)), report_json(3, unknown))
+    let newer = send(Some(ours_plus(1)), report_json(3, unknown))
         .await
         .unwrap();
     assert_eq!(
@@ -74,7 +74,7 @@ async fn a_newer_agents_fields_are_left_out_and_an_agent_outside_the_policy_gets
         newer.text().await.unwrap()
     );
     for version in [Some(ours_plus(0)), None] {
-        let answer = post(version.clone(), report_json(4, unknown))
+        let answer = send(version.clone(), report_json(4, unknown))
             .await
             .unwrap();
         assert_eq!(answer.status().as_u16(), 422, "{version:?}");
@@ -87,7 +87,7 @@ async fn a_newer_agents_fields_are_left_out_and_an_agent_outside_the_policy_gets
         );
     }
     // A newer agent's known field of the wrong type is still refused.
-    let wrong = post(
+    let wrong = send(
         Some(ours_plus(1)),
         report_json(5, "").replace(r#""sequence":5"#, r#""sequence":"five""#),
     )
@@ -98,7 +98,7 @@ async fn a_newer_agents_fields_are_left_out_and_an_agent_outside_the_policy_gets
     // Two minor releases ahead: its report is read (strictly), its long-poll refused (426)
     // naming both releases, and the metrics name it unsupported.
     let far = ours_plus(2);
-    let heard = post(Some(far.clone()), report_json(6, "")).await.unwrap();
+    let heard = send(Some(far.clone()), report_json(6, "")).await.unwrap();
     assert_eq!(heard.status().as_u16(), 200);
     let poll = w1
         .get(url(port.port(), &commands_path("w-1", Duration::ZERO)))
@@ -145,7 +145,7 @@ async fn a_newer_agents_fields_are_left_out_and_an_agent_outside_the_policy_gets
     assert_eq!(poll.status().as_u16(), 200);
 
     // A version header that is not a version: 400, for a report and for a long-poll.
-    let garbage = post(Some("latest".to_owned()), report_json(7, ""))
+    let garbage = send(Some("latest".to_owned()), report_json(7, ""))
         .await
         .unwrap();
     assert_eq!(garbage.status().as_u16(), 400);

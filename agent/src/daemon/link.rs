@@ -95,10 +95,10 @@ impl LinkError {
             | LinkError::NoController
             | LinkError::NoAnswer(_)
             | LinkError::Skew(_) => true,
-            LinkError::Answer(_) => false,
             LinkError::Status { status, .. } => *status == reqwest::StatusCode::SERVICE_UNAVAILABLE,
-            // The leader answered: another controller would only answer 503.
-            LinkError::Throttled { .. } => false,
+            // The leader answered (throttled, or with what this agent cannot read): another
+            // controller would only answer 503.
+            LinkError::Throttled { .. } | LinkError::Answer(_) => false,
         }
     }
 

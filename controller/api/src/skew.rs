@@ -43,6 +43,22 @@ pub const MAX_MINOR_SKEW: u64 = 1;
 /// release adds a handful, not hundreds.
 pub const MAX_IGNORED_FIELDS: usize = 32;
 
+/// This build's release, read from cargo's version parts when it is compiled.
+const OURS: Version = Version::new(
+    decimal(env!("CARGO_PKG_VERSION_MAJOR")),
+    decimal(env!("CARGO_PKG_VERSION_MINOR")),
+    decimal(env!("CARGO_PKG_VERSION_PATCH")),
+);
+
+/// A decimal number at compile time (a version part cargo gives).
+#[allow(clippy::panic)] // evaluated while compiling: a bad version fails the build, never a run
+const fn decimal(text: &str) -> u64 {
+    match u64::from_str_radix(text, 10) {
+        Ok(number) => number,
+        Err(_) => panic!("a version part is not a decimal number"),
+    }
+}
+
 /// A release number. A pre-release or build suffix (`0.2.0-dev`) is kept out of the
 /// comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -67,12 +83,9 @@ impl Version {
     }
 
     /// This build's release: the workspace version every crate shares.
-    ///
-    /// # Panics
-    /// Never for the workspace's own version, which a unit test parses.
     #[must_use]
-    pub fn ours() -> Self {
-        Self::parse(env!("CARGO_PKG_VERSION")).expect("the workspace version parses")
+    pub const fn ours() -> Self {
+        OURS
     }
 
     /// Parses `MAJOR.MINOR.PATCH`, with an optional `-pre` or `+build` suffix.
@@ -310,7 +323,7 @@ fn described(error: &serde_path_to_error::Error<serde_json::Error>) -> DecodeErr
 /// `path.field`, unless the path already ends at the field.
 fn joined(path: &serde_path_to_error::Path, field: &str) -> String {
     let ends_at_field = matches!(
-        path.iter().last(),
+        path.iter().next_back(),
         Some(serde_path_to_error::Segment::Map { key }) if key == field
     );
     let path = path.to_string();
@@ -357,6 +370,8 @@ fn remove_field(tree: &mut Value, path: &serde_path_to_error::Path, field: &str)
 
 #[cfg(test)]
 mod tests {
+    use std::fmt::Write as _;
+
     use super::*;
     use crate::protocol::{AgentReport, CommandBatch, ReportAck};
 
@@ -458,13 +473,17 @@ mod tests {
 
     #[test]
     fn too_many_unknown_fields_are_refused_even_from_a_newer_peer() {
-        let fields: String = (0..=MAX_IGNORED_FIELDS)
-            .map(|i| format!(r#","f{i}":1"#))
-            .collect();
-        let ack = format!(r#"{{"sequence":1,"received_at":5{fields}}}"#);
+        let fields = |n: usize| -> String {
+            (0..n).fold(String::new(), |mut out, i| {
+                let _ = write!(out, r#","f{i}":1"#);
+                out
+            })
+        };
+        let many = fields(MAX_IGNORED_FIELDS + 1);
+        let ack = format!(r#"{{"sequence":1,"received_at":5{many}}}"#);
         let error = decode::<ReportAck>(ack.as_bytes(), Tolerance::NewerPeer).unwrap_err();
         assert!(error.message.contains("more than"), "{error}");
-        let few: String = (0..3).map(|i| format!(r#","f{i}":1"#)).collect();
+        let few = fields(3);
         let ack = format!(r#"{{"sequence":1,"received_at":5{few}}}"#);
         assert_eq!(
             decode::<ReportAck>(ack.as_bytes(), Tolerance::NewerPeer)

@@ -28,23 +28,22 @@ pub fn note(hub: &Hub, host: &str, agent: &AgentVersion) {
     if hub.note_release(host, release, supported) {
         match &agent.skew {
             Ok(skew) => {
-                tracing::info!(%host, release = ?agent.version.map(|v| v.to_string()), ?skew, "agent release")
+                tracing::info!(%host, release = ?agent.version.map(|v| v.to_string()), ?skew, "agent release");
             }
             Err(error) => {
-                tracing::warn!(%host, %error, "agent release outside the skew policy: its reports are read, it is given no command")
+                tracing::warn!(%host, %error, "agent release outside the skew policy: its reports are read, it is given no command");
             }
         }
     }
 }
 
-/// Our release, as the header's value.
-fn our_header() -> HeaderValue {
-    HeaderValue::from_str(&Version::ours().to_string()).expect("a version is a header value")
-}
-
 /// Adds our release to every answer (a layer over the whole router).
 pub async fn announce(mut response: Response) -> Response {
-    response.headers_mut().insert(VERSION_HEADER, our_header());
+    let (name, release) = skew::our_header();
+    // A version is digits and dots: always a header value.
+    if let Ok(value) = HeaderValue::from_str(&release) {
+        response.headers_mut().insert(name, value);
+    }
     response
 }
 
