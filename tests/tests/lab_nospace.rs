@@ -17,11 +17,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use metalguard_e2e::HarnessError;
 use metalguard_e2e::lab::scenarios::OVERHEAD;
 use metalguard_e2e::lab::{Lab, LabOptions};
+use metalguard_e2e::soak::recorder::unix_ms;
 use serde_json::Value;
 
 /// etcd's space quota in the lab: small, so a few puts fill it.
@@ -30,16 +31,6 @@ const QUOTA: u64 = 2 * 1024 * 1024;
 const VALUE_BYTES: usize = 100 * 1024;
 /// etcd's answer to a write over the quota (DOMAIN.md §1).
 const NOSPACE_ERROR: &str = "etcdserver: mvcc: database space exceeded";
-
-fn unix_ms() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
 
 /// Puts large values until etcd refuses one for space; returns how many were accepted.
 fn fill_until_nospace(lab: &Lab) -> usize {

@@ -12,9 +12,10 @@
 mod labrun;
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use metalguard_e2e::lab::{Lab, LabOptions, test_bin_dir};
+use metalguard_e2e::soak::recorder::unix_ms;
 
 /// The previous release's binaries.
 fn previous_bin_dir() -> PathBuf {
@@ -39,16 +40,6 @@ fn release_of(bin: &std::path::Path) -> String {
         .last()
         .unwrap_or_default()
         .to_owned()
-}
-
-fn unix_ms() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
 }
 
 /// The release each host's agent last reported with, from the controller's status.
