@@ -26,9 +26,9 @@ check() { # check NAME CONDITION-COMMAND...
 # shellcheck disable=SC2086 # word splitting of the arguments is intended
 packaging/build-packages.sh ${PACKAGE_TEST_BUILD_ARGS:---no-musl --profile dev}
 DEB1=$(ls target/debian/metalguard-agent_*_amd64.deb | head -1)
-RPM=$(ls target/generate-rpm/metalguard-agent-*.rpm | head -1)
+RPM=$(ls target/rpm/metalguard-agent-*.rpm | head -1)
 CONTROLLER_DEB=$(ls target/debian/metalguard-controller_*_amd64.deb | head -1)
-CONTROLLER_RPM=$(ls target/generate-rpm/metalguard-controller-*.rpm | head -1)
+CONTROLLER_RPM=$(ls target/rpm/metalguard-controller-*.rpm | head -1)
 WORK=$(mktemp -d /tmp/mg-pkgtest-XXXXXX)
 NSPAWN_PID=""
 cleanup() {
@@ -44,7 +44,7 @@ mkdir -p "$WORK/pkgs"
 cp "$DEB1" "$WORK/pkgs/v1.deb"
 cp "$CONTROLLER_DEB" "$WORK/pkgs/controller.deb"
 # A "newer build": same content, higher Debian revision.
-cargo deb -p metalguard-agent --no-build --no-strip --locked --deb-revision 2 -o "$WORK/pkgs/v2.deb" >/dev/null
+cargo deb -p metalguard-agent --no-build --no-strip --locked --fast --deb-revision 2 -o "$WORK/pkgs/v2.deb" >/dev/null
 
 say "rpm: contents and scriptlets"
 rpm_files=$(rpm -qlp "$RPM" 2>/dev/null)

@@ -50,18 +50,19 @@ if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
   }
 fi
 
-say "building $version from $commit (agent; controller without the Kubernetes backend)"
+say "building $version from $commit (agent and controller)"
 rm -rf "$dest"
 mkdir -p "$dest/src" "$bin"
 git archive "$commit" | tar -x -C "$dest/src"
 target="$root/target"
-# The agent and the standalone controller: what the lab runs. One cargo invocation per
-# package, so neither resolves features for the other.
+# The agent and the controller, what the lab runs, with the features the release's whole
+# workspace resolves (`--workspace --bin ...`): the same as this tree's test build for every
+# dependency both use, so those are built once (a `-p` build per package resolved other
+# features and built most dependencies again, issue 29). The controller so built carries its
+# Kubernetes backend, which the lab's standalone configuration never starts.
 (cd "$dest/src" && CARGO_TARGET_DIR="$target" cargo build --locked --quiet \
-  -p metalguard-agent --bin metalguard-agent)
+  --workspace --bin metalguard-agent --bin metalguard-controller)
 mv "$target/debug/metalguard-agent" "$bin/metalguard-agent"
-(cd "$dest/src" && CARGO_TARGET_DIR="$target" cargo build --locked --quiet \
-  -p metalguard-controller --no-default-features --bin metalguard-controller)
 mv "$target/debug/metalguard-controller" "$bin/metalguard-controller"
 rm -rf "$dest/src"
 echo "$commit" > "$dest/commit"

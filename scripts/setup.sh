@@ -11,6 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LAB_ONLY=false
+# Prebuilt tools (scripts/requirements-tools.txt) are linked here; scripts/test.sh puts it
+# first on PATH too.
+export PATH="$PWD/.tools/bin:$PATH"
 [ "${1:-}" = "--lab" ] && LAB_ONLY=true
 
 APT_PACKAGES=(
@@ -24,7 +27,7 @@ APT_PACKAGES=(
   libxml2-utils                # xmllint for the fence-agent metadata test
   fence-agents                 # its metadata.rng schema (test) and fence_ipmilan/fence_redfish (benchmarks)
   debootstrap systemd-container # a bookworm root booted with systemd-nspawn for the package tests
-  rpm                          # rpm -qlp / --scripts checks of the .rpm
+  rpm                          # rpmbuild builds the .rpm (packaging/build-rpm.py); rpm -qlp / --scripts check it
   musl-tools                   # the static (musl) agent build
   prometheus                   # promtool: checks and unit-tests the shipped alert rules (controller/tests/alerts.rs)
 )
@@ -100,28 +103,55 @@ fi
 say "kube: building or reusing the Kubernetes and etcd 3.6 test binaries (in the background)"
 scripts/kube-build.sh &
 kube_build=$!
-# A set-up that fails meanwhile does not leave the build running.
-trap 'pkill -P "$kube_build" 2>/dev/null; kill "$kube_build" 2>/dev/null; true' EXIT
+# The package test's bookworm root (packaging/nspawn-root.sh, cached in .cache/nspawn): its
+# debootstrap waits on the network and the disk for ~1.5 min, so it runs beside the builds.
+say "packages: building or reusing the package test's bookworm root (in the background)"
+packaging/nspawn-root.sh >/dev/null &
+nspawn_root=$!
+# A set-up that fails meanwhile does not leave either running.
+trap 'pkill -P "$kube_build,$nspawn_root" 2>/dev/null; kill "$kube_build" "$nspawn_root" 2>/dev/null; true' EXIT
 
-for tool in cargo-deb cargo-generate-rpm; do
-  command -v "$tool" >/dev/null 2>&1 || cargo_install "$tool"
-done
+# cargo-deb builds the .deb; the .rpm is rpmbuild's (apt `rpm`, packaging/build-rpm.py).
+command -v cargo-deb >/dev/null 2>&1 || cargo_install cargo-deb
 
 # etcd 3.5 for the etcd matrix of scripts/test.sh (3.4 is Debian's, 3.6 the build above):
 # Debian trixie's package unpacked into .tools/etcd35/; kept when present.
 say "etcd: fetching or reusing etcd 3.5 (scripts/etcd35.sh)"
 scripts/etcd35.sh >/dev/null
 
+# cargo-nextest: the prebuilt, hash-pinned build of scripts/requirements-tools.txt (seconds)
+# when it can be installed; otherwise built from crates.io (9.5 min on a cold 2-core machine).
+TOOLS_REQ=scripts/requirements-tools.txt
+TOOLS_VENV=.tools/tools-venv
+tools_want=$(sha256sum "$TOOLS_REQ" | cut -d' ' -f1)
+if [ ! -x .tools/bin/cargo-nextest ] || [ "$(cat "$TOOLS_VENV/.requirements.sha256" 2>/dev/null)" != "$tools_want" ]; then
+  say "cargo-nextest: installing the prebuilt build pinned in $TOOLS_REQ"
+  rm -rf "$TOOLS_VENV" .tools/bin/cargo-nextest
+  python3 -m venv "$TOOLS_VENV"
+  if "$TOOLS_VENV/bin/pip" install -q --disable-pip-version-check --no-deps --require-hashes -r "$TOOLS_REQ" \
+      && "$TOOLS_VENV/bin/cargo-nextest" nextest --version >/dev/null 2>&1; then
+    mkdir -p .tools/bin
+    ln -s ../tools-venv/bin/cargo-nextest .tools/bin/cargo-nextest
+    echo "$tools_want" > "$TOOLS_VENV/.requirements.sha256"
+  else
+    say "cargo-nextest: the prebuilt build cannot be installed here; building it from crates.io"
+    rm -rf "$TOOLS_VENV"
+  fi
+fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   # Without the self-update feature (an HTTP client, archive formats): ~40 crates fewer, and
   # the test command never updates its tools.
   cargo_install cargo-nextest --no-default-features --features default-no-update
 else
-  say "cargo: nextest present"
+  say "cargo: nextest present ($(cargo nextest --version 2>/dev/null | head -n 1))"
 fi
 
 if ! wait "$kube_build"; then
   echo "[setup] scripts/kube-build.sh failed (its output is above)" >&2
+  exit 1
+fi
+if ! wait "$nspawn_root"; then
+  echo "[setup] packaging/nspawn-root.sh failed (its output is above)" >&2
   exit 1
 fi
 trap - EXIT

@@ -3,6 +3,8 @@
 # integration and end-to-end test with cargo-nextest against real etcd and BMC emulators.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The prebuilt tools setup.sh links (cargo-nextest, scripts/requirements-tools.txt).
+export PATH="$PWD/.tools/bin:$PATH"
 
 scripts/setup.sh
 
@@ -57,7 +59,8 @@ nextest_on "$etcd35" -E 'package(metalguard-etcd)'
 # The nemesis soak (issue 24), short, with fixed seeds: five hosts, two controllers, random
 # faults within what quorum tolerates, and the history checker; same binaries as the suite.
 echo "== nemesis soak: standalone and Kubernetes, fixed seeds"
-cargo build --locked -p metalguard-e2e --bin metalguard-soak
+# `--workspace` resolves features as the test build did, so the soak binary is that build's.
+cargo build --locked --workspace --bin metalguard-soak
 scripts/soak.sh --no-build --seed 3 --duration 75 --out target/soak/ci-standalone-seed-3 \
   || failed+=("soak: standalone, seed 3 (scripts/soak.sh --seed 3 --duration 75)")
 scripts/soak.sh --no-build --kubernetes --seed 3 --duration 75 --out target/soak/ci-kubernetes-seed-3 \
