@@ -30,6 +30,8 @@ APT_PACKAGES=(
   rpm                          # rpmbuild builds the .rpm (packaging/build-rpm.py); rpm -qlp / --scripts check it
   musl-tools                   # the static (musl) agent build
   prometheus                   # promtool: checks and unit-tests the shipped alert rules (controller/tests/alerts.rs)
+  umoci skopeo                 # the controller's image without Docker (packaging/build-image.sh)
+  containerd runc              # the container runtime that imports and runs it (tests/tests/image.rs)
 )
 
 LAB_PACKAGES=(
@@ -56,6 +58,11 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
   if [[ " ${need_apt[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
     say "apt: stopping and disabling the prometheus service the package started (only promtool is used)"
     $SUDO systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  fi
+  # Likewise containerd: the image test starts a private one (tests/src/containerd.rs).
+  if [[ " ${need_apt[*]} " == *" containerd "* ]] && [ -d /run/systemd/system ]; then
+    say "apt: stopping and disabling the containerd service the package started (the tests run their own)"
+    $SUDO systemctl disable --now containerd.service >/dev/null 2>&1 || true
   fi
 else
   say "apt: all packages present"

@@ -19,6 +19,14 @@ cargo clippy -p metalguard-controller --all-targets --no-default-features --lock
 echo "== packages under a real systemd (systemd-nspawn)"
 packaging/test-packages.sh
 
+# The controller's image from the test build's binary (issue 26, item 1), for
+# tests/tests/image.rs: imported into containerd and run. The release image is the musl build
+# (packaging/build-image.sh without --profile).
+echo "== the controller's image (the test build's binary)"
+packaging/build-image.sh --profile dev
+METALGUARD_IMAGE_ARCHIVE="$PWD/target/image/metalguard-controller-$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1).tar"
+export METALGUARD_IMAGE_ARCHIVE
+
 # The etcd matrix (issue 17): the whole suite runs on etcd 3.6 (the release Kubernetes ships,
 # built by setup.sh with scripts/kube-build.sh); metalguard-etcd's own suite runs again on
 # Debian's 3.4 (PATH) and on a 3.5 build (scripts/etcd35.sh, fetched by setup.sh). Every run

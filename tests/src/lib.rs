@@ -28,6 +28,7 @@
 //! May depend on anything a test needs; nothing in the product depends on this crate.
 
 pub mod blackhole;
+pub mod containerd;
 pub mod deps;
 pub mod error;
 pub mod etcd;
