@@ -46,6 +46,13 @@ say() { printf '[setup] %s\n' "$*"; }
 
 need_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
+  # A container runtime already installed from another package (Docker's containerd.io, which
+  # conflicts with Debian's containerd) serves the image test as well: keep it.
+  if [[ "$pkg" == containerd || "$pkg" == runc ]] \
+    && command -v containerd >/dev/null && command -v ctr >/dev/null \
+    && command -v containerd-shim-runc-v2 >/dev/null && command -v runc >/dev/null; then
+    continue
+  fi
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then
