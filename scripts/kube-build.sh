@@ -7,6 +7,8 @@
 #
 # Prints nothing but progress on stderr; `scripts/kube-build.sh --print-env` prints the
 # variables the harness reads (METALGUARD_KUBE_BIN_DIR, METALGUARD_ETCD36_BIN).
+# `scripts/kube-build.sh --node` also builds what runs Pods on a node: kubelet, kube-scheduler
+# and kube-proxy of the same release (issue 26, item 2; not yet used by the test command).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 say() { printf '[kube-build] %s\n' "$*" >&2; }
@@ -15,6 +17,11 @@ k8s_version="$(awk '/^require k8s.io\/kubernetes /{print $3}' "$root/tests/kube/
 etcd_version="$(awk '$1=="go.etcd.io/etcd/server/v3"{print $2; exit}' "$root/tests/kube/etcd/go.mod")"
 kube_dir="$root/.tools/kube/$k8s_version"
 etcd_dir="$root/.tools/etcd/$etcd_version"
+
+commands=(kube-apiserver kube-controller-manager kubectl)
+if [[ "${1:-}" == "--node" ]]; then
+    commands+=(kubelet kube-scheduler kube-proxy)
+fi
 
 if [[ "${1:-}" == "--print-env" ]]; then
     echo "METALGUARD_KUBE_BIN_DIR=$kube_dir"
@@ -38,7 +45,7 @@ build_kube() {
         ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
     done
     mkdir -p "$kube_dir"
-    for cmd in kube-apiserver kube-controller-manager kubectl; do
+    for cmd in "${commands[@]}"; do
         local version_of=("$kube_dir/$cmd" --version)
         [[ "$cmd" == kubectl ]] && version_of=("$kube_dir/$cmd" version --client)
         if [[ -x "$kube_dir/$cmd" ]] && "${version_of[@]}" 2>/dev/null | grep -q "$k8s_version"; then
