@@ -36,10 +36,15 @@ const ON: &str = "remediation/cp-3/1/power-on";
 const LEASE: &str =
     "/apis/coordination.k8s.io/v1/namespaces/metalguard-system/leases/metalguard-controller";
 /// Longer than the hub's grace (the Lease's 15 s less one 5 s request timeout, from the last
-/// good campaign): agents are answered 503 during the stall. Shorter than the Lease, renewed
-/// just before the stall began: the first campaign after it finds the Lease still held — the
-/// lapse the loop did not see.
-const STALL: Duration = Duration::from_secs(12);
+/// good campaign, which began before the stall): agents are answered 503 during the stall,
+/// and the test waits for that before it thaws. Shorter than the Lease, renewed just before
+/// the stall began: the first campaign after it finds the Lease still held, with more than
+/// the backend's 2 s margin left — the lapse the loop did not see. At 12 s only ~1 s of that
+/// margin was left for the API server to answer after its thaw; under load it answered the
+/// campaign later, with the Lease in its last 2 s, the controller stepped down and led again
+/// from a clean slate, and the run did not replay the sequence (fresh clone, 2026-11-28).
+/// 11 s leaves ~2 s.
+const STALL: Duration = Duration::from_secs(11);
 /// The agents' heartbeat timeout in the check below.
 const HEARTBEAT: Duration = Duration::from_secs(3);
 /// What the controller logs when a campaign finds that the leadership lapsed unobserved.
