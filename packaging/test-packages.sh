@@ -83,10 +83,21 @@ ETCD_BIN=${METALGUARD_ETCD_BIN:-$(command -v etcd || true)}
 systemd-nspawn --boot --register=no --keep-unit --quiet -D "$WORK/root" -M "$MACHINE" \
   --bind-ro="$WORK/pkgs:/pkgs" --bind-ro="$ETCD_BIN:/usr/local/bin/etcd" >"$WORK/console.log" 2>&1 &
 NSPAWN_PID=$!
+# The container's init: the child of systemd-nspawn that runs systemd. Not merely its first
+# child: nspawn forks a short-lived helper first, and a loaded machine let the first lookup
+# take that one, whose namespaces were gone a moment later (a fresh-clone run, 2026-11-28).
+container_init() {
+  local p
+  for p in $(pgrep -P "$NSPAWN_PID" || true); do
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = systemd ] && { echo "$p"; return 0; }
+  done
+  return 1
+}
 leader=""
-for _ in $(seq 100); do
-  leader=$(pgrep -P "$NSPAWN_PID" | head -1 || true)
+for _ in $(seq 300); do
+  leader=$(container_init || true)
   [ -n "$leader" ] && break
+  kill -0 "$NSPAWN_PID" 2>/dev/null || break
   sleep 0.1
 done
 [ -n "$leader" ] || { tail -20 "$WORK/console.log"; fail "container did not start"; }
@@ -94,9 +105,21 @@ in_ct() { nsenter --target "$leader" --mount --uts --ipc --net --pid -- env PATH
 for _ in $(seq 300); do
   state=$(in_ct systemctl is-system-running 2>/dev/null || true)
   case "$state" in running|degraded) break ;; esac
+  # A container that exited will never come up: say so with its console, not a minute later.
+  kill -0 "$NSPAWN_PID" 2>/dev/null || break
   sleep 0.2
 done
 say "container systemd: ${state:-unknown}"
+case "$state" in
+  running|degraded) ;;
+  *)
+    if kill -0 "$NSPAWN_PID" 2>/dev/null; then why="still running, its systemd not up after 60 s"
+    else why="exited ($(wait "$NSPAWN_PID" 2>/dev/null; echo "status $?"))"; fi
+    say "the container $why; its console ends:"
+    tail -30 "$WORK/console.log" >&2
+    fail "the container's systemd did not come up (systemctl is-system-running: ${state:-no answer})"
+    ;;
+esac
 
 say "install v1"
 in_ct dpkg -i /pkgs/v1.deb >"$WORK/install.log" 2>&1 || { cat "$WORK/install.log"; fail "dpkg -i failed"; }
