@@ -8,7 +8,8 @@
 # Prints nothing but progress on stderr; `scripts/kube-build.sh --print-env` prints the
 # variables the harness reads (METALGUARD_KUBE_BIN_DIR, METALGUARD_ETCD36_BIN).
 # `scripts/kube-build.sh --node` also builds what runs Pods on a node: kubelet, kube-scheduler
-# and kube-proxy of the same release (issue 26, item 2; not yet used by the test command).
+# and kube-proxy of the same release, and the sandbox program of the node's Pods
+# (tests/kube/k8s/pause), for the tests that run the shipped Deployment as Pods (issue 26).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 say() { printf '[kube-build] %s\n' "$*" >&2; }
@@ -77,6 +78,19 @@ build_etcd() {
     fi
 }
 
+build_pause() {
+    if [[ -x "$kube_dir/pause" ]]; then
+        say "pause present"
+        return
+    fi
+    say "building pause"
+    (cd "$root/tests/kube/k8s" && go build -trimpath -ldflags "-s -w" -o "$kube_dir/pause.tmp" ./pause)
+    mv "$kube_dir/pause.tmp" "$kube_dir/pause"
+}
+
 build_etcd
 build_kube
+if [[ "${1:-}" == "--node" ]]; then
+    build_pause
+fi
 say "done: $kube_dir, $etcd_dir"

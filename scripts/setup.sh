@@ -32,6 +32,7 @@ APT_PACKAGES=(
   prometheus                   # promtool: checks and unit-tests the shipped alert rules (controller/tests/alerts.rs)
   umoci skopeo                 # the controller's image without Docker (packaging/build-image.sh)
   containerd runc              # the container runtime that imports and runs it (tests/tests/image.rs)
+  containernetworking-plugins iptables conntrack socat # real nodes' Pod network, kube-proxy and the in-cluster API (tests/src/node)
 )
 
 LAB_PACKAGES=(
@@ -105,7 +106,8 @@ cargo_install() {
     cargo install --locked "$@"
 }
 
-# kube-apiserver, kube-controller-manager, kubectl, etcd and etcdctl of the pinned releases
+# kube-apiserver, kube-controller-manager, kubectl, kubelet, kube-scheduler, kube-proxy, etcd
+# and etcdctl of the pinned releases
 # (tests/kube/*/go.mod) into .tools/, keyed by version; kube-build.sh skips what is built.
 # It runs beside the cargo installs below: each leaves a core idle for stretches (a
 # crate's single-threaded build, a link), so together they take less than one after the
@@ -115,7 +117,9 @@ if ! command -v go >/dev/null 2>&1; then
   exit 1
 fi
 say "kube: building or reusing the Kubernetes and etcd 3.6 test binaries (in the background)"
-scripts/kube-build.sh &
+# --node: kubelet, kube-scheduler, kube-proxy and the sandbox program too, for the tests on
+# real nodes (issue 26, tests/src/node).
+scripts/kube-build.sh --node &
 kube_build=$!
 # The package test's bookworm root (packaging/nspawn-root.sh, cached in .cache/nspawn): its
 # debootstrap waits on the network and the disk for ~1.5 min, so it runs beside the builds.

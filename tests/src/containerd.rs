@@ -33,11 +33,14 @@ pub struct Containerd {
     ctr: PathBuf,
     /// Whether `/run/containerd` was absent before this harness started containerd.
     created_host_run_dir: bool,
+    /// `/run/containerd` is shared with the node bed's containerds: one at a time.
+    _lock: crate::node::host::HostLock,
 }
 
 impl Containerd {
     /// Starts containerd and waits until `ctr version` answers through its socket.
     pub fn start() -> Result<Self> {
+        let lock = crate::node::host::HostLock::take()?;
         let containerd = tools::program("containerd")?;
         let ctr = tools::program("ctr")?;
         for needed in ["runc", "containerd-shim-runc-v2"] {
@@ -76,6 +79,7 @@ impl Containerd {
             proc: Some(proc),
             ctr,
             created_host_run_dir,
+            _lock: lock,
         };
         ready.map_err(|e| HarnessError::Command {
             command: "containerd".to_owned(),

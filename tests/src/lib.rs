@@ -16,6 +16,9 @@
 //! - [`kube::KubeCluster`]: a real Kubernetes control plane (etcd 3.6, kube-apiserver with
 //!   RBAC, optionally kube-controller-manager) with clients for any user, group or
 //!   ServiceAccount, fake kubelets and an audit log, envtest style.
+//! - [`node::NodeBed`]: real nodes under that control plane (containerd, runc, the Debian CNI
+//!   plugins, kubelet, kube-scheduler, kube-proxy) that run the shipped Deployment as Pods;
+//!   one per host at a time, and it puts the host back as it found it.
 //! - [`deps`]: the dependency rules of the workspace, checked from `cargo metadata`.
 //!
 //! Every process is killed when its handle drops (also while a test unwinds from a panic), and
@@ -39,6 +42,7 @@ pub mod kube;
 pub mod kubelet;
 pub mod lab;
 pub mod netns;
+pub mod node;
 pub mod ports;
 pub mod power;
 pub mod process;

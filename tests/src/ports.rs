@@ -87,6 +87,27 @@ pub fn reserve_port() -> Result<PortLease> {
     )))
 }
 
+/// Reserves `port` itself (a port fixed by what is under test, such as a Service's
+/// `nodePort`), so that no other test is handed it meanwhile; fails when another test holds
+/// it or something listens on it.
+pub fn reserve_exact(port: u16) -> Result<PortLease> {
+    let path = lock_dir()?.join(format!("{port}.lock"));
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(HarnessError::io(format!("opening {}", path.display())))?;
+    let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+        .map_err(|_| HarnessError::Other(format!("port {port} is reserved by another test")))?;
+    if !bindable(port) {
+        return Err(HarnessError::Other(format!(
+            "port {port} is in use on 127.0.0.1"
+        )));
+    }
+    Ok(PortLease { port, _lock: lock })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

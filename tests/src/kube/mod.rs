@@ -68,11 +68,22 @@ pub struct KubeOptions {
     /// The API server's store is this etcd instead of one started here (kubeadm's external
     /// etcd, or its stacked members: the cluster's own etcd is the API server's too).
     pub external_etcd: Option<ExternalEtcd>,
+    /// Real kubelets run Pods on this cluster ([`crate::node::NodeBed`]): the Node authorizer
+    /// before RBAC, the ServiceAccount admission plugin (projected tokens), a client
+    /// certificate for the API server's calls to kubelets, a serving certificate valid for
+    /// the `kubernetes` Service (10.0.0.1 and its names) and for [`WORKLOAD_API_ADDRESS`], and
+    /// kube-controller-manager's workload controllers (Deployments, ReplicaSets,
+    /// EndpointSlices, disruption budgets, the root CA ConfigMap).
+    pub workloads: bool,
     /// kube-controller-manager's `--node-monitor-grace-period` (default
     /// [`NODE_MONITOR_GRACE_PERIOD`]): how long a Node's kubelet may be silent before the
     /// node-lifecycle controller marks it `Ready=Unknown`.
     pub node_monitor_grace_period: Option<Duration>,
 }
+
+/// The address in-cluster clients reach the API server at with [`KubeOptions::workloads`]
+/// (the first node's bridge gateway, forwarded to the loopback API server).
+pub const WORKLOAD_API_ADDRESS: &str = "10.244.0.1";
 
 /// The default `--node-monitor-grace-period` of the harness's kube-controller-manager (40 s
 /// in a real cluster).
@@ -130,7 +141,25 @@ impl KubeCluster {
         let dir = tools::temp_dir("kube")?;
         let root = dir.path().to_path_buf();
         let pki = Pki::create(&root.join("pki"))?;
-        let serving = pki.serving("kube-apiserver")?;
+        let serving = if options.workloads {
+            pki.serving_with(
+                "kube-apiserver",
+                &[
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                ],
+                &[
+                    std::net::Ipv4Addr::new(10, 0, 0, 1),
+                    WORKLOAD_API_ADDRESS
+                        .parse()
+                        .unwrap_or(std::net::Ipv4Addr::LOCALHOST),
+                ],
+            )?
+        } else {
+            pki.serving("kube-apiserver")?
+        };
         let (sa_key, sa_pub) = pki.service_account_keys()?;
         let admin_cert = pki.client(ADMIN, &["system:masters"])?;
 
@@ -177,7 +206,6 @@ impl KubeCluster {
             flag("tls-cert-file", &serving.cert),
             flag("tls-private-key-file", &serving.key),
             flag("client-ca-file", pki.ca_file()),
-            "--authorization-mode=RBAC".into(),
             flag("token-auth-file", &token_file),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             flag("service-account-key-file", &sa_pub),
@@ -185,13 +213,22 @@ impl KubeCluster {
             "--service-cluster-ip-range=10.0.0.0/24".into(),
             "--allow-privileged=true".into(),
             "--endpoint-reconciler-type=none".into(),
-            // No token controller runs unless kube-controller-manager does.
-            "--disable-admission-plugins=ServiceAccount".into(),
             // Pods leave a NotReady/unreachable Node within seconds (DefaultTolerationSeconds).
             "--default-not-ready-toleration-seconds=2".into(),
             "--default-unreachable-toleration-seconds=2".into(),
             "--profiling=false".into(),
         ];
+        if options.workloads {
+            let kubelet_client =
+                pki.client("kube-apiserver-kubelet-client", &["system:masters"])?;
+            args.push("--authorization-mode=Node,RBAC".into());
+            args.push(flag("kubelet-client-certificate", &kubelet_client.cert));
+            args.push(flag("kubelet-client-key", &kubelet_client.key));
+        } else {
+            args.push("--authorization-mode=RBAC".into());
+            // No token controller runs unless kube-controller-manager does.
+            args.push("--disable-admission-plugins=ServiceAccount".into());
+        }
         if let Some(t) = store.as_ref().and_then(Store::tls) {
             args.push(flag("etcd-cafile", &t.ca));
             args.push(flag("etcd-certfile", &t.pair.cert));
@@ -245,7 +282,7 @@ impl KubeCluster {
             let grace = options
                 .node_monitor_grace_period
                 .unwrap_or(NODE_MONITOR_GRACE_PERIOD);
-            cluster.start_controller_manager(&sa_key, grace)?;
+            cluster.start_controller_manager(&sa_key, grace, options.workloads)?;
         }
         cluster.started_in = started.elapsed();
         Ok(cluster)
@@ -270,7 +307,12 @@ impl KubeCluster {
         )
     }
 
-    fn start_controller_manager(&mut self, sa_key: &Path, grace: Duration) -> Result<()> {
+    fn start_controller_manager(
+        &mut self,
+        sa_key: &Path,
+        grace: Duration,
+        workloads: bool,
+    ) -> Result<()> {
         let root = self.dir.path();
         // The controllers act as one identity in system:masters (no per-controller
         // service-account credentials: envtest's shortcut; what is tested is their effect).
@@ -288,14 +330,21 @@ impl KubeCluster {
                 key: cert.key,
             },
         )?;
+        let mut controllers = String::from(
+            "node-lifecycle-controller,taint-eviction-controller,\
+             pod-garbage-collector-controller,garbage-collector-controller,\
+             namespace-controller,serviceaccount-controller,serviceaccount-token-controller",
+        );
+        if workloads {
+            controllers.push_str(
+                ",deployment-controller,replicaset-controller,endpointslice-controller,\
+                 disruption-controller,root-ca-certificate-publisher-controller",
+            );
+        }
         let mut command = Command::new(tools::kube_bin("kube-controller-manager")?);
         command
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(
-                "--controllers=node-lifecycle-controller,taint-eviction-controller,\
-                 pod-garbage-collector-controller,garbage-collector-controller,\
-                 namespace-controller,serviceaccount-controller,serviceaccount-token-controller",
-            )
+            .arg(format!("--controllers={controllers}"))
             .arg(format!(
                 "--service-account-private-key-file={}",
                 sa_key.display()

@@ -119,11 +119,19 @@ impl Pki {
     /// A serving certificate for `localhost` and `127.0.0.1` (also valid as a client
     /// certificate: etcd's peers and clients use one pair).
     pub fn serving(&self, name: &str) -> Result<CertFiles> {
-        let mut params = CertificateParams::new(vec!["localhost".to_owned()])
-            .map_err(rcgen_err("serving parameters"))?;
-        params
-            .subject_alt_names
-            .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        self.serving_with(name, &[], &[])
+    }
+
+    /// [`Pki::serving`] also valid for the names `dns` and the addresses `ips`.
+    pub fn serving_with(&self, name: &str, dns: &[&str], ips: &[Ipv4Addr]) -> Result<CertFiles> {
+        let mut names = vec!["localhost".to_owned()];
+        names.extend(dns.iter().map(|d| (*d).to_owned()));
+        let mut params = CertificateParams::new(names).map_err(rcgen_err("serving parameters"))?;
+        for ip in std::iter::once(&Ipv4Addr::LOCALHOST).chain(ips) {
+            params
+                .subject_alt_names
+                .push(SanType::IpAddress(IpAddr::V4(*ip)));
+        }
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::ExplicitNoCa;
         params.extended_key_usages = vec![
