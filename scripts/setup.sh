@@ -15,6 +15,10 @@ LAB_ONLY=false
 # first on PATH too.
 export PATH="$PWD/.tools/bin:$PATH"
 [ "${1:-}" = "--lab" ] && LAB_ONLY=true
+# --kube-elsewhere: the caller builds the Kubernetes binaries itself (scripts/test.sh runs
+# scripts/kube-build.sh beside set-up, clippy and the packages, issue 29).
+KUBE_HERE=true
+[ "${1:-}" = "--kube-elsewhere" ] && KUBE_HERE=false
 
 APT_PACKAGES=(
   etcd-server etcd-client      # real etcd 3.4 for every etcd test
@@ -116,18 +120,23 @@ if ! command -v go >/dev/null 2>&1; then
   echo "[setup] go not found: Go 1.26 is needed to build the Kubernetes test binaries (tests/kube/)" >&2
   exit 1
 fi
-say "kube: building or reusing the Kubernetes and etcd 3.6 test binaries (in the background)"
-# --node: kubelet, kube-scheduler, kube-proxy and the sandbox program too, for the tests on
-# real nodes (issue 26, tests/src/node).
-scripts/kube-build.sh --node &
-kube_build=$!
+kube_build=
+if $KUBE_HERE; then
+  say "kube: building or reusing the Kubernetes and etcd 3.6 test binaries (in the background)"
+  # --node: kubelet, kube-scheduler, kube-proxy and the sandbox program too, for the tests on
+  # real nodes (issue 26, tests/src/node).
+  scripts/kube-build.sh --node &
+  kube_build=$!
+else
+  say "kube: the caller builds the Kubernetes and etcd 3.6 test binaries"
+fi
 # The package test's bookworm root (packaging/nspawn-root.sh, cached in .cache/nspawn): its
 # debootstrap waits on the network and the disk for ~1.5 min, so it runs beside the builds.
 say "packages: building or reusing the package test's bookworm root (in the background)"
 packaging/nspawn-root.sh >/dev/null &
 nspawn_root=$!
 # A set-up that fails meanwhile does not leave either running.
-trap 'pkill -P "$kube_build,$nspawn_root" 2>/dev/null; kill "$kube_build" "$nspawn_root" 2>/dev/null; true' EXIT
+trap 'pkill -P "${kube_build:+$kube_build,}$nspawn_root" 2>/dev/null; kill $kube_build "$nspawn_root" 2>/dev/null; true' EXIT
 
 # cargo-deb builds the .deb; the .rpm is rpmbuild's (apt `rpm`, packaging/build-rpm.py).
 command -v cargo-deb >/dev/null 2>&1 || cargo_install cargo-deb
@@ -164,7 +173,7 @@ else
   say "cargo: nextest present ($(cargo nextest --version 2>/dev/null | head -n 1))"
 fi
 
-if ! wait "$kube_build"; then
+if [ -n "$kube_build" ] && ! wait "$kube_build"; then
   echo "[setup] scripts/kube-build.sh failed (its output is above)" >&2
   exit 1
 fi

@@ -6,7 +6,17 @@ cd "$(dirname "$0")/.."
 # The prebuilt tools setup.sh links (cargo-nextest, scripts/requirements-tools.txt).
 export PATH="$PWD/.tools/bin:$PATH"
 
-scripts/setup.sh
+# The Kubernetes and etcd 3.6 binaries the tests run (scripts/kube-build.sh --node: Go, ~10
+# minutes of both cores on a cold machine) build beside set-up, the lints, the packages and
+# the previous release, which all leave a core idle for stretches (a crate's single-threaded
+# build, a link, debootstrap, a container's boot); nothing before the test run needs them.
+mkdir -p .tools
+kube_log=.tools/kube-build.log
+scripts/kube-build.sh --node >"$kube_log" 2>&1 &
+kube_build=$!
+trap 'pkill -P "$kube_build" 2>/dev/null; kill "$kube_build" 2>/dev/null; true' EXIT
+
+scripts/setup.sh --kube-elsewhere
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -39,6 +49,14 @@ echo "== the previous release ($(scripts/previous-release.sh --version)) for the
 METALGUARD_PREVIOUS_BIN_DIR="$(scripts/previous-release.sh)"
 export METALGUARD_PREVIOUS_BIN_DIR
 
+echo "== the Kubernetes and etcd 3.6 test binaries (built beside the steps above)"
+if ! wait "$kube_build"; then
+  cat "$kube_log"
+  echo "scripts/kube-build.sh --node failed (its output is above)" >&2
+  exit 1
+fi
+trap - EXIT
+cat "$kube_log"
 eval "$(scripts/kube-build.sh --print-env | sed 's/^/export /')"
 etcd36="$METALGUARD_ETCD36_BIN"
 etcd35="$(scripts/etcd35.sh)"

@@ -166,6 +166,48 @@ impl Deployed {
             .then_some(holder)
     }
 
+    /// The addresses the Service's EndpointSlices give as ready (where kube-proxy sends an
+    /// agent's connection).
+    fn service_endpoints(&self) -> Vec<String> {
+        let slices = self
+            .bed()
+            .cluster()
+            .unwrap()
+            .admin()
+            .list(&format!(
+                "/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices\
+                 ?labelSelector=kubernetes.io/service-name=metalguard-controller"
+            ))
+            .unwrap();
+        let mut out: Vec<String> = slices
+            .iter()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .filter(|e| e["conditions"]["ready"] != false)
+            .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+            .filter_map(|a| a.as_str().map(str::to_owned))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The Lease's term annotation (`controller/src/kube/term.rs`).
+    fn term(&self) -> u64 {
+        let lease = self.bed().cluster().unwrap().admin().get(LEASE).unwrap();
+        lease["metadata"]["annotations"]["metalguard.io/leader-term"]
+            .as_str()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn pod(&self, name: &str) -> Value {
+        self.bed()
+            .cluster()
+            .unwrap()
+            .admin()
+            .get(&format!("/api/v1/namespaces/{NS}/pods/{name}"))
+            .unwrap()
+    }
+
     fn kubectl(&self, args: &[&str]) -> Result<String, String> {
         self.bed()
             .cluster()
@@ -326,7 +368,9 @@ fn the_shipped_deployment_runs_as_pods_with_one_leader_the_service_follows_when_
     );
 
     // The leader's container killed and its Pod deleted at once (a host gone without a word):
-    // the follower takes the Lease once it runs out, labels itself, and the Service follows.
+    // another controller takes the Lease once it runs out (the follower, or the Deployment's
+    // replacement if it is up by then and wins the race), labels itself, and the Service
+    // follows.
     let killed_at = Instant::now();
     node.kill_container(&container_id(&leader_pod)).unwrap();
     d.kubectl(&[
@@ -342,23 +386,31 @@ fn the_shipped_deployment_runs_as_pods_with_one_leader_the_service_follows_when_
     .unwrap();
     let mut saw_no_leader = false;
     d.wait(
-        "the follower leads and the NodePort reaches it",
+        "another controller leads and the NodePort reaches it",
         LEADERLESS_AT_MOST,
         |d| {
             let now = d.leader();
             saw_no_leader |= now.is_none();
-            now.as_deref() == Some(name_of(&follower))
+            now.is_some_and(|l| l != leader)
         },
     );
     let took = killed_at.elapsed();
-    eprintln!("[pods] leaderless for {took:?} after the leader was killed");
+    let successor = d.leader().unwrap();
+    eprintln!(
+        "[pods] leaderless for {took:?} after the leader was killed; {successor} leads ({})",
+        if successor == name_of(&follower) {
+            "the follower"
+        } else {
+            "the replacement"
+        }
+    );
     assert!(saw_no_leader, "the killed leader kept answering");
 
-    // The Deployment replaces the Pod on the freed node; it follows.
+    // The Deployment's replacement runs on the freed node; one of the two leads.
     d.wait(
-        "the replacement Pod Ready, one leader",
+        "two Pods Ready again, one leader",
         Duration::from_secs(120),
-        |d| d.ready_pods().len() == 2 && d.leader().as_deref() == Some(name_of(&follower)),
+        |d| d.ready_pods().len() == 2 && d.leader().as_deref() == Some(successor.as_str()),
     );
     d.finish();
 }
@@ -440,6 +492,70 @@ fn a_drain_keeps_one_controller_and_a_rolling_update_never_leaves_the_cluster_le
         "two Pods Ready after the drain",
         Duration::from_secs(120),
         |d| d.ready_pods().len() == 2 && d.leader().as_deref() == Some(leader.as_str()),
+    );
+    d.finish();
+}
+
+#[test]
+fn a_leader_paused_past_its_lease_leaves_the_service_and_does_not_lead_when_it_resumes() {
+    let mut d = Deployed::start();
+    d.wait("one leader", Duration::from_secs(60), |d| {
+        d.leader().is_some()
+    });
+    let leader = d.leader().unwrap();
+    let pods = d.ready_pods();
+    let leader_pod = pods.iter().find(|p| name_of(p) == leader).unwrap().clone();
+    let follower = name_of(pods.iter().find(|p| name_of(p) != leader).unwrap()).to_owned();
+    let follower_ip = d.pod(&follower)["status"]["podIP"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let term_before = d.term();
+    let id = container_id(&leader_pod);
+
+    // Paused (every process stopped, as a hung controller) for twice the Lease: the follower
+    // takes the Lease once it has run out, and the Service sends agents to it alone.
+    let node = d.bed().node(node_of(&leader_pod)).unwrap();
+    node.pause_container(&id).unwrap();
+    let paused_at = Instant::now();
+    d.wait(
+        "the follower holds the Lease, the Service's only endpoint, answering the agent",
+        LEADERLESS_AT_MOST,
+        |d| {
+            let (holder, labelled) = d.leadership();
+            holder.as_deref() == Some(follower.as_str())
+                && labelled.contains(&follower)
+                && d.service_endpoints() == [follower_ip.clone()]
+                && d.agents.last_report_status(AGENT_HOST) == 200
+        },
+    );
+    let term_taken = d.term();
+    assert!(term_taken > term_before, "{term_before} → {term_taken}");
+    let pause = Duration::from_secs(30);
+    std::thread::sleep(pause.saturating_sub(paused_at.elapsed()));
+    let node = d.bed().node(node_of(&leader_pod)).unwrap();
+    node.resume_container(&id).unwrap();
+
+    // Resumed: the old leader sees its leadership gone, removes its label and follows; for
+    // 10 s nothing changes hands and the agent stays answered by the follower.
+    d.wait(
+        "the resumed Pod follows, one leader",
+        Duration::from_secs(20),
+        |d| d.ready_pods().len() == 2 && d.leader().as_deref() == Some(follower.as_str()),
+    );
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_secs(10) {
+        let (holder, labelled) = d.leadership();
+        assert_eq!(holder.as_deref(), Some(follower.as_str()));
+        assert_eq!(labelled, std::slice::from_ref(&follower));
+        assert_eq!(d.term(), term_taken);
+        assert_eq!(d.service_endpoints(), std::slice::from_ref(&follower_ip));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The same container ran on: paused and resumed, never restarted.
+    assert_eq!(
+        d.pod(&leader)["status"]["containerStatuses"][0]["restartCount"],
+        0
     );
     d.finish();
 }

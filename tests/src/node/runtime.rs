@@ -148,6 +148,17 @@ impl Node {
             .map(drop)
     }
 
+    /// Pauses container `id` (runc's freezer: every process stopped, its sockets still
+    /// accept connections in the kernel), as a hung process would be.
+    pub fn pause_container(&self, id: &str) -> Result<()> {
+        self.ctr(&["tasks", "pause", id]).map(drop)
+    }
+
+    /// Resumes a paused container.
+    pub fn resume_container(&self, id: &str) -> Result<()> {
+        self.ctr(&["tasks", "resume", id]).map(drop)
+    }
+
     /// kubelet's log tail.
     pub fn kubelet_log(&self, lines: usize) -> String {
         crate::process::tail_of(&self.config.dir.join("kubelet.log"), lines)
