@@ -165,7 +165,8 @@ impl Containerd {
         for mount in mounts {
             let _ = Command::new("umount").arg("-l").arg(&mount).output();
         }
-        remove_namespace_cgroups(&self.namespace);
+        // The cgroup `/NS` `ctr run` nests each container under, in every hierarchy.
+        let _ = crate::node::host::remove_cgroup(&self.namespace);
         let run = Path::new(HOST_RUN_DIR);
         let _ = std::fs::remove_dir_all(run.join("runc").join(&self.namespace));
         if self.created_host_run_dir {
@@ -204,58 +205,7 @@ fn mounts_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Removes the cgroup `/NAMESPACE` (and what is left below it) from every hierarchy under
-/// `/sys/fs/cgroup`, cgroup v1 and v2 alike; cgroup directories go with rmdir, deepest first.
-fn remove_namespace_cgroups(namespace: &str) {
-    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return;
-    };
-    let mut roots = vec![PathBuf::from("/sys/fs/cgroup")];
-    roots.extend(
-        hierarchies
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.is_dir()),
-    );
-    for root in roots {
-        let top = root.join(namespace);
-        if top.is_dir() {
-            let mut dirs = Vec::new();
-            collect_dirs(&top, &mut dirs);
-            dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
-            for dir in dirs {
-                let _ = std::fs::remove_dir(dir);
-            }
-        }
-    }
-}
-
-fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
-    out.push(dir.to_path_buf());
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() && !path.is_symlink() {
-                collect_dirs(&path, out);
-            }
-        }
-    }
-}
-
 /// Cgroup directories named `namespace` left in any hierarchy (for a test's final check).
 pub fn namespace_cgroups(namespace: &str) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let base = Path::new("/sys/fs/cgroup");
-    if base.join(namespace).is_dir() {
-        found.push(base.join(namespace));
-    }
-    if let Ok(hierarchies) = std::fs::read_dir(base) {
-        for entry in hierarchies.flatten() {
-            let candidate = entry.path().join(namespace);
-            if candidate.is_dir() {
-                found.push(candidate);
-            }
-        }
-    }
-    found
+    crate::node::host::cgroups_left(namespace)
 }

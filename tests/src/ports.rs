@@ -10,7 +10,7 @@ use std::collections::hash_map::RandomState;
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
 
@@ -62,20 +62,25 @@ fn bindable(port: u16) -> bool {
     TcpListener::bind(addr).is_ok() && UdpSocket::bind(addr).is_ok()
 }
 
+/// The lock of `port` in `dir`, or `None` when another test holds it.
+fn lock_port(dir: &Path, port: u16) -> Result<Option<Flock<File>>> {
+    let path = dir.join(format!("{port}.lock"));
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(HarnessError::io(format!("opening {}", path.display())))?;
+    Ok(Flock::lock(file, FlockArg::LockExclusiveNonblock).ok())
+}
+
 /// Reserves a free port on 127.0.0.1 (free for both TCP and UDP).
 pub fn reserve_port() -> Result<PortLease> {
     let dir = lock_dir()?;
     let span = u64::from(RANGE_END - RANGE_START);
     for _ in 0..ATTEMPTS {
         let port = RANGE_START + (random_u64() % span) as u16;
-        let path = dir.join(format!("{port}.lock"));
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(HarnessError::io(format!("opening {}", path.display())))?;
-        let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+        let Some(lock) = lock_port(&dir, port)? else {
             continue;
         };
         if bindable(port) {
@@ -91,15 +96,8 @@ pub fn reserve_port() -> Result<PortLease> {
 /// `nodePort`), so that no other test is handed it meanwhile; fails when another test holds
 /// it or something listens on it.
 pub fn reserve_exact(port: u16) -> Result<PortLease> {
-    let path = lock_dir()?.join(format!("{port}.lock"));
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(HarnessError::io(format!("opening {}", path.display())))?;
-    let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
-        .map_err(|_| HarnessError::Other(format!("port {port} is reserved by another test")))?;
+    let lock = lock_port(&lock_dir()?, port)?
+        .ok_or_else(|| HarnessError::Other(format!("port {port} is reserved by another test")))?;
     if !bindable(port) {
         return Err(HarnessError::Other(format!(
             "port {port} is in use on 127.0.0.1"
