@@ -13,13 +13,13 @@
 //! [`LabNetwork::create`] first sweeps names of labs whose process is gone (a SIGKILLed test).
 //! Needs root.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::Flock;
 
 use crate::process::run_capture;
 use crate::{HarnessError, Result, tools};
@@ -285,14 +285,7 @@ fn lock_free_subnet(ip: &Path) -> Result<(u16, Flock<File>)> {
         if in_use.contains(&format!("inet 198.{}.{lo}.", 18 + hi)) {
             continue;
         }
-        let path = dir.join(format!("subnet-{subnet}.lock"));
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(HarnessError::io(format!("opening {}", path.display())))?;
-        if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        if let Some(lock) = crate::ports::try_lock(&dir.join(format!("subnet-{subnet}.lock")))? {
             return Ok((subnet, lock));
         }
     }

@@ -64,12 +64,17 @@ fn bindable(port: u16) -> bool {
 
 /// The lock of `port` in `dir`, or `None` when another test holds it.
 fn lock_port(dir: &Path, port: u16) -> Result<Option<Flock<File>>> {
-    let path = dir.join(format!("{port}.lock"));
+    try_lock(&dir.join(format!("{port}.lock")))
+}
+
+/// An exclusive lock on the file at `path` (created when missing), or `None` when another
+/// process holds it.
+pub(crate) fn try_lock(path: &Path) -> Result<Option<Flock<File>>> {
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
+        .open(path)
         .map_err(HarnessError::io(format!("opening {}", path.display())))?;
     Ok(Flock::lock(file, FlockArg::LockExclusiveNonblock).ok())
 }

@@ -83,7 +83,7 @@ pub struct KubeOptions {
 
 /// The address in-cluster clients reach the API server at with [`KubeOptions::workloads`]
 /// (the first node's bridge gateway, forwarded to the loopback API server).
-pub const WORKLOAD_API_ADDRESS: &str = "10.244.0.1";
+pub const WORKLOAD_API_ADDRESS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 244, 0, 1);
 
 /// The default `--node-monitor-grace-period` of the harness's kube-controller-manager (40 s
 /// in a real cluster).
@@ -150,12 +150,7 @@ impl KubeCluster {
                     "kubernetes.default.svc",
                     "kubernetes.default.svc.cluster.local",
                 ],
-                &[
-                    std::net::Ipv4Addr::new(10, 0, 0, 1),
-                    WORKLOAD_API_ADDRESS
-                        .parse()
-                        .unwrap_or(std::net::Ipv4Addr::LOCALHOST),
-                ],
+                &[std::net::Ipv4Addr::new(10, 0, 0, 1), WORKLOAD_API_ADDRESS],
             )?
         } else {
             pki.serving("kube-apiserver")?
