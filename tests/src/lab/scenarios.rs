@@ -520,16 +520,35 @@ pub fn rotate_credentials(lab: &mut Lab) -> Result<Report> {
     )?;
     let with_old = hang(lab, target)?;
     lab.change_bmc_password(target, &new)?;
+    // The person then confirms at once, as the runbook says: the agent's own checks of the
+    // candidate back off after each refusal (period × 2^n, sparing the BMC's lockout
+    // counter), so how soon they try again depends on how long the first fence took; a
+    // person's check passes the backoff once, within a period of the agent's last login.
+    let changed = Instant::now();
+    let period = lab.options().timings.bmc_check_period;
+    let (confirmed, answer) = lab.check_bmc_cli(&name, period * 2 + Duration::from_secs(10))?;
+    let answered = changed.elapsed();
+    lab.timeline.add(
+        "admin",
+        format!("metalguard-controller check-bmc {name} (after the BMC's change)"),
+        locked_account::last_line(&answer),
+    );
+    if !confirmed {
+        return Err(HarnessError::Other(format!(
+            "check-bmc {name} failed after the BMC took the new password:\n{answer}"
+        )));
+    }
     let ready = |lab: &mut Lab| {
         Ok(lab
             .last_status()
             .is_some_and(|s| s["fencing"][&name]["state"] == "ready"))
     };
-    let rotated = lab.wait_for(
+    lab.wait_for(
         &format!("status to say a fence of {name} would work with the new credentials"),
-        budget,
+        Duration::from_secs(15),
         ready,
     )?;
+    let rotated = changed.elapsed();
     let with_new = hang(lab, target)?;
     Ok(Report {
         name: "rotate-credentials",
@@ -537,9 +556,10 @@ pub fn rotate_credentials(lab: &mut Lab) -> Result<Report> {
             "new credentials for {name}'s BMC reported refused while the BMC still takes the old ones, and a fence then works with the old ones; once the BMC takes the new ones, ready again and a fence works with them"
         ),
         seen: format!(
-            "new credentials refused after {:.1}s; fence with the old ones: {}; ready after the BMC's change in {:.1}s; fence with the new ones: {}",
+            "new credentials refused after {:.1}s; fence with the old ones: {}; check-bmc passed {:.1}s after the BMC's change, ready in {:.1}s; fence with the new ones: {}",
             pending.as_secs_f64(),
             with_old.seen,
+            answered.as_secs_f64(),
             rotated.as_secs_f64(),
             with_new.seen
         ),
@@ -547,6 +567,7 @@ pub fn rotate_credentials(lab: &mut Lab) -> Result<Report> {
         took: started.elapsed(),
         timings: vec![
             ("rotation → new credentials refused".into(), pending),
+            ("bmc changed → check-bmc passed".into(), answered),
             ("bmc changed → ready".into(), rotated),
         ],
     })

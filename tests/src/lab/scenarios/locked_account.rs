@@ -88,7 +88,7 @@ pub fn locked_account(lab: &mut Lab) -> Result<Report> {
 }
 
 /// The last non-empty line of a command's output (its verdict).
-fn last_line(out: &str) -> String {
+pub(super) fn last_line(out: &str) -> String {
     out.lines()
         .rev()
         .find(|l| !l.trim().is_empty())
