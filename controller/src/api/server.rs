@@ -140,6 +140,21 @@ fn refuse(status: StatusCode, error: String) -> Response {
     (status, Json(ErrorBody { error })).into_response()
 }
 
+/// 503 from a controller that does not lead, or is stopping, with `Connection: close`. An
+/// agent that reached it through the leader-only Service (a kube-proxy NodePort) then opens a
+/// new connection for its next try, which kube-proxy sends to the Service's endpoints of now;
+/// a kept-alive connection stays with this replica as long as both ends live (seen in the
+/// Kubernetes lab with the controller as Pods: 90 s of 503s from a follower after a new
+/// leader was labelled). Direct URLs lose nothing: the agent tries its next one.
+fn unavailable(error: String) -> Response {
+    let mut response = refuse(StatusCode::SERVICE_UNAVAILABLE, error);
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
 /// 403 unless the path's host is the certificate's host and the hub admits the certificate;
 /// 503 unless leader.
 fn admit(hub: &Hub, peer: &PeerHost, host: &str) -> Result<(), Box<Response>> {
@@ -158,8 +173,7 @@ fn admit(hub: &Hub, peer: &PeerHost, host: &str) -> Result<(), Box<Response>> {
         return Err(Box::new(refuse(StatusCode::FORBIDDEN, why)));
     }
     if !hub.is_leader() {
-        return Err(Box::new(refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
+        return Err(Box::new(unavailable(
             "this controller is not the leader".to_owned(),
         )));
     }
@@ -220,10 +234,7 @@ async fn report(
         })
         .await
     {
-        return refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "controller is stopping".to_owned(),
-        );
+        return unavailable("controller is stopping".to_owned());
     }
     Json(ack).into_response()
 }
@@ -322,7 +333,7 @@ async fn results(
         },
         |error| match error {
             ResultError::Rejected(error) => refuse(StatusCode::CONFLICT, error),
-            ResultError::Unavailable(error) => refuse(StatusCode::SERVICE_UNAVAILABLE, error),
+            ResultError::Unavailable(error) => unavailable(error),
         },
     )
     .await
@@ -361,7 +372,7 @@ async fn holds(
         |error| match error {
             HoldError::Invalid(error) => refuse(StatusCode::UNPROCESSABLE_ENTITY, error),
             HoldError::Released(error) => refuse(StatusCode::CONFLICT, error),
-            HoldError::Unavailable(error) => refuse(StatusCode::SERVICE_UNAVAILABLE, error),
+            HoldError::Unavailable(error) => unavailable(error),
         },
     )
     .await
@@ -378,18 +389,12 @@ async fn ask<A: serde::Serialize, E>(
 ) -> Response {
     let (tx, rx) = tokio::sync::oneshot::channel();
     if !hub.send(message(tx)).await {
-        return refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "controller is stopping".to_owned(),
-        );
+        return unavailable("controller is stopping".to_owned());
     }
     match rx.await {
         Ok(Ok(ack)) => Json(ack).into_response(),
         Ok(Err(error)) => refused(error),
-        Err(_) => refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("controller stopped before persisting the {what}"),
-        ),
+        Err(_) => unavailable(format!("controller stopped before persisting the {what}")),
     }
 }
 
