@@ -15,16 +15,35 @@
 #                             follows the host's power), and the controller runs with
 #                             --backend=kubernetes on GuardedHosts. Needs the Kubernetes binaries
 #                             (scripts/kube-build.sh, Go; built once) and the controller's
-#                             default feature.
+#                             default feature. As root the controller runs as the shipped
+#                             Deployment's two Pods on two real nodes (containerd, kubelet,
+#                             kube-proxy; its image built by packaging/build-image.sh) and the
+#                             agents reach the leader through its NodePort Service; not root,
+#                             or with --controller-processes, as processes on the machine.
 # Everything the lab starts binds 127.0.0.1 (or addresses inside network namespaces it
 # creates) and is stopped when it ends, also on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kubernetes=false
+processes=false
+args=()
 for arg in "$@"; do
-  if [ "$arg" = --kubernetes ]; then kubernetes=true; fi
+  case "$arg" in
+    --kubernetes) kubernetes=true; args+=("$arg") ;;
+    --controller-processes) processes=true ;;
+    *) args+=("$arg") ;;
+  esac
 done
-scripts/setup.sh --lab
+set -- "${args[@]+"${args[@]}"}"
+pods=false
+if $kubernetes && ! $processes; then
+  if [ "$(id -u)" -eq 0 ]; then
+    pods=true
+  else
+    echo "lab.sh --kubernetes: not root, so no real nodes (bridges, iptables, containerd): the controller runs as processes"
+  fi
+fi
+if $pods; then scripts/setup.sh --lab-pods; else scripts/setup.sh --lab; fi
 echo "== cargo build (agent, controller, lab)"
 if $kubernetes; then
   # kube-apiserver, kube-controller-manager and kubectl of the pinned release: built once into
@@ -34,10 +53,21 @@ if $kubernetes; then
     echo "lab.sh --kubernetes: $kube_dir has no kube-apiserver and Go 1.26, which builds it, is not installed (scripts/setup.sh)" >&2
     exit 1
   fi
-  scripts/kube-build.sh
+  if $pods; then
+    # kubelet, kube-scheduler, kube-proxy and the sandbox program as well.
+    scripts/kube-build.sh --node
+  else
+    scripts/kube-build.sh
+  fi
   eval "$(scripts/kube-build.sh --print-env | sed 's/^/export /')"
   # The Kubernetes backend is the controller's default feature.
   cargo build --locked -p metalguard-e2e -p metalguard-agent -p metalguard-controller --bins
+  if $pods; then
+    echo "== the controller's image (packaging/build-image.sh --profile dev)"
+    packaging/build-image.sh --profile dev
+    version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)"
+    set -- "$@" --controller-image "$PWD/target/image/metalguard-controller-$version.tar"
+  fi
 else
   # The standalone controller is all the lab runs: without the Kubernetes types (the
   # controller's default feature; no other crate here has default features) it builds minutes

@@ -3,7 +3,9 @@
 # apt packages, a Python venv under .tools/ (git-ignored) with pinned sushy-tools and pyghmi,
 # and cargo tools. Safe to run again: it only installs what is missing.
 # `setup.sh --lab` installs only what the local lab needs (scripts/lab.sh): no packaging,
-# benchmark or test-only tools, so a first lab run stays within minutes.
+# benchmark or test-only tools, so a first lab run stays within minutes. `setup.sh --lab-pods`
+# adds what runs the controller as Pods on real nodes (scripts/lab.sh --kubernetes as root):
+# umoci and skopeo for its image, containerd, runc, the CNI plugins, iptables, conntrack, socat.
 # Without --lab it also builds, when missing, the real Kubernetes control plane and the etcd 3.6
 # the Kubernetes tests and the default suite run (scripts/kube-build.sh; Go 1.26 needed; the
 # first build takes ~18 min and ~2.5 GB of memory on 2 cores, docs/benchmarks.md; later runs
@@ -15,6 +17,8 @@ LAB_ONLY=false
 # first on PATH too.
 export PATH="$PWD/.tools/bin:$PATH"
 [ "${1:-}" = "--lab" ] && LAB_ONLY=true
+LAB_PODS=false
+if [ "${1:-}" = "--lab-pods" ]; then LAB_ONLY=true; LAB_PODS=true; fi
 # --kube-elsewhere: the caller builds the Kubernetes binaries itself (scripts/test.sh runs
 # scripts/kube-build.sh beside set-up, clippy and the packages, issue 29).
 KUBE_HERE=true
@@ -43,6 +47,9 @@ LAB_PACKAGES=(
   etcd-server etcd-client protobuf-compiler libprotobuf-dev openipmi python3-venv
   openssl iproute2 procps
 )
+if $LAB_PODS; then
+  LAB_PACKAGES+=(umoci skopeo containerd runc containernetworking-plugins iptables conntrack socat)
+fi
 if $LAB_ONLY; then
   APT_PACKAGES=("${LAB_PACKAGES[@]}")
 fi

@@ -15,7 +15,7 @@
 mod kubelab;
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kubelab::agents::Agents;
@@ -62,6 +62,7 @@ impl Deployed {
         let bed = NodeBed::start(&NodeOptions {
             nodes: 2,
             images: vec![image_archive()],
+            ..NodeOptions::default()
         })
         .unwrap();
         eprintln!("[pods] bed ready after {:?}", started.elapsed());
@@ -225,7 +226,7 @@ impl Deployed {
                 node.name(),
                 node.kubelet_log(20)
             );
-            for log in pod_logs(&node.dir().join("pod-logs")) {
+            for log in metalguard_e2e::node::pod_log_files(&node.dir().join("pod-logs")) {
                 let tail = metalguard_e2e::process::tail_of(&log, 30);
                 let _ = writeln!(out, "--- {} ---\n{tail}", log.display());
             }
@@ -291,22 +292,6 @@ fn container_id(pod: &Value) -> String {
         .and_then(|id| id.strip_prefix("containerd://"))
         .unwrap()
         .to_owned()
-}
-
-fn pod_logs(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "log") {
-                out.push(path);
-            }
-        }
-    }
-    out
 }
 
 /// A `/proc/PID/status` field (`Uid:` → "65532 65532 65532 65532").

@@ -14,6 +14,10 @@
 //! `--kubernetes` runs the lab in Kubernetes mode: the lab's etcd is also a real
 //! kube-apiserver's store, each host has a Node, and the controller runs with
 //! `--backend=kubernetes` on `GuardedHost`s (it must be built with its default features).
+//! `--controller-image ARCHIVE` (with `--kubernetes`, as root) runs the controller as the
+//! shipped Deployment's two Pods on two real nodes (containerd, kubelet, kube-proxy; the image
+//! from ARCHIVE, `packaging/build-image.sh`) instead of as processes; `scripts/lab.sh
+//! --kubernetes` passes it when the machine can run Pods.
 //! Not in that mode: partition (netns; the API server and its kubelets live on 127.0.0.1;
 //! see [`KUBE_UNSUPPORTED`]).
 //! The binaries `metalguard-agent` and `metalguard-controller` are taken from the directory
@@ -37,6 +41,7 @@ struct Args {
     netns: bool,
     etcd_layout: EtcdLayout,
     kubernetes: bool,
+    controller_image: Option<PathBuf>,
 }
 
 /// Scenarios the Kubernetes-mode lab does not run, and why.
@@ -47,7 +52,7 @@ const KUBE_UNSUPPORTED: [(&str, &str); 1] = [(
 
 fn usage() -> String {
     format!(
-        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--spares N] [--bin-dir DIR] [--netns] [--etcd-layout env-file|static-pod] [--kubernetes]\n\
+        "usage: metalguard-lab demo|up|run SCENARIO... [--hosts N] [--spares N] [--bin-dir DIR] [--netns] [--etcd-layout env-file|static-pod] [--kubernetes [--controller-image ARCHIVE]]\n\
          scenarios: {} (the demo's, in its order); also controller-crash\n\
          --kubernetes: a real kube-apiserver on the lab's etcd, Nodes, the controller on GuardedHosts; not run there:\n{}",
         scenarios::ALL.join(", "),
@@ -74,6 +79,7 @@ fn parse() -> Result<Args, String> {
         netns: false,
         etcd_layout: EtcdLayout::default(),
         kubernetes: false,
+        controller_image: None,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -99,6 +105,13 @@ fn parse() -> Result<Args, String> {
             }
             "--netns" => parsed.netns = true,
             "--kubernetes" => parsed.kubernetes = true,
+            "--controller-image" => {
+                parsed.controller_image = Some(
+                    args.next()
+                        .map(PathBuf::from)
+                        .ok_or("--controller-image needs the image archive's path")?,
+                );
+            }
             "--etcd-layout" => {
                 parsed.etcd_layout = args
                     .next()
@@ -110,6 +123,9 @@ fn parse() -> Result<Args, String> {
             other if !other.starts_with('-') => parsed.scenarios.push(other.to_owned()),
             other => return Err(format!("unknown option {other}\n{}", usage())),
         }
+    }
+    if parsed.controller_image.is_some() && !parsed.kubernetes {
+        return Err("--controller-image needs --kubernetes".into());
     }
     if parsed.kubernetes {
         for (name, why) in KUBE_UNSUPPORTED {
@@ -140,12 +156,14 @@ fn stop_flag() -> Arc<AtomicBool> {
 
 fn start(args: &Args) -> Result<Lab, String> {
     println!(
-        "metalguard lab: {} control-plane hosts (real etcd, real agents, Redfish and IPMI BMC emulators), one controller{}",
+        "metalguard lab: {} control-plane hosts (real etcd, real agents, Redfish and IPMI BMC emulators), {}",
         args.hosts,
-        if args.kubernetes {
-            " (Kubernetes backend: a real kube-apiserver on the lab's etcd, a Node per host)"
-        } else {
-            ""
+        match (args.kubernetes, &args.controller_image) {
+            (true, Some(_)) =>
+                "the controller as the shipped Deployment's two Pods on two real nodes (Kubernetes backend: a real kube-apiserver on the lab's etcd, a Node per host)",
+            (true, None) =>
+                "one controller process (Kubernetes backend: a real kube-apiserver on the lab's etcd, a Node per host)",
+            _ => "one controller",
         }
     );
     let mut options = LabOptions::new(args.hosts, args.bin_dir.clone());
@@ -155,6 +173,7 @@ fn start(args: &Args) -> Result<Lab, String> {
     options.etcd_layout = args.etcd_layout;
     if args.kubernetes {
         options.backend = LabBackend::Kubernetes;
+        options.controller_image.clone_from(&args.controller_image);
     }
     // replace needs a spare host to replace the retired one with.
     let replace = args.command == "demo" || args.scenarios.iter().any(|s| s == "replace");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::{Lab, LabOptions};
+use super::{KubeSide, Lab, LabOptions};
 use crate::Result;
 use crate::ports::{PortLease, reserve_port};
 use crate::process::Proc;
@@ -143,6 +143,53 @@ impl LabController {
 }
 
 impl Lab {
+    /// Whether the controller runs as Pods on real nodes ([`LabOptions::controller_image`]).
+    pub fn pods_run_controllers(&self) -> bool {
+        self.kube
+            .as_ref()
+            .is_some_and(|k| k.controller_pods().is_some())
+    }
+
+    /// The controller URL the agents are given first: the NodePort Service when Pods run the
+    /// controller, else slot 0's (or its relay's) port.
+    pub(super) fn agent_controller_url(&self) -> String {
+        if self.pods_run_controllers() {
+            return super::kube::pods::ControllerPods::agent_url();
+        }
+        format!(
+            "https://{}:{}",
+            self.service_address(),
+            self.controllers[0].agent_port()
+        )
+    }
+
+    /// The controller logs the lab narrates: slot 0's file, or every controller container's
+    /// (one file per run) when Pods run the controller.
+    pub(super) fn controller_log_files(&self) -> Vec<PathBuf> {
+        match self.kube.as_ref().and_then(|k| k.controller_pods()) {
+            Some(pods) => pods.log_files(),
+            None => vec![self.controllers[0].log.clone()],
+        }
+    }
+
+    /// The slot of the replica that holds the leadership now, when Pods run the controller
+    /// (the Lease's holder is a Pod name).
+    fn leader_pod_slot(&self) -> Option<usize> {
+        let kube = self.kube.as_ref()?;
+        let holder = super::kube::pods::lease_holder(kube.cluster())?;
+        super::kube::pods::ControllerPods::slot_of(kube.cluster(), &holder)
+    }
+
+    /// The replica to crash in a scenario that crashes "the controller": slot 0, or the
+    /// leading Pod's slot when Pods run the controller.
+    pub(super) fn crash_slot(&self) -> usize {
+        if self.pods_run_controllers() {
+            self.leader_pod_slot().unwrap_or(0)
+        } else {
+            0
+        }
+    }
+
     /// The inventory file controller `c` runs from (slot 0: the lab's own).
     pub(super) fn inventory_of(&self, c: &LabController) -> PathBuf {
         if c.slot == 0 {
@@ -166,6 +213,9 @@ impl Lab {
 
     /// The replica whose identity `identity` is (`ctl-2-run-3` → 1).
     pub fn controller_slot_of(&self, identity: &str) -> Option<usize> {
+        if let Some(kube) = self.kube.as_ref().filter(|k| k.controller_pods().is_some()) {
+            return super::kube::pods::ControllerPods::slot_of(kube.cluster(), identity);
+        }
         self.controllers
             .iter()
             .position(|c| identity.starts_with(&format!("{}-run-", c.name())))
@@ -173,11 +223,26 @@ impl Lab {
 
     /// Whether replica `slot` runs (started, not killed; it may be frozen).
     pub fn controller_running(&self, slot: usize) -> bool {
+        if let Some(kube) = &self.kube
+            && let Some(pods) = kube.controller_pods()
+        {
+            return pods.running(kube.cluster(), slot);
+        }
         self.controllers[slot].process.is_some()
     }
 
-    /// Starts (or restarts) controller replica `slot`.
+    /// Starts (or restarts) controller replica `slot`. When Pods run the controller its
+    /// kubelet restarts the container on its own: this only says so.
     pub fn start_controller_in(&mut self, slot: usize) -> Result<()> {
+        if self.pods_run_controllers() {
+            let name = self.controllers[slot].name();
+            self.timeline.add(
+                "lab",
+                format!("{name}'s kubelet starts its container again (restart back-off)"),
+                "the lab does not start Pods' containers itself",
+            );
+            return Ok(());
+        }
         if let Some(mut old) = self.controllers[slot].process.take() {
             old.terminate(Duration::from_secs(5));
         }
@@ -231,6 +296,13 @@ impl Lab {
     /// [`LabOptions::supervise_controllers`] an exit is an error; with it the exit is kept
     /// and the replica started again when its supervisor would.
     pub(super) fn supervise_controllers(&mut self) -> Result<()> {
+        if self.pods_run_controllers() {
+            // The kubelets supervise the containers; the lab checks the nodes still run.
+            if let Some(pods) = self.kube.as_mut().and_then(KubeSide::controller_pods_mut) {
+                pods.ensure_running()?;
+            }
+            return Ok(());
+        }
         let kube = self.kube.is_some();
         let mut told = Vec::new();
         let mut due = Vec::new();
@@ -264,6 +336,20 @@ impl Lab {
 
     /// Kills controller replica `slot` (SIGKILL, as a crash would).
     pub fn kill_controller_in(&mut self, slot: usize) {
+        if let Some(kube) = &self.kube
+            && let Some(pods) = kube.controller_pods()
+        {
+            let name = self.controllers[slot].name();
+            let (what, detail) = match pods.kill(kube.cluster(), slot) {
+                Ok(pod) => (
+                    format!("killed {name}'s container (Pod {pod}, SIGKILL)"),
+                    "simulated crash; its kubelet restarts it".to_owned(),
+                ),
+                Err(e) => (format!("could not kill {name}'s container"), e.to_string()),
+            };
+            self.timeline.add("lab", what, detail);
+            return;
+        }
         if let Some(mut c) = self.controllers[slot].process.take() {
             c.kill();
             self.controllers[slot].frozen = false;
@@ -302,6 +388,9 @@ impl Lab {
     /// Freezes controller replica `slot` (SIGSTOP): a process that stops mid-flight and may
     /// resume long after its lease ran out.
     pub fn freeze_controller(&mut self, slot: usize) -> Result<()> {
+        if self.pods_run_controllers() {
+            return self.pause_pod(slot, true);
+        }
         if let Some(p) = &self.controllers[slot].process {
             p.freeze()?;
             self.controllers[slot].frozen = true;
@@ -314,6 +403,9 @@ impl Lab {
 
     /// Resumes controller replica `slot` (SIGCONT).
     pub fn thaw_controller(&mut self, slot: usize) -> Result<()> {
+        if self.pods_run_controllers() {
+            return self.pause_pod(slot, false);
+        }
         if let Some(p) = &self.controllers[slot].process {
             p.thaw()?;
             self.controllers[slot].frozen = false;
@@ -325,8 +417,41 @@ impl Lab {
     }
 }
 
+impl Lab {
+    fn pause_pod(&mut self, slot: usize, paused: bool) -> Result<()> {
+        let Some(kube) = &self.kube else {
+            return Ok(());
+        };
+        let Some(pods) = kube.controller_pods() else {
+            return Ok(());
+        };
+        let pod = pods.pause(kube.cluster(), slot, paused)?;
+        self.controllers[slot].frozen = paused;
+        let name = self.controllers[slot].name();
+        self.timeline.add(
+            "lab",
+            if paused {
+                format!("{name}'s container is paused (Pod {pod}, runc's freezer)")
+            } else {
+                format!("{name}'s container resumes (Pod {pod})")
+            },
+            "",
+        );
+        Ok(())
+    }
+}
+
 /// Checks the number of controllers asked for.
 pub(super) fn check_count(options: &LabOptions) -> Result<()> {
+    if options.controller_image.is_some() {
+        if options.backend != super::LabBackend::Kubernetes || options.lag_relays {
+            return Err(crate::HarnessError::Other(
+                "the controller runs as Pods only in Kubernetes mode, and without lag relays"
+                    .into(),
+            ));
+        }
+        return Ok(());
+    }
     if (1..=2).contains(&options.controllers) {
         Ok(())
     } else {

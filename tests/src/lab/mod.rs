@@ -171,6 +171,10 @@ pub struct LabOptions {
     /// Where the controller replicas' binary comes from, when not `bin_dir` (the lab's own
     /// certificate and status commands keep `bin_dir`'s).
     pub controller_bin_dir: Option<PathBuf>,
+    /// Kubernetes mode: the controller runs as the shipped Deployment's two Pods on two real
+    /// nodes ([`kube::pods`]), from this image archive (`packaging/build-image.sh`), instead
+    /// of as processes; agents reach the leader through the NodePort Service.
+    pub controller_image: Option<PathBuf>,
 }
 
 /// The controller's backend in the lab.
@@ -227,6 +231,7 @@ impl LabOptions {
             supervise_controllers: false,
             agent_bin_dir: None,
             controller_bin_dir: None,
+            controller_image: None,
         }
     }
 }
@@ -243,7 +248,8 @@ struct Seen {
     status_error: Option<String>,
     /// Kubernetes mode: the lab's last read of the API server failed (told once).
     api_unanswered: bool,
-    controller_log_offset: u64,
+    /// How far each controller log was read.
+    controller_log_offsets: BTreeMap<PathBuf, u64>,
     last_status: Option<Instant>,
 }
 
@@ -372,7 +378,12 @@ impl Lab {
             "mutual TLS between agents and controller",
         );
         controllers::check_count(&options)?;
-        let controllers = (0..options.controllers)
+        let replicas = if options.controller_image.is_some() {
+            usize::from(kube::pods::REPLICAS)
+        } else {
+            options.controllers
+        };
+        let controllers = (0..replicas)
             .map(|slot| LabController::new(slot, dir.path()))
             .collect::<Result<Vec<_>>>()?;
         let mut hosts = Vec::new();
@@ -443,6 +454,7 @@ impl Lab {
                 &hosts,
                 &options.timings,
                 &mut timeline,
+                options.controller_image.as_deref(),
             )?)
         } else {
             None
@@ -483,8 +495,15 @@ impl Lab {
         }
         lab.timeline
             .add("lab", "started one metalguard-agent per host", "");
-        for slot in 0..lab.controllers.len() {
-            lab.start_controller_in(slot)?;
+        if lab.pods_run_controllers() {
+            let tls = lab.dir.path().join("tls");
+            if let Some(kube) = lab.kube.as_mut() {
+                kube.deploy_controller(&tls, &mut lab.timeline)?;
+            }
+        } else {
+            for slot in 0..lab.controllers.len() {
+                lab.start_controller_in(slot)?;
+            }
         }
         lab.wait_all_healthy(Duration::from_secs(60))?;
         Ok(lab)
@@ -638,7 +657,7 @@ impl Lab {
             .collect();
         let mut config = format!(
             "host = \"{name}\"\n\
-             [controller]\nurl = \"https://{address}:{port}\"\nurls = [{more}]\n\
+             [controller]\nurl = \"{url}\"\nurls = [{more}]\n\
              ca = \"{tls}/ca.pem\"\ncert = \"{tls}/{name}.pem\"\nkey = \"{tls}/{name}-key.pem\"\n\
              report_interval = \"{report}\"\ncommand_wait = \"5s\"\n{request_timeout}\
              [state]\ndir = \"{state}\"\nboot_id_file = \"{boot}\"\ndmi_dir = \"{dmi}\"\n\
@@ -647,13 +666,16 @@ impl Lab {
              [etcd.probe]\nperiod = \"500ms\"\ntimeout = \"400ms\"\nfailure_threshold = 2\n\
              [bmc_reachability]\nperiod = \"{bmc_period}\"\ntimeout = \"3s\"\n",
             name = h.name,
-            address = self.service_address(),
-            port = self.controllers[0].agent_port(),
-            more = self.controllers[1..]
-                .iter()
-                .map(|c| format!("\"https://{}:{}\"", self.service_address(), c.agent_port()))
-                .collect::<Vec<_>>()
-                .join(", "),
+            url = self.agent_controller_url(),
+            more = if self.pods_run_controllers() {
+                String::new()
+            } else {
+                self.controllers[1..]
+                    .iter()
+                    .map(|c| format!("\"https://{}:{}\"", self.service_address(), c.agent_port()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
             tls = tls.display(),
             report = ms(self.options.timings.report_interval),
             request_timeout = self
@@ -676,14 +698,17 @@ impl Lab {
         config
     }
 
-    /// Starts (or restarts) the first controller.
+    /// Starts (or restarts) the first controller (when Pods run the controller, their
+    /// kubelets do).
     pub fn start_controller(&mut self) -> Result<()> {
         self.start_controller_in(0)
     }
 
-    /// Kills the first controller (SIGKILL, as a crash would).
+    /// Kills the first controller (SIGKILL, as a crash would); when Pods run the controller,
+    /// the leading one's container.
     pub fn kill_controller(&mut self) {
-        self.kill_controller_in(0);
+        let slot = self.crash_slot();
+        self.kill_controller_in(slot);
     }
 
     /// Runs `metalguard-controller ARGS --inventory <lab inventory>` (in Kubernetes mode
@@ -1191,40 +1216,49 @@ impl Lab {
     }
 
     fn narrate_controller_log(&mut self) {
-        use std::io::{Read, Seek, SeekFrom};
-        let Ok(mut file) = std::fs::File::open(self.controller_log()) else {
-            return;
-        };
-        let len = file.metadata().map_or(0, |m| m.len());
-        if len < self.seen.controller_log_offset {
-            self.seen.controller_log_offset = 0;
-        }
-        if file
-            .seek(SeekFrom::Start(self.seen.controller_log_offset))
-            .is_err()
-        {
-            return;
-        }
-        let mut text = String::new();
-        if file.read_to_string(&mut text).is_err() {
-            return;
-        }
-        // Only whole lines; the rest is read next time.
-        let Some(end) = text.rfind('\n') else {
-            return;
-        };
-        self.seen.controller_log_offset += (end + 1) as u64;
-        for line in text[..end].lines() {
-            for (needle, what) in [
-                ("cannot act", "cannot act"),
-                ("leadership lost", "lost leadership"),
-            ] {
-                if let Some(at) = line.find(needle) {
-                    let detail = strip_ansi(&line[at..]);
-                    self.timeline.add("controller", what, detail);
+        for path in self.controller_log_files() {
+            for line in self.read_new_lines(&path) {
+                for (needle, what) in [
+                    ("cannot act", "cannot act"),
+                    ("leadership lost", "lost leadership"),
+                ] {
+                    if let Some(at) = line.find(needle) {
+                        let detail = strip_ansi(&line[at..]);
+                        self.timeline.add("controller", what, detail);
+                    }
                 }
             }
         }
+    }
+
+    /// The whole lines `path` gained since the last call for it.
+    fn read_new_lines(&mut self, path: &Path) -> Vec<String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(path) else {
+            return Vec::new();
+        };
+        let len = file.metadata().map_or(0, |m| m.len());
+        let offset = self
+            .seen
+            .controller_log_offsets
+            .entry(path.to_path_buf())
+            .or_default();
+        if len < *offset {
+            *offset = 0;
+        }
+        if file.seek(SeekFrom::Start(*offset)).is_err() {
+            return Vec::new();
+        }
+        let mut text = String::new();
+        if file.read_to_string(&mut text).is_err() {
+            return Vec::new();
+        }
+        // Only whole lines; the rest is read next time.
+        let Some(end) = text.rfind('\n') else {
+            return Vec::new();
+        };
+        *offset += (end + 1) as u64;
+        text[..end].lines().map(str::to_owned).collect()
     }
 
     fn narrate_status(&mut self) {

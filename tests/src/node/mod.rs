@@ -48,6 +48,9 @@ pub struct NodeOptions {
     pub nodes: u8,
     /// Image archives (docker-archive or OCI) every node imports.
     pub images: Vec<PathBuf>,
+    /// The kubelets' `nodeLeaseDurationSeconds` (renewed every quarter of it): short enough
+    /// for the cluster's `--node-monitor-grace-period`.
+    pub lease_seconds: u32,
 }
 
 impl Default for NodeOptions {
@@ -55,6 +58,7 @@ impl Default for NodeOptions {
         Self {
             nodes: 2,
             images: Vec::new(),
+            lease_seconds: 10,
         }
     }
 }
@@ -79,23 +83,46 @@ impl NodeBed {
     /// Starts the control plane, the nodes, kube-scheduler and kube-proxy; returns once every
     /// Node is Ready.
     pub fn start(options: &NodeOptions) -> Result<Self> {
-        check_privileges()?;
+        check_node_prerequisites()?;
         let lock = HostLock::take()?;
+        let cluster = KubeCluster::start(&Self::cluster_options(KubeOptions {
+            node_monitor_grace_period: Some(Duration::from_secs(20)),
+            ..KubeOptions::default()
+        }))?;
+        let mut bed = Self::bring_up(options, &cluster, lock)?;
+        bed.cluster = Some(cluster);
+        Ok(bed)
+    }
+
+    /// What a control plane needs to have real nodes: `base` with
+    /// [`KubeOptions::workloads`] and kube-controller-manager.
+    pub fn cluster_options(base: KubeOptions) -> KubeOptions {
+        KubeOptions {
+            controller_manager: true,
+            workloads: true,
+            ..base
+        }
+    }
+
+    /// Starts nodes, kube-scheduler and kube-proxy on `cluster`, a control plane the caller
+    /// started with [`Self::cluster_options`] and stops after this bed (the lab's, whose
+    /// store is the lab's etcd); returns once every Node is Ready.
+    pub fn attach(options: &NodeOptions, cluster: &KubeCluster) -> Result<Self> {
+        check_node_prerequisites()?;
+        let lock = HostLock::take()?;
+        Self::bring_up(options, cluster, lock)
+    }
+
+    fn bring_up(options: &NodeOptions, cluster: &KubeCluster, lock: HostLock) -> Result<Self> {
         let host = HostState::capture();
         let node_port = reserve_exact(AGENT_NODE_PORT)?;
         let dir = tools::temp_dir("node")?;
-        let cluster = KubeCluster::start(&KubeOptions {
-            controller_manager: true,
-            workloads: true,
-            node_monitor_grace_period: Some(Duration::from_secs(20)),
-            ..KubeOptions::default()
-        })?;
         let mut bed = Self {
             proxy: None,
             socat: None,
             scheduler: None,
             nodes: Vec::new(),
-            cluster: Some(cluster),
+            cluster: None,
             host,
             dir,
             _node_port: node_port,
@@ -105,7 +132,6 @@ impl NodeBed {
         let pause = bed.pack_pause()?;
         for index in 0..options.nodes {
             let name = format!("mg-node-{index}");
-            let cluster = bed.cluster()?;
             let kubeconfig =
                 cluster.user_kubeconfig(&format!("system:node:{name}"), &["system:nodes"])?;
             let mut images = vec![pause.clone()];
@@ -118,23 +144,26 @@ impl NodeBed {
                 images,
                 kubeconfig,
                 ca: cluster.ca_file().to_path_buf(),
+                lease_seconds: options.lease_seconds,
                 name,
                 index,
             })?;
             bed.nodes.push(node);
         }
-        bed.start_scheduler()?;
-        bed.start_api_forwarder()?;
-        bed.start_proxy()?;
-        bed.wait_nodes_ready()?;
+        bed.start_scheduler(cluster)?;
+        bed.start_api_forwarder(cluster)?;
+        bed.start_proxy(cluster)?;
+        bed.wait_nodes_ready(cluster)?;
         Ok(bed)
     }
 
     /// The control plane.
     pub fn cluster(&self) -> Result<&KubeCluster> {
-        self.cluster
-            .as_ref()
-            .ok_or_else(|| HarnessError::Other("the bed is torn down".into()))
+        self.cluster.as_ref().ok_or_else(|| {
+            HarnessError::Other(
+                "the bed is torn down, or runs on a control plane it does not own".into(),
+            )
+        })
     }
 
     /// The nodes.
@@ -197,10 +226,8 @@ impl NodeBed {
         Proc::spawn(name, command, &self.dir.path().join(format!("{name}.log")))
     }
 
-    fn start_scheduler(&mut self) -> Result<()> {
-        let kubeconfig = self
-            .cluster()?
-            .user_kubeconfig("system:kube-scheduler", &["system:masters"])?;
+    fn start_scheduler(&mut self, cluster: &KubeCluster) -> Result<()> {
+        let kubeconfig = cluster.user_kubeconfig("system:kube-scheduler", &["system:masters"])?;
         let port = reserve_port()?;
         let proc = self.spawn(
             "kube-scheduler",
@@ -222,8 +249,7 @@ impl NodeBed {
 
     /// socat from the first bridge's gateway to the API server, and the `kubernetes`
     /// Service's EndpointSlice naming it.
-    fn start_api_forwarder(&mut self) -> Result<()> {
-        let cluster = self.cluster()?;
+    fn start_api_forwarder(&mut self, cluster: &KubeCluster) -> Result<()> {
         let port: u16 = cluster
             .url()
             .rsplit(':')
@@ -252,12 +278,10 @@ impl NodeBed {
         Ok(())
     }
 
-    fn start_proxy(&mut self) -> Result<()> {
+    fn start_proxy(&mut self, cluster: &KubeCluster) -> Result<()> {
         let healthz = reserve_port()?;
         let metrics = reserve_port()?;
-        let kubeconfig = self
-            .cluster()?
-            .user_kubeconfig("system:kube-proxy", &["system:masters"])?;
+        let kubeconfig = cluster.user_kubeconfig("system:kube-proxy", &["system:masters"])?;
         let first = self
             .nodes
             .first()
@@ -285,11 +309,11 @@ impl NodeBed {
         Ok(())
     }
 
-    fn wait_nodes_ready(&mut self) -> Result<()> {
+    fn wait_nodes_ready(&mut self, cluster: &KubeCluster) -> Result<()> {
         let names: Vec<String> = self.nodes.iter().map(|n| n.name().to_owned()).collect();
         let waited = wait_until("every Node Ready", NODE_READY, || {
             self.ensure_running()?;
-            let admin = self.cluster()?.admin();
+            let admin = cluster.admin();
             for name in &names {
                 let Some(node) = admin.get_opt(&format!("/api/v1/nodes/{name}"))? else {
                     return Ok(false);
@@ -371,7 +395,7 @@ impl Drop for NodeBed {
 }
 
 /// Root, a writable cgroup hierarchy and the programs the bed runs; a clear error otherwise.
-fn check_privileges() -> Result<()> {
+pub fn check_node_prerequisites() -> Result<()> {
     if !nix::unistd::Uid::effective().is_root() {
         return Err(HarnessError::Other(
             "real nodes need root (kubelet, containerd, bridges, iptables)".into(),
@@ -392,6 +416,23 @@ fn check_privileges() -> Result<()> {
         tools::kube_bin(program)?;
     }
     Ok(())
+}
+
+/// The `.log` files below `dir` (a kubelet's `podLogsDir`: one per container run).
+pub fn pod_log_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                out.push(path);
+            }
+        }
+    }
+    out
 }
 
 /// Packs `binary` as the only file of an image (entrypoint `entry`, user `user`), tagged

@@ -51,6 +51,8 @@ pub struct NodeConfig {
     pub kubeconfig: PathBuf,
     /// The cluster CA (kubelet's client CA for the API server's requests).
     pub ca: PathBuf,
+    /// kubelet's `nodeLeaseDurationSeconds`.
+    pub lease_seconds: u32,
 }
 
 /// The gateway (the host's address on the node's bridge) of node `index`.
@@ -303,8 +305,8 @@ impl Node {
             "rotateCertificates": false,
             "serverTLSBootstrap": false,
             "podLogsDir": dir.join("pod-logs"),
-            // Renewed every 2.5 s: the harness's node-monitor grace is seconds, not 40.
-            "nodeLeaseDurationSeconds": 10,
+            // Renewed every quarter of it: the harness's node-monitor grace is seconds, not 40.
+            "nodeLeaseDurationSeconds": self.config.lease_seconds,
             "nodeStatusUpdateFrequency": "4s",
             "nodeStatusReportFrequency": "10s",
             "shutdownGracePeriod": "0s",
@@ -364,8 +366,9 @@ impl Node {
         }
         // Shims whose task could not be deleted name the node's socket on their command line.
         let socket = self.socket();
+        // (`--` first: a pattern that starts with `-` would be read as pkill's options.)
         let _ = Command::new("pkill")
-            .args(["-KILL", "-f"])
+            .args(["-KILL", "-f", "--"])
             .arg(format!("-address {}", socket.display()))
             .output();
         left.extend(

@@ -23,6 +23,7 @@ use super::timeline::Timeline;
 use super::{Timings, ms};
 
 mod observe;
+pub mod pods;
 use crate::etcd::EtcdCluster;
 use crate::kube::client::ApiClient;
 use crate::kube::kubelet::{FakeKubelet, NodeTemplate};
@@ -89,21 +90,36 @@ pub struct KubeSide {
     controller_kubeconfig: PathBuf,
     /// The lab's reads, bounded by [`READ_TIMEOUT`].
     reader: ApiClient,
+    /// The controller's Pods on real nodes ([`super::LabOptions::controller_image`]); torn
+    /// down before the API server.
+    pods: Option<pods::ControllerPods>,
     cluster: KubeCluster,
 }
 
-fn node_template(name: &str) -> NodeTemplate {
-    NodeTemplate::named(name).label("node-role.kubernetes.io/control-plane", "")
+/// The taint that keeps Pods off the hosts' Nodes when real nodes run the controller: their
+/// kubelets are the lab's fakes, which run nothing.
+const FAKE_KUBELET_TAINT: &str = "lab.metalguard.io/fake-kubelet";
+
+fn node_template(name: &str, real_nodes: bool) -> NodeTemplate {
+    let template = NodeTemplate::named(name).label("node-role.kubernetes.io/control-plane", "");
+    if real_nodes {
+        template.taint(FAKE_KUBELET_TAINT, "true", "NoSchedule")
+    } else {
+        template
+    }
 }
 
 impl KubeSide {
     /// Starts kube-apiserver on `etcd` and kube-controller-manager, installs metalguard's
-    /// manifests, and registers `hosts` (Secret, `GuardedHost`, Node with its kubelet).
+    /// manifests, and registers `hosts` (Secret, `GuardedHost`, Node with its kubelet). With
+    /// `controller_image`, also two real nodes that will run the controller's Pods
+    /// ([`Self::deploy_controller`]).
     pub fn start(
         etcd: &EtcdCluster,
         hosts: &[LabHost],
         timings: &Timings,
         timeline: &mut Timeline,
+        controller_image: Option<&Path>,
     ) -> Result<Self> {
         let tls = match etcd.pki() {
             Some(pki) => {
@@ -116,7 +132,7 @@ impl KubeSide {
             }
             None => None,
         };
-        let cluster = KubeCluster::start(&KubeOptions {
+        let mut options = KubeOptions {
             controller_manager: true,
             node_monitor_grace_period: Some(NODE_MONITOR_GRACE_PERIOD),
             service_accounts: vec![(NS.to_owned(), SERVICE_ACCOUNT.to_owned())],
@@ -125,7 +141,11 @@ impl KubeSide {
                 tls,
             }),
             ..KubeOptions::default()
-        })?;
+        };
+        if controller_image.is_some() {
+            options = crate::node::NodeBed::cluster_options(options);
+        }
+        let cluster = KubeCluster::start(&options)?;
         timeline.add(
             "lab",
             format!(
@@ -140,6 +160,21 @@ impl KubeSide {
         );
         let controller_kubeconfig = cluster.service_account_kubeconfig(NS, SERVICE_ACCOUNT)?;
         let reader = cluster.client_as_within(LAB_READER, &["system:masters"], READ_TIMEOUT)?;
+        let pods = match controller_image {
+            Some(image) => {
+                let pods = pods::ControllerPods::start(&cluster, image)?;
+                timeline.add(
+                    "lab",
+                    format!("started real nodes {} for the controller's Pods", pods.node_names().join(", ")),
+                    format!(
+                        "containerd, runc, CNI bridge and kubelet each, kube-scheduler, kube-proxy (NodePorts on 127.0.0.1); image {} imported",
+                        image.display()
+                    ),
+                );
+                Some(pods)
+            }
+            None => None,
+        };
         let mut side = Self {
             kubelets: BTreeMap::new(),
             registrations_due: BTreeSet::new(),
@@ -151,6 +186,7 @@ impl KubeSide {
             guarded: BTreeMap::new(),
             controller_kubeconfig,
             reader,
+            pods,
             cluster,
         };
         side.install()?;
@@ -216,7 +252,9 @@ impl KubeSide {
                 "metadata": {"name": name, "namespace": NS, "labels": {"pool": "control-plane"}},
                 "spec": {"nodeName": name, "role": "ControlPlane", "bmc": bmc}}),
         )?;
-        let kubelet = self.cluster.kubelet(&node_template(name))?;
+        let kubelet = self
+            .cluster
+            .kubelet(&node_template(name, self.pods.is_some()))?;
         admin.merge_patch(
             &format!("/api/v1/nodes/{name}"),
             &json!({"metadata": {"labels": {ZONE_LABEL: zone_of(name)}}}),
@@ -304,6 +342,38 @@ impl KubeSide {
         command
     }
 
+    /// The controller's Pods, when real nodes run them.
+    pub fn controller_pods(&self) -> Option<&pods::ControllerPods> {
+        self.pods.as_ref()
+    }
+
+    /// The same, to check its nodes.
+    pub fn controller_pods_mut(&mut self) -> Option<&mut pods::ControllerPods> {
+        self.pods.as_mut()
+    }
+
+    /// Deploys the shipped Deployment with the lab's controller certificate from `tls` and
+    /// waits for its two Pods to be Ready (a no-op without real nodes).
+    pub fn deploy_controller(&mut self, tls: &Path, timeline: &mut Timeline) -> Result<()> {
+        let Some(pods) = self.pods.as_mut() else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        pods.deploy(&self.cluster, tls)?;
+        timeline.add(
+            "lab",
+            format!(
+                "the controller runs as the shipped Deployment's 2 Pods, Ready after {:.1}s",
+                started.elapsed().as_secs_f64()
+            ),
+            format!(
+                "kubectl apply -k packaging/kubernetes as shipped, Secret metalguard-controller-tls from the lab's certificates; in-cluster configuration; agents reach the leader through the NodePort Service at {}",
+                pods::ControllerPods::agent_url()
+            ),
+        );
+        Ok(())
+    }
+
     /// The admin's kubeconfig (what `fence`, `status` and `retire --kubeconfig` use).
     pub fn admin_kubeconfig(&self) -> &Path {
         self.cluster.admin_kubeconfig()
@@ -352,9 +422,10 @@ impl KubeSide {
     /// Registers the Nodes of hosts that came back; returns the names registered.
     pub fn register_due(&mut self) -> Vec<String> {
         let mut done = Vec::new();
+        let real_nodes = self.pods.is_some();
         for name in self.registrations_due.clone() {
             if let Some(k) = self.kubelets.get(&name)
-                && k.register_again(&node_template(&name)).is_ok()
+                && k.register_again(&node_template(&name, real_nodes)).is_ok()
             {
                 self.registrations_due.remove(&name);
                 done.push(name);

@@ -177,8 +177,9 @@ impl KubeSide {
                         .join("\n")
                 },
             );
+        let pods = self.pods.as_ref().map(|p| p.logs(30)).unwrap_or_default();
         format!(
-            "--- kube-apiserver\n{}\n--- kube-controller-manager\n{}\n--- Events in {NS}\n{events}\n",
+            "--- kube-apiserver\n{}\n--- kube-controller-manager\n{}\n--- Events in {NS}\n{events}\n{pods}",
             crate::process::tail_of(&dir.join("kube-apiserver.log"), 15),
             crate::process::tail_of(&dir.join("kube-controller-manager.log"), 15)
         )
