@@ -15,12 +15,12 @@
 mod kubelab;
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kubelab::agents::Agents;
 use kubelab::{NS, create_host, node_template, run};
 use metalguard_e2e::kube::kubelet::FakeKubelet;
+use metalguard_e2e::lab::kube::pods::{self, is_ready, node_of};
 use metalguard_e2e::node::{AGENT_NODE_PORT, NodeBed, NodeOptions};
 use serde_json::Value;
 
@@ -45,23 +45,12 @@ struct Deployed {
     started: Instant,
 }
 
-fn image_archive() -> PathBuf {
-    let archive = std::env::var_os("METALGUARD_IMAGE_ARCHIVE")
-        .map(PathBuf::from)
-        .expect(
-            "METALGUARD_IMAGE_ARCHIVE names the controller's image (scripts/test.sh builds it with \
-         packaging/build-image.sh --profile dev)",
-        );
-    assert!(archive.is_file(), "{} is not a file", archive.display());
-    archive
-}
-
 impl Deployed {
     fn start() -> Self {
         let started = Instant::now();
         let bed = NodeBed::start(&NodeOptions {
             nodes: 2,
-            images: vec![image_archive()],
+            images: vec![pods::image_archive_from_env().unwrap()],
             ..NodeOptions::default()
         })
         .unwrap();
@@ -76,21 +65,7 @@ impl Deployed {
         run(&["certs", "init", tls_arg]);
         run(&["certs", "issue", "controller", tls_arg, "--server"]);
         run(&["certs", "issue", AGENT_HOST, tls_arg]);
-        let file =
-            |key: &str, name: &str| format!("--from-file={key}={}", tls.join(name).display());
-        cluster
-            .kubectl_admin(&[
-                "-n",
-                NS,
-                "create",
-                "secret",
-                "generic",
-                "metalguard-controller-tls",
-                &file("tls.crt", "controller.pem"),
-                &file("tls.key", "controller-key.pem"),
-                &file("ca.crt", "ca.pem"),
-            ])
-            .unwrap();
+        pods::create_tls_secret(cluster, &tls).unwrap();
         // A host for the agent: its GuardedHost and a Node no controller Pod tolerates.
         let fake = cluster.kubelet(&node_template(AGENT_HOST)).unwrap();
         create_host(cluster.admin(), AGENT_HOST, false);
@@ -271,18 +246,6 @@ impl Deployed {
 
 fn name_of(pod: &Value) -> &str {
     pod["metadata"]["name"].as_str().unwrap_or_default()
-}
-
-fn node_of(pod: &Value) -> &str {
-    pod["spec"]["nodeName"].as_str().unwrap_or_default()
-}
-
-fn is_ready(pod: &Value) -> bool {
-    pod["metadata"]["deletionTimestamp"].is_null()
-        && pod["status"]["conditions"].as_array().is_some_and(|c| {
-            c.iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
 }
 
 /// The container id (`containerd://ID`) of a Pod's controller container.

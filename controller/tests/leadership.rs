@@ -43,33 +43,23 @@ async fn exactly_one_of_two_controllers_leads_and_a_killed_leader_is_replaced_wi
     }
     // The follower's 503 closes the connection, so that an agent behind the leader-only
     // Service is balanced afresh on its next try; the leader's answers keep it alive.
-    let connection = |r: &reqwest::Response| {
-        r.headers()
+    for (port, status, connection) in [
+        (follower_port, 503, Some("close")),
+        (leader_port, 200, None),
+    ] {
+        let answer = w1
+            .post(url(port, &metalguard_api::protocol::report_path("w-1")))
+            .json(&report("w-1", 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), status);
+        let header = answer
+            .headers()
             .get(reqwest::header::CONNECTION)
-            .map(|v| v.to_str().unwrap().to_owned())
-    };
-    let refused = w1
-        .post(url(
-            follower_port,
-            &metalguard_api::protocol::report_path("w-1"),
-        ))
-        .json(&report("w-1", 1))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refused.status().as_u16(), 503);
-    assert_eq!(connection(&refused).as_deref(), Some("close"));
-    let answered = w1
-        .post(url(
-            leader_port,
-            &metalguard_api::protocol::report_path("w-1"),
-        ))
-        .json(&report("w-1", 1))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answered.status().as_u16(), 200);
-    assert_eq!(connection(&answered), None);
+            .map(|v| v.to_str().unwrap());
+        assert_eq!(header, connection, "Connection header of the {status}");
+    }
     if leader_is_a {
         a.kill();
     } else {

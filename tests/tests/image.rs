@@ -24,15 +24,7 @@ use serde_json::Value;
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 fn archive() -> PathBuf {
-    match std::env::var_os("METALGUARD_IMAGE_ARCHIVE").map(PathBuf::from) {
-        Some(path) if path.is_file() => path,
-        _ => panic!(
-            "METALGUARD_IMAGE_ARCHIVE does not name the controller's image archive: run \
-             `packaging/build-image.sh --profile dev` and export \
-             METALGUARD_IMAGE_ARCHIVE=target/image/metalguard-controller-{VERSION}.tar \
-             (scripts/test.sh does)"
-        ),
-    }
+    metalguard_e2e::lab::kube::pods::image_archive_from_env().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The image configuration the archive carries, read by skopeo (not by our script).

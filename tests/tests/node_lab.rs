@@ -13,25 +13,13 @@
 
 mod labrun;
 
-use std::path::PathBuf;
-
+use metalguard_e2e::lab::kube::pods;
 use metalguard_e2e::lab::{Lab, LabBackend, LabOptions};
-
-fn image_archive() -> PathBuf {
-    let archive = std::env::var_os("METALGUARD_IMAGE_ARCHIVE")
-        .map(PathBuf::from)
-        .expect(
-            "METALGUARD_IMAGE_ARCHIVE names the controller's image (scripts/test.sh builds it with \
-             packaging/build-image.sh --profile dev)",
-        );
-    assert!(archive.is_file(), "{} is not a file", archive.display());
-    archive
-}
 
 fn start(redfish_power_delay: bool) -> Lab {
     let mut options = LabOptions::new(3, metalguard_e2e::lab::test_bin_dir());
     options.backend = LabBackend::Kubernetes;
-    options.controller_image = Some(image_archive());
+    options.controller_image = Some(pods::image_archive_from_env().unwrap());
     options.redfish_power_delay = redfish_power_delay;
     let lab = labrun::start(options);
     assert!(lab.pods_run_controllers());

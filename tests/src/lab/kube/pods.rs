@@ -90,19 +90,7 @@ impl ControllerPods {
     /// (`controller.pem`, `controller-key.pem`, `ca.pem`), and waits for both Pods to be
     /// Ready on two nodes.
     pub fn deploy(&mut self, cluster: &KubeCluster, tls: &Path) -> Result<()> {
-        let file =
-            |key: &str, name: &str| format!("--from-file={key}={}", tls.join(name).display());
-        cluster.kubectl_admin(&[
-            "-n",
-            NS,
-            "create",
-            "secret",
-            "generic",
-            "metalguard-controller-tls",
-            &file("tls.crt", "controller.pem"),
-            &file("tls.key", "controller-key.pem"),
-            &file("ca.crt", "ca.pem"),
-        ])?;
+        create_tls_secret(cluster, tls)?;
         cluster.kubectl_admin(&["apply", "--server-side", "-k", "packaging/kubernetes"])?;
         let waited = wait_until(
             "the controller's two Pods Ready on two nodes",
@@ -249,6 +237,40 @@ impl ControllerPods {
     }
 }
 
+/// The controller's image archive named by `METALGUARD_IMAGE_ARCHIVE` (`scripts/test.sh`
+/// builds it with `packaging/build-image.sh --profile dev` and exports it), or what to do.
+pub fn image_archive_from_env() -> Result<PathBuf> {
+    match std::env::var_os("METALGUARD_IMAGE_ARCHIVE").map(PathBuf::from) {
+        Some(path) if path.is_file() => Ok(path),
+        _ => Err(HarnessError::Other(format!(
+            "METALGUARD_IMAGE_ARCHIVE does not name the controller's image archive: run \
+             `packaging/build-image.sh --profile dev` and export \
+             METALGUARD_IMAGE_ARCHIVE=target/image/metalguard-controller-{}.tar \
+             (scripts/test.sh does)",
+            env!("CARGO_PKG_VERSION")
+        ))),
+    }
+}
+
+/// Secret `metalguard-controller-tls` in cert-manager's layout (`tls.crt`, `tls.key`,
+/// `ca.crt`) from `metalguard-controller certs` files in `tls` (`controller.pem`,
+/// `controller-key.pem`, `ca.pem`), as the Deployment mounts it.
+pub fn create_tls_secret(cluster: &KubeCluster, tls: &Path) -> Result<()> {
+    let file = |key: &str, name: &str| format!("--from-file={key}={}", tls.join(name).display());
+    cluster.kubectl_admin(&[
+        "-n",
+        NS,
+        "create",
+        "secret",
+        "generic",
+        "metalguard-controller-tls",
+        &file("tls.crt", "controller.pem"),
+        &file("tls.key", "controller-key.pem"),
+        &file("ca.crt", "ca.pem"),
+    ])?;
+    Ok(())
+}
+
 /// The controller Lease's holder (a Pod's name), if it is held and readable.
 pub fn lease_holder(cluster: &KubeCluster) -> Option<String> {
     let lease = cluster.admin().get_opt(LEASE).ok()??;
@@ -264,11 +286,13 @@ fn pods(cluster: &KubeCluster) -> Result<Vec<Value>> {
     ))
 }
 
-fn node_of(pod: &Value) -> &str {
+/// The node a Pod is scheduled on.
+pub fn node_of(pod: &Value) -> &str {
     pod["spec"]["nodeName"].as_str().unwrap_or_default()
 }
 
-fn is_ready(pod: &Value) -> bool {
+/// Whether a Pod is Ready and not being deleted.
+pub fn is_ready(pod: &Value) -> bool {
     pod["metadata"]["deletionTimestamp"].is_null()
         && pod["status"]["conditions"].as_array().is_some_and(|c| {
             c.iter()
