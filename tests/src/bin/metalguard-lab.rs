@@ -306,6 +306,13 @@ fn up(args: &Args) -> ExitCode {
             kubectl.display(),
             kube.admin_kubeconfig().display()
         );
+        if kube.controller_pods().is_some() {
+            println!(
+                "  {} --kubeconfig {} -n metalguard-system get pods,endpointslices -o wide -L metalguard.io/leader",
+                kubectl.display(),
+                kube.admin_kubeconfig().display()
+            );
+        }
     }
     if let Some(h) = lab.hosts().first() {
         println!(
@@ -321,9 +328,17 @@ fn up(args: &Args) -> ExitCode {
         lab.etcd().endpoints().join(","),
         lab.etcd().etcdctl_tls_flags()
     );
+    let controller_logs = match lab.kube().and_then(|k| k.controller_pods()) {
+        Some(pods) => pods
+            .log_files()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        None => format!("{}/controller.log", lab.dir().display()),
+    };
     println!(
-        "\n  logs: {}/controller.log, {}/hosts/<host>/agent.log",
-        lab.dir().display(),
+        "\n  logs: {controller_logs}, {}/hosts/<host>/agent.log",
         lab.dir().display()
     );
     println!("  timeline:");
