@@ -13,10 +13,13 @@
 //!    deleted by the controller; after the verified power-on this program registers the Node
 //!    again, Ready, as its kubelet would.
 //!
-//! Throughout, a pool of threads refreshes the Nodes' `Ready` condition (`lastHeartbeatTime`)
-//! at `BENCH_NODE_UPDATES_PER_SECOND` (default 17: 5,000 Nodes at the kubelet's default
-//! `nodeStatusReportFrequency` of 5 minutes; the kubelet's 10 s heartbeats go to Leases in
-//! `kube-node-lease`, which the controller does not watch).
+//! Nodes are the size a kubelet writes (issue 27, item 3): 50 images, addresses, `nodeInfo`,
+//! capacity and allocatable, five conditions, the kubelet's labels and annotations
+//! (`BENCH_KUBELET_NODES=0` writes the small Nodes of the first runs). Throughout, a pool of
+//! threads posts the Nodes' conditions with fresh heartbeats, as a kubelet does, at
+//! `BENCH_NODE_UPDATES_PER_SECOND` (default: every Node once per the kubelet's default
+//! `nodeStatusReportFrequency` of 5 minutes, 17/s at 5,000; the kubelet's 10 s heartbeats go
+//! to Leases in `kube-node-lease`, which the controller does not watch).
 //!
 //! Measured per phase: every plan round's time (the controller's `metalguard_rounds` debug
 //! line: load of the state from the watch caches, plan, persist), every tick's inventory check
@@ -91,34 +94,126 @@ fn unhealthy(sizes: &Sizes) -> BTreeSet<String> {
     (0..sizes.unhealthy).map(|i| worker(i * step)).collect()
 }
 
-fn ready_condition(ready: bool, since: SystemTime) -> Value {
-    let (status, reason) = if ready {
-        ("True", "KubeletReady")
+/// The five conditions a kubelet (and its network plugin) keep on a Node, `Ready` as given,
+/// every heartbeat now.
+fn conditions(ready: bool, since: SystemTime) -> Value {
+    let now = rfc3339(SystemTime::now());
+    let since = rfc3339(since);
+    let (status, reason, message) = if ready {
+        ("True", "KubeletReady", "kubelet is posting ready status")
     } else {
-        ("False", "KubeletNotReady")
+        (
+            "False",
+            "KubeletNotReady",
+            "container runtime network not ready",
+        )
     };
-    json!({"type": "Ready", "status": status, "reason": reason,
-        "message": "metalguard kube_scale bench",
-        "lastHeartbeatTime": rfc3339(SystemTime::now()),
-        "lastTransitionTime": rfc3339(since)})
+    let quiet = |type_: &str, reason: &str, message: &str| {
+        json!({"type": type_, "status": "False", "reason": reason, "message": message,
+            "lastHeartbeatTime": now, "lastTransitionTime": since})
+    };
+    json!([
+        quiet("NetworkUnavailable", "CalicoIsUp", "Calico is running on this node"),
+        quiet("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+        quiet("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+        quiet("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+        {"type": "Ready", "status": status, "reason": reason, "message": message,
+            "lastHeartbeatTime": now, "lastTransitionTime": since},
+    ])
 }
 
-/// Registers Node `name` with its `Ready` condition, as a kubelet does (create, then status).
+/// Whether the bench writes Nodes the size of a real kubelet's (`BENCH_KUBELET_NODES`,
+/// default on; `0` writes the small Nodes of the first runs: 2 labels, 1 annotation, one
+/// condition).
+fn kubelet_nodes() -> bool {
+    env_or("BENCH_KUBELET_NODES", 1) != 0
+}
+
+/// A Node's status as a kubelet posts it: addresses, capacity and allocatable, `nodeInfo`,
+/// daemon endpoints, 50 images (a kubelet reports at most 50, the largest first) and the five
+/// conditions.
+fn kubelet_status(name: &str, index: usize, ready: bool, since: SystemTime) -> Value {
+    let images: Vec<Value> = (0..50)
+        .map(|i| {
+            let repo = format!("registry.example.com/platform/service-{i:02}");
+            json!({"names": [format!("{repo}@sha256:{:064x}", (index * 50 + i) as u128 * 0x9e37_79b9_7f4a_7c15),
+                             format!("{repo}:v1.{i}.{}", index % 7)],
+                   "sizeBytes": 400_000_000 - i * 7_000_000})
+        })
+        .collect();
+    let resources = |cpu: &str, memory: &str, storage: &str| {
+        json!({"cpu": cpu, "memory": memory, "ephemeral-storage": storage, "pods": "110",
+            "hugepages-1Gi": "0", "hugepages-2Mi": "0"})
+    };
+    json!({
+        "conditions": conditions(ready, since),
+        "addresses": [
+            {"type": "InternalIP", "address": format!("10.{}.{}.{}", 20 + index / 65_536, (index / 256) % 256, index % 256)},
+            {"type": "Hostname", "address": name}],
+        "capacity": resources("64", "263855480Ki", "1921725720Ki"),
+        "allocatable": resources("63500m", "261553528Ki", "1771079210172"),
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        "nodeInfo": {
+            "machineID": format!("{:032x}", index as u128 * 0x1234_5678_9abc_def1),
+            "systemUUID": format!("4c4c4544-0047-3510-8052-{:012x}", index),
+            "bootID": format!("{:08x}-8f1e-4f2a-9c55-{:012x}", index, index * 31),
+            "kernelVersion": "6.1.0-27-amd64", "osImage": "Debian GNU/Linux 12 (bookworm)",
+            "containerRuntimeVersion": "containerd://1.7.24", "kubeletVersion": "v1.37.2",
+            "kubeProxyVersion": "v1.37.2", "operatingSystem": "linux", "architecture": "amd64"},
+        "images": images,
+    })
+}
+
+/// Registers Node `name` as a kubelet does: create, then its whole status.
 fn register_node(admin: &ApiClient, name: &str, ready: bool, since: SystemTime) {
-    let node = json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "team": "storage"},
-            "annotations": {"rack": "r7"}}});
+    let index = name
+        .rsplit('-')
+        .next()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    let (node, status) = if kubelet_nodes() {
+        (
+            json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name,
+                    "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+                        "beta.kubernetes.io/arch": "amd64", "node.kubernetes.io/instance-type": "r650",
+                        "topology.kubernetes.io/zone": format!("rack-{}", index % 12), "team": "storage"},
+                    "annotations": {"node.alpha.kubernetes.io/ttl": "0",
+                        "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                        "projectcalico.org/IPv4Address": format!("10.{}.{}.{}/16", 20 + index / 65_536, (index / 256) % 256, index % 256),
+                        "rack": "r7"}},
+                "spec": {"podCIDR": format!("10.{}.{}.0/24", 128 + index / 256, index % 256),
+                    "podCIDRs": [format!("10.{}.{}.0/24", 128 + index / 256, index % 256)],
+                    "providerID": format!("metal://{name}")}}),
+            json!({"status": kubelet_status(name, index, ready, since)}),
+        )
+    } else {
+        (
+            json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "team": "storage"},
+                    "annotations": {"rack": "r7"}}}),
+            json!({"status": {"conditions": [conditions(ready, since)[4].clone()]}}),
+        )
+    };
     match admin.create("/api/v1/nodes", &node) {
         Ok(_) => {}
         Err(e) if e.api_status() == Some(409) => {}
         Err(e) => panic!("creating Node {name}: {e}"),
     }
     admin
-        .strategic_patch(
-            &format!("/api/v1/nodes/{name}/status"),
-            &json!({"status": {"conditions": [ready_condition(ready, since)]}}),
-        )
+        .strategic_patch(&format!("/api/v1/nodes/{name}/status"), &status)
         .unwrap();
+}
+
+/// A kubelet's periodic status post: every condition's heartbeat (the rest of its status is
+/// unchanged, so the kubelet's patch carries only the conditions).
+fn heartbeat(ready: bool, since: SystemTime) -> Value {
+    if kubelet_nodes() {
+        json!({"status": {"conditions": conditions(ready, since)}})
+    } else {
+        json!({"status": {"conditions": [conditions(ready, since)[4].clone()]}})
+    }
 }
 
 /// Creates every host's Secret, `GuardedHost` and Node from [`CREATORS`] threads.
@@ -175,8 +270,7 @@ impl HeartbeatPool {
                         if away.lock().unwrap().contains(name) {
                             continue;
                         }
-                        let patch =
-                            json!({"status": {"conditions": [ready_condition(*ready, since)]}});
+                        let patch = heartbeat(*ready, since);
                         if admin
                             .strategic_patch(&format!("/api/v1/nodes/{name}/status"), &patch)
                             .is_ok()
@@ -409,8 +503,8 @@ fn report_phase(
         phase.name,
         inventory.len()
     );
-    let _ = writeln!(out, "| time per round (ms) | median | p90 | max |");
-    let _ = writeln!(out, "|---|---:|---:|---:|");
+    let _ = writeln!(out, "| time per round (ms) | median | p90 | p99 | max |");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|");
     for (label, v) in [
         ("plan round (load + plan + persist)", total),
         ("  of which load (state from the watch caches)", load),
@@ -421,9 +515,10 @@ fn report_phase(
         let v = sorted(v);
         let _ = writeln!(
             out,
-            "| {label} | {:.2} | {:.2} | {:.2} |",
+            "| {label} | {:.2} | {:.2} | {:.2} | {:.2} |",
             median(&v),
             percentile(&v, 0.9),
+            percentile(&v, 0.99),
             v.last().copied().unwrap_or(f64::NAN)
         );
     }
@@ -473,7 +568,15 @@ fn main() {
         unhealthy: env_or("BENCH_UNHEALTHY", 100),
         rest: Duration::from_secs(env_or("BENCH_REST_SECONDS", 60)),
         remediation: Duration::from_secs(env_or("BENCH_REMEDIATION_SECONDS", 180)),
-        node_updates_per_second: env_or("BENCH_NODE_UPDATES_PER_SECOND", 17.0),
+        node_updates_per_second: 0.0,
+    };
+    // Each Node once per the kubelet's default `nodeStatusReportFrequency` (5 minutes).
+    let sizes = Sizes {
+        node_updates_per_second: env_or(
+            "BENCH_NODE_UPDATES_PER_SECOND",
+            (sizes.workers + sizes.control_plane) as f64 / 300.0,
+        ),
+        ..sizes
     };
     let started = Instant::now();
     let say = |what: &str| {
@@ -531,8 +634,11 @@ fn main() {
                 "metadata": {"name": "workers", "namespace": NS}, "spec": check}),
         )
         .unwrap();
+    let node_bytes = serde_json::to_vec(&admin.get("/api/v1/nodes/w-0001").unwrap())
+        .unwrap()
+        .len();
     say(&format!(
-        "{} GuardedHosts, Secrets in {CREDENTIALS_NS} and Nodes ({} NotReady); API server RSS {:?} KiB",
+        "{} GuardedHosts, Secrets in {CREDENTIALS_NS} and Nodes ({} NotReady, {node_bytes} bytes of JSON each); API server RSS {:?} KiB",
         hosts.len(),
         sick.len(),
         cluster.apiserver_rss_kib()
@@ -614,7 +720,12 @@ fn main() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    say(&format!("short-circuited: {}", check_status(&admin)));
+    let first_verdict = controller_started.elapsed().unwrap();
+    say(&format!(
+        "short-circuited {:.1} s after the controller's start: {}",
+        first_verdict.as_secs_f64(),
+        check_status(&admin)
+    ));
     // The first rounds write every host's status once; rest begins when the controller has
     // written nothing but its Lease for QUIET.
     let last_write = || {
@@ -739,13 +850,15 @@ fn main() {
     let _ = writeln!(
         out,
         "{} workers ({} NotReady) + {} control-plane hosts, every one a GuardedHost with a BMC Secret; \
-         Node status refreshes: {heartbeats} in all ({:.1}/s asked); agent reports: {} agents every {:?}.",
+         Nodes of {node_bytes} bytes (JSON) each; Node status refreshes: {heartbeats} in all ({:.1}/s asked); \
+         agent reports: {} agents every {:?}. First verdict {:.1} s after the controller's start.",
         sizes.workers,
         sick.len(),
         sizes.control_plane,
         sizes.node_updates_per_second,
         control_plane.len(),
-        kubelab::agents::REPORT_EVERY
+        kubelab::agents::REPORT_EVERY,
+        first_verdict.as_secs_f64()
     );
     let sync = Phase {
         name: "start: controller start → initial lists, first verdict, every host's status written once"

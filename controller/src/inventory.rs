@@ -225,7 +225,7 @@ pub struct EtcdSettings {
 }
 
 /// One host of the inventory.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InventoryHost {
     /// Unique host name; also the common name of its agent's certificate.
@@ -248,7 +248,7 @@ pub struct InventoryHost {
 }
 
 /// A host's BMC.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BmcSettings {
     /// Address as `metalguard-bmc` parses it (`redfish+https://…`, `ipmi://…`).
@@ -266,7 +266,7 @@ pub struct BmcSettings {
 
 /// A BMC's credentials and CA bundle as the Kubernetes backend read them; a Secret that is
 /// missing or incomplete is kept as the reason, reported when a command needs it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClusterBmc {
     /// The credentials, or why they could not be read.
     pub credentials: Result<BmcCredentials, String>,
@@ -275,7 +275,7 @@ pub struct ClusterBmc {
 }
 
 /// TLS trust of a BMC as written in the inventory.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct TrustSetting {
     /// A CA bundle file; its PEM text is sent to the agent.

@@ -7,6 +7,7 @@
 //! while it still leads — so two controllers never both act.
 
 pub mod holds;
+pub mod revisions;
 pub mod state;
 
 use std::future::Future;

@@ -189,7 +189,12 @@ pub struct State {
     pub leader: Option<String>,
     /// The Kubernetes backend's Node of each host (by host name); `None` for the standalone
     /// backend, which has no Node objects (an agent's report stands in for its Node).
-    pub nodes: Option<BTreeMap<String, metalguard_api::snapshot::NodeStatus>>,
+    /// A persistent map: the Kubernetes backend keeps it across rounds, and each round's
+    /// copy shares it (issue 27).
+    pub nodes: Option<imbl::OrdMap<String, metalguard_api::snapshot::NodeStatus>>,
+    /// Which hosts' entries changed, by revision, when the backend keeps its state across
+    /// rounds (Kubernetes); `None` when every round reads everything (standalone).
+    pub changes: Option<super::revisions::HostRevisions>,
     /// Stored records that were not believed (their seal does not hold): left out of
     /// everything above, so never acted on; shown by `status` and counted in metrics.
     pub rejected: Vec<RejectedRecord>,

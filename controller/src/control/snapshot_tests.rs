@@ -412,7 +412,7 @@ fn a_node_condition_not_the_kubelets_counts_only_from_when_the_leadership_began(
         ],
         ..NodeStatus::default()
     };
-    state.nodes = Some([("cp-1".to_owned(), node)].into());
+    state.nodes = Some(imbl::OrdMap::unit("cp-1".to_owned(), node));
     let times = |s: &Snapshot| -> Vec<(String, u64)> {
         let host = s.hosts.iter().find(|h| h.name == "cp-1").unwrap();
         let node = host.node.as_ref().unwrap();

@@ -38,8 +38,16 @@ pub fn discount_stale_ready<'a>(
     let Some(nodes) = &state.nodes else {
         return;
     };
-    let outdated: Vec<(String, Timestamp)> = nodes
-        .keys()
+    // Only a target of an active remediation has a verified power-off: those, not every Node.
+    let targets: std::collections::BTreeSet<&String> = state
+        .remediations
+        .values()
+        .filter(|r| r.phase.is_active())
+        .map(|r| &r.target)
+        .filter(|host| nodes.contains_key(*host))
+        .collect();
+    let outdated: Vec<(String, Timestamp)> = targets
+        .into_iter()
         .filter_map(|host| {
             let off = crate::control::snapshot::verified_off_at(state, host)?;
             let posted = node_of(host).and_then(|n| ready_heartbeat(&n));
@@ -137,7 +145,7 @@ mod tests {
         State {
             remediations: BTreeMap::from([(r.id.clone(), r)]),
             operations: BTreeMap::from([(op.id.clone(), op)]),
-            nodes: Some(BTreeMap::from([("w-2".to_owned(), ready)])),
+            nodes: Some(imbl::OrdMap::unit("w-2".to_owned(), ready)),
             ..State::default()
         }
     }

@@ -18,6 +18,7 @@
 //! Each object this controller wrote is kept as the API server returned it until the watch
 //! catches up, so a round never plans from a status older than its own last write.
 
+pub mod changes;
 mod checks;
 pub mod crd;
 mod events;
@@ -26,6 +27,7 @@ mod fence_requests;
 mod holds;
 pub mod hooks;
 mod host_writes;
+mod incremental;
 #[cfg(test)]
 mod manifests;
 mod node_leases;
@@ -119,8 +121,10 @@ pub struct KubeBackend {
     considered_fences: BTreeMap<String, String>,
     /// Last notes (kept here: their content reaches people as Events).
     notes: Option<ControllerNotes>,
-    /// Inventory fingerprint of the last build.
-    fingerprint: Option<String>,
+    /// The hosts' state kept across rounds, updated for what changed (`incremental.rs`).
+    kept_state: incremental::StateCache,
+    /// The inventory's hosts kept across ticks.
+    kept_inventory: incremental::InventoryCache,
     /// The decisions and refusals already told as Events (by key), and health-check verdicts
     /// already written.
     announced: BTreeSet<String>,
@@ -135,6 +139,8 @@ pub struct KubeBackend {
     written_control_plane: Option<metalguard_api::k8s::GuardedControlPlane>,
     /// Whether the pod's leader label was last written present (`Some(true)`) or removed.
     pod_labelled: Option<bool>,
+    /// How many hosts the last load read again (issue 27: the work of a round).
+    loaded_hosts: usize,
 }
 
 impl KubeBackend {
@@ -152,7 +158,8 @@ impl KubeBackend {
             written_fences: BTreeMap::new(),
             considered_fences: BTreeMap::new(),
             notes: None,
-            fingerprint: None,
+            kept_state: incremental::StateCache::default(),
+            kept_inventory: incremental::InventoryCache::default(),
             announced: BTreeSet::new(),
             check_verdicts: BTreeMap::new(),
             leading_until: None,
@@ -160,6 +167,7 @@ impl KubeBackend {
             lease_flag: None,
             written_control_plane: None,
             pod_labelled: None,
+            loaded_hosts: 0,
         }
     }
 
@@ -235,11 +243,20 @@ impl KubeBackend {
     }
 
     /// The world with our own writes laid over it, as a [`State`].
-    fn current_state(&self) -> State {
-        let (mut state, problems) = world::state(&self.world, &self.reports);
-        for problem in problems {
+    fn current_state(&mut self) -> State {
+        let changed = self.world.changes.take(changes::Consumer::State);
+        let update = self.kept_state.update(&self.world, &changed);
+        for problem in update.problems {
             tracing::warn!(%problem, "status entry ignored");
         }
+        // Our own writes the watch has not shown yet are laid over this round's state: the
+        // hosts they touch count as changed for whoever builds per host from it.
+        for name in self.written_hosts.keys() {
+            self.kept_state.note(name);
+        }
+        self.loaded_hosts = update.visited;
+        let mut state = self.kept_state.state();
+        world::finish_state(&self.world, &self.reports, &mut state);
         let mut written_holds = false;
         for name in self.written_hosts.keys() {
             let Some(h) = self.host(name) else { continue };
@@ -456,12 +473,19 @@ impl Backend for KubeBackend {
     }
 
     fn inventory(&mut self) -> Option<Inventory> {
-        let fingerprint = self.world.inventory_fingerprint();
-        if self.fingerprint.as_ref() == Some(&fingerprint) {
+        let changed = self.world.changes.take(changes::Consumer::Inventory);
+        if !self
+            .kept_inventory
+            .update(&self.world, &self.settings.credentials_namespace, &changed)
+        {
             return None;
         }
-        self.fingerprint = Some(fingerprint);
-        match self.build_inventory() {
+        match self.kept_inventory.inventory(
+            &self.world,
+            &self.settings.namespace,
+            &self.settings.controller,
+            &self.settings.timing,
+        ) {
             Ok(inventory) => Some(inventory),
             Err(error) => {
                 tracing::error!(%error, "resources rejected; the previous inventory stays in use");

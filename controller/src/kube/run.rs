@@ -7,13 +7,13 @@ use anyhow::Context as _;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::Api;
-use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, Config, ResourceExt as _};
 use kube_lease_manager::LeaseManagerBuilder;
 use metalguard_api::k8s::{FenceRequest, GuardedControlPlane, GuardedHost, HostHealthCheck};
 use serde::de::DeserializeOwned;
 
+use super::changes::TrackedWriter;
 use super::world::World;
 use super::{KubeBackend, KubeSettings};
 
@@ -76,7 +76,11 @@ pub async fn connect_with(mut config: Config) -> anyhow::Result<Client> {
     }
 }
 
-fn watch<K>(api: Api<K>, writer: Writer<K>, what: &'static str) -> tokio::task::JoinHandle<()>
+fn watch<K>(
+    api: Api<K>,
+    writer: TrackedWriter<K>,
+    what: &'static str,
+) -> tokio::task::JoinHandle<()>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -87,7 +91,7 @@ where
 /// [`watch`], with `slim` applied to every object as it arrives (before it is cached).
 fn watch_slimmed<K>(
     api: Api<K>,
-    writer: Writer<K>,
+    writer: TrackedWriter<K>,
     what: &'static str,
     slim: fn(&mut K),
 ) -> tokio::task::JoinHandle<()>
@@ -104,11 +108,17 @@ where
                 object.managed_fields_mut().clear();
                 slim(object);
             });
-        reflector::reflector(writer, stream)
-            .for_each(|event| async move {
-                if let Err(error) = event {
-                    tracing::warn!(%error, watch = what, "watch failed; retrying");
+        // The store is written, and the change noted, as each event arrives (`changes.rs`).
+        let mut writer = writer;
+        stream
+            .for_each(|event| {
+                match event {
+                    Ok(event) => writer.apply_watcher_event(&event),
+                    Err(error) => {
+                        tracing::warn!(%error, watch = what, "watch failed; retrying");
+                    }
                 }
+                std::future::ready(())
             })
             .await;
     })

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::ResourceExt as _;
-use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::reflector::{ObjectRef, Store};
 use metalguard_api::duration::Timestamp;
 use metalguard_api::k8s::fence::{FenceAction, FencePhase};
 use metalguard_api::k8s::host::HostRole;
@@ -26,6 +26,7 @@ use metalguard_api::snapshot::{
     ConditionStatus, ControlPlaneSpec, NodeCondition, NodeStatus, Role,
 };
 
+use super::changes::{Changes, Kind, TrackedWriter};
 use super::record;
 use crate::backend::{State, StoredReport};
 use crate::inventory::{
@@ -55,34 +56,37 @@ pub struct World {
     /// the store instead of by a scan (a round looks up every host's Node: at 5,000 hosts a
     /// scan per host was 25 million comparisons, a second per round).
     namespace: String,
+    /// What changed since each consumer last looked.
+    pub changes: Changes,
 }
 
 /// The write side of [`World`]: the reflectors' (or a test's).
 pub struct WorldWriters {
     /// Nodes.
-    pub nodes: Writer<Node>,
+    pub nodes: TrackedWriter<Node>,
     /// `GuardedHost`s.
-    pub hosts: Writer<GuardedHost>,
+    pub hosts: TrackedWriter<GuardedHost>,
     /// `GuardedControlPlane`s.
-    pub control_planes: Writer<GuardedControlPlane>,
+    pub control_planes: TrackedWriter<GuardedControlPlane>,
     /// `HostHealthCheck`s.
-    pub checks: Writer<HostHealthCheck>,
+    pub checks: TrackedWriter<HostHealthCheck>,
     /// `FenceRequest`s.
-    pub fences: Writer<FenceRequest>,
+    pub fences: TrackedWriter<FenceRequest>,
     /// Secrets.
-    pub secrets: Writer<Secret>,
+    pub secrets: TrackedWriter<Secret>,
 }
 
 impl World {
     /// Empty stores and their writers, for the custom resources of `namespace`.
     pub fn new(namespace: &str) -> (World, WorldWriters) {
+        let changes = Changes::default();
         let writers = WorldWriters {
-            nodes: Writer::default(),
-            hosts: Writer::default(),
-            control_planes: Writer::default(),
-            checks: Writer::default(),
-            fences: Writer::default(),
-            secrets: Writer::default(),
+            nodes: TrackedWriter::new(&changes, Kind::Node),
+            hosts: TrackedWriter::new(&changes, Kind::Host),
+            control_planes: TrackedWriter::new(&changes, Kind::Policy),
+            checks: TrackedWriter::new(&changes, Kind::Policy),
+            fences: TrackedWriter::new(&changes, Kind::Fence),
+            secrets: TrackedWriter::new(&changes, Kind::Secret),
         };
         let world = World {
             nodes: writers.nodes.as_reader(),
@@ -92,6 +96,7 @@ impl World {
             fences: writers.fences.as_reader(),
             secrets: writers.secrets.as_reader(),
             namespace: namespace.to_owned(),
+            changes,
         };
         (world, writers)
     }
@@ -115,29 +120,6 @@ impl World {
         let host = self.host(host)?;
         self.nodes.get(&ObjectRef::new(&host.spec.node_name))
     }
-
-    /// A fingerprint of everything the inventory is built from (resource versions): the
-    /// inventory is rebuilt only when it changes.
-    pub fn inventory_fingerprint(&self) -> String {
-        let mut parts: Vec<String> = Vec::new();
-        let mut add = |kind: &str, name: String, version: Option<String>| {
-            parts.push(format!("{kind}/{name}@{}", version.unwrap_or_default()));
-        };
-        for h in self.hosts.state() {
-            add("gh", h.name_any(), h.resource_version());
-        }
-        for c in self.control_planes.state() {
-            add("gcp", c.name_any(), c.resource_version());
-        }
-        for c in self.checks.state() {
-            add("hhc", c.name_any(), c.resource_version());
-        }
-        for s in self.secrets.state() {
-            add("secret", s.name_any(), s.resource_version());
-        }
-        parts.sort();
-        parts.join(",")
-    }
 }
 
 /// Builds the inventory from the resources; `base` supplies the process settings (agent API
@@ -150,12 +132,24 @@ pub fn inventory(
     controller: &ControllerSettings,
     etcd: &EtcdSettings,
 ) -> Result<Inventory, String> {
-    let control_planes = world.control_planes.state();
     let hosts: Vec<InventoryHost> = world
         .sorted_hosts()
         .iter()
         .map(|h| inventory_host(world, credentials_namespace, h))
         .collect();
+    assemble(world, namespace, hosts, controller, etcd)
+}
+
+/// The inventory of `hosts` (sorted by name, as [`inventory_host`] made them) with the
+/// control plane and policy of `world`'s resources, checked.
+pub fn assemble(
+    world: &World,
+    namespace: &str,
+    hosts: Vec<InventoryHost>,
+    controller: &ControllerSettings,
+    etcd: &EtcdSettings,
+) -> Result<Inventory, String> {
+    let control_planes = world.control_planes.state();
     let control_plane = match control_planes.as_slice() {
         [] => ControlPlaneSpec {
             desired_replicas: u32::try_from(
@@ -200,7 +194,12 @@ pub fn inventory(
     Ok(inventory)
 }
 
-fn inventory_host(world: &World, credentials_namespace: &str, h: &GuardedHost) -> InventoryHost {
+/// `h`'s inventory entry, its BMC credentials read from the credentials namespace.
+pub fn inventory_host(
+    world: &World,
+    credentials_namespace: &str,
+    h: &GuardedHost,
+) -> InventoryHost {
     let bmc = h.spec.bmc.as_ref().map(|b| BmcSettings {
         address: b.address.clone(),
         credentials_dir: std::path::PathBuf::new(),
@@ -330,11 +329,11 @@ fn requested_by(request: &FenceRequest) -> String {
 
 /// The persisted state: records from the hosts' status, pending fence requests, Nodes;
 /// `reports` are the agents' latest (kept in memory, mirrored onto Nodes). A malformed
-/// operation entry is left out and returned as a problem.
+/// operation entry is left out and returned as a problem. Built whole: the leader keeps it
+/// across rounds and updates only what changed (`incremental.rs`), to the same result.
 pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State, Vec<String>) {
     let mut state = State {
-        reports: reports.clone(),
-        nodes: Some(BTreeMap::new()),
+        nodes: Some(imbl::OrdMap::new()),
         ..State::default()
     };
     let mut problems = Vec::new();
@@ -346,28 +345,47 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
         .map(|n| (n.name_any(), n))
         .collect();
     for h in world.sorted_hosts() {
-        let name = h.name_any();
-        if let (Some(node), Some(nodes)) =
-            (nodes_by_name.get(&h.spec.node_name), state.nodes.as_mut())
-        {
-            nodes.insert(name.clone(), node_status(node));
-        }
-        let hooks = hooks(&h);
-        if !hooks.is_empty() {
-            state.hooks.insert(name.clone(), hooks);
-        }
-        if let Some(r) = &h.spec.retirement {
-            state.retirements.insert(
-                name.clone(),
-                metalguard_api::snapshot::Retirement {
-                    requested_at: record::timestamp(&r.requested_at),
-                    requested_by: r.requested_by.clone(),
-                    reason: r.reason.clone(),
-                },
-            );
-        }
-        problems.extend(host_records(&name, &h, &mut state));
+        let node = nodes_by_name.get(&h.spec.node_name).map(|n| &**n);
+        problems.extend(host_state(&h.name_any(), &h, node, &mut state));
     }
+    finish_state(world, reports, &mut state);
+    (state, problems)
+}
+
+/// Adds what host `name` (its object `h` and its Node) puts into `state`: its Node as the core
+/// reads it, hooks, retirement, BMC check request and the records of its status. Returns the
+/// entries it could not read.
+pub fn host_state(
+    name: &str,
+    h: &GuardedHost,
+    node: Option<&Node>,
+    state: &mut State,
+) -> Vec<String> {
+    if let (Some(node), Some(nodes)) = (node, state.nodes.as_mut()) {
+        nodes.insert(name.to_owned(), node_status(node));
+    }
+    let hooks = hooks(h);
+    if !hooks.is_empty() {
+        state.hooks.insert(name.to_owned(), hooks);
+    }
+    if let Some(r) = &h.spec.retirement {
+        state.retirements.insert(
+            name.to_owned(),
+            metalguard_api::snapshot::Retirement {
+                requested_at: record::timestamp(&r.requested_at),
+                requested_by: r.requested_by.clone(),
+                reason: r.reason.clone(),
+            },
+        );
+    }
+    host_records(name, h, state)
+}
+
+/// What is not any one host's: the agents' `reports`, the pending fence requests (oldest
+/// first, one per target) and the holds.
+pub fn finish_state(world: &World, reports: &BTreeMap<String, StoredReport>, state: &mut State) {
+    state.reports.clone_from(reports);
+    state.fence_requests.clear();
     let mut requests = world.fences.state();
     requests.sort_by_key(|r| (r.creation_timestamp().map(|t| t.0), r.name_any()));
     for request in requests.iter().filter(|r| pending_fence(r)) {
@@ -389,7 +407,6 @@ pub fn state(world: &World, reports: &BTreeMap<String, StoredReport>) -> (State,
         });
     }
     state.refresh_holds();
-    (state, problems)
 }
 
 /// Adds what `h`'s status records to `state`: its remediation, the operations kept there and
@@ -438,126 +455,14 @@ pub fn host_records(name: &str, h: &GuardedHost, state: &mut State) -> Vec<Strin
 
 /// Feeds one object into a writer, as a watch event would (tests).
 #[cfg(test)]
-pub fn apply<K>(writer: &mut Writer<K>, object: K)
+pub fn apply<K>(writer: &mut TrackedWriter<K>, object: K)
 where
     K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
 {
     writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(object));
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn host(name: &str, node: &str) -> GuardedHost {
-        serde_json::from_value(json!({"apiVersion": "metalguard.io/v1alpha1", "kind": "GuardedHost",
-            "metadata": {"name": name, "namespace": "mg", "resourceVersion": "1"},
-            "spec": {"nodeName": node, "role": "Worker",
-                "bmc": {"address": "ipmi://10.0.0.5", "credentialsSecret": {"name": format!("bmc-{name}")}}}}))
-        .unwrap()
-    }
-
-    fn node(name: &str) -> Node {
-        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "resourceVersion": "1"}}))
-        .unwrap()
-    }
-
-    fn secret(name: &str, namespace: &str, user: &str) -> Secret {
-        serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
-            "stringData": {}, "data": {"username": user, "password": "aHVudGVyMg=="}}))
-        .unwrap()
-    }
-
-    #[test]
-    fn hosts_nodes_and_secrets_are_found_by_key_in_their_namespace() {
-        let (world, mut writers) = World::new("mg");
-        apply(&mut writers.hosts, host("h-1", "node-a"));
-        apply(&mut writers.hosts, host("h-2", "node-b"));
-        apply(&mut writers.nodes, node("node-a"));
-        // The same Secret name outside the credentials namespace is never a host's.
-        apply(
-            &mut writers.secrets,
-            secret("bmc-h-1", "mg-bmc", "YWRtaW4="),
-        );
-        apply(
-            &mut writers.secrets,
-            secret("bmc-h-2", "elsewhere", "YWRtaW4="),
-        );
-
-        assert_eq!(world.host("h-1").unwrap().name_any(), "h-1");
-        assert!(world.host("node-a").is_none());
-        assert_eq!(world.node_of("h-1").unwrap().name_any(), "node-a");
-        assert!(world.node_of("h-2").is_none(), "node-b is not watched");
-        assert!(world.node_of("h-3").is_none());
-        assert_eq!(
-            credentials(&world, "mg-bmc", "bmc-h-1").unwrap().username,
-            "admin"
-        );
-        assert_eq!(
-            credentials(&world, "mg-bmc", "bmc-h-2").unwrap_err(),
-            "Secret mg-bmc/bmc-h-2 was not found"
-        );
-    }
-
-    /// Seed 004: "machines with the delete annotation" go first on scale-down; a
-    /// `GuardedHost`'s annotations are its Machine's, Cluster API's key among them.
-    #[test]
-    fn a_guarded_hosts_annotations_reach_the_inventory() {
-        let (world, mut writers) = World::new("mg");
-        let mut marked = host("h-1", "node-a");
-        marked.metadata.annotations = Some(BTreeMap::from([(
-            "cluster.x-k8s.io/delete-machine".to_owned(),
-            "yes".to_owned(),
-        )]));
-        apply(&mut writers.hosts, marked);
-        apply(&mut writers.hosts, host("h-2", "node-b"));
-        let etcd = crate::kube::run::timing();
-        let inventory = inventory(
-            &world,
-            "mg",
-            "mg-bmc",
-            &ControllerSettings::default(),
-            &etcd,
-        )
-        .unwrap();
-        let annotations: Vec<usize> = inventory
-            .hosts
-            .iter()
-            .map(|h| h.annotations.len())
-            .collect();
-        assert_eq!(annotations, [1, 0]);
-        assert_eq!(
-            inventory.hosts[0].annotations["cluster.x-k8s.io/delete-machine"],
-            "yes"
-        );
-    }
-
-    #[test]
-    fn a_zero_executor_heartbeat_timeout_is_refused_naming_the_check_and_field() {
-        let (world, mut writers) = World::new("mg");
-        let check: HostHealthCheck = serde_json::from_value(json!({
-            "apiVersion": "metalguard.io/v1alpha1", "kind": "HostHealthCheck",
-            "metadata": {"name": "cp", "namespace": "mg", "resourceVersion": "1"},
-            "spec": {"selector": {}, "remediation": {"executorHeartbeatTimeout": "0s"}}}))
-        .unwrap();
-        apply(&mut writers.checks, check);
-        let etcd = crate::kube::run::timing();
-        let error = inventory(
-            &world,
-            "mg",
-            "mg-bmc",
-            &ControllerSettings::default(),
-            &etcd,
-        )
-        .unwrap_err();
-        assert_eq!(
-            error,
-            "HostHealthCheck cp: remediation.executorHeartbeatTimeout must be greater than zero"
-        );
-    }
-}
+#[path = "world_tests.rs"]
+mod tests;

@@ -11,7 +11,6 @@ use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
-use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher::Event;
 use kube::{Client, ResourceExt as _};
 use metalguard_api::k8s::{FenceRequest, GuardedControlPlane, GuardedHost, HostHealthCheck};
@@ -41,7 +40,11 @@ pub struct Seen {
     pub control_plane: Option<GuardedControlPlane>,
 }
 
-async fn fill<K>(api: Api<K>, writer: &mut Writer<K>, what: &str) -> anyhow::Result<()>
+async fn fill<K>(
+    api: Api<K>,
+    writer: &mut crate::kube::changes::TrackedWriter<K>,
+    what: &str,
+) -> anyhow::Result<()>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
