@@ -142,6 +142,15 @@ pub struct Judged<'a> {
     pub policy: &'a metalguard_api::policy::Policy,
 }
 
+/// What [`Backend::hosts_visited`] counts.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HostsVisited {
+    /// Hosts the last load read again from the backend's sources.
+    pub loaded: Option<usize>,
+    /// Hosts whose observed status the last publish derived again.
+    pub observed: Option<usize>,
+}
+
 /// The store and leadership of one controller. `Send` futures so the loop can be spawned.
 pub trait Backend: Send {
     /// Acquires or renews leadership. An error means the store is unreachable: the caller
@@ -170,6 +179,12 @@ pub trait Backend: Send {
     /// builds it from its resources); `None` when unchanged or kept in a file.
     fn inventory(&mut self) -> Option<crate::inventory::Inventory> {
         None
+    }
+
+    /// How many hosts the last [`Backend::load`] and [`Backend::publish`] read or observed
+    /// again (issue 27: a round's work); `None` for what the backend does for every host.
+    fn hosts_visited(&self) -> HostsVisited {
+        HostsVisited::default()
     }
 
     /// Tells people about a plan and what it was judged on: the Kubernetes backend writes

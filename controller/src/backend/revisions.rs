@@ -26,6 +26,7 @@ impl HostRevisions {
     }
 
     /// Notes that `host` changed.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub fn note(&mut self, host: &str) {
         self.revision += 1;
         if let Some(before) = self.latest.insert(host.to_owned(), self.revision) {
@@ -35,6 +36,7 @@ impl HostRevisions {
     }
 
     /// Notes that everything changed (and forgets the log).
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub fn reset(&mut self) {
         self.revision += 1;
         self.reset = self.revision;

@@ -18,3 +18,4 @@ pub mod reload;
 pub mod revalidate;
 pub mod service;
 pub mod snapshot;
+pub mod snapshot_cache;

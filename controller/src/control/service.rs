@@ -125,6 +125,10 @@ pub struct Controller<B> {
     credentials: crate::control::credentials::CredentialBook,
     /// When an agent's newer term last made this controller ask the store (`terms.rs`).
     term_rechecked: Option<tokio::time::Instant>,
+    /// The snapshot of the last round, updated in place (`control::snapshot_cache`).
+    snapshots: crate::control::snapshot_cache::SnapshotCache,
+    /// What the last round read or built again.
+    work: round::RoundWork,
 }
 
 impl<B: Backend> Controller<B> {
@@ -151,6 +155,8 @@ impl<B: Backend> Controller<B> {
             grants_read_at: None,
             credentials: crate::control::credentials::CredentialBook::default(),
             term_rechecked: None,
+            snapshots: crate::control::snapshot_cache::SnapshotCache::default(),
+            work: round::RoundWork::default(),
         }
     }
 

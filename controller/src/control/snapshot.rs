@@ -71,99 +71,13 @@ fn build_with_views_since(
         .hosts
         .iter()
         .filter(|h| !gone.contains(&h.name.as_str()))
-        .map(|h| {
-            let retirement = state.retirements.get(&h.name).cloned();
-            // A report from before the host was verified off describes the host before it
-            // went down: like a deleted Node, it is gone until the host reports again.
-            let stored = state
-                .reports
-                .get(&h.name)
-                .filter(|r| verified_off_at(state, &h.name).is_none_or(|off| r.received_at > off));
-            Host {
-                name: h.name.clone(),
-                role: h.role,
-                failure_domain: h.failure_domain.clone(),
-                created_at: known_since,
-                labels: h.labels.clone(),
-                annotations: h.annotations.clone(),
-                externally_provisioned: true,
-                bmc_configured: h.bmc.is_some(),
-                up_to_date: true,
-                deletion_requested_at: retirement.as_ref().map(|r| r.requested_at),
-                pre_drain_hooks: state.hooks.get(&h.name).cloned().unwrap_or_default(),
-                fence_request: state.fence_requests.get(&h.name).cloned(),
-                retirement,
-                phase_failed: false,
-                // The Kubernetes backend has the real Node (with the agent's conditions
-                // mirrored onto it); a host whose Node is gone but whose agent reports was
-                // seen (the Node was deleted), one with neither gets the startup timeout.
-                node: match &state.nodes {
-                    Some(nodes) => nodes
-                        .get(&h.name)
-                        .cloned()
-                        .map(|n| conditions_heard_since(n, views_since)),
-                    None => stored.map(|s| {
-                        // Conditions of a report received before this leadership began
-                        // count from when it began: a new leader does not judge on what it
-                        // heard before (a report held from before a pause said the member
-                        // was unhealthy; the soak fenced that host 29 s after it recovered,
-                        // 1.8 s into the new leadership). A fresh report replaces it within a
-                        // report interval; a silent agent is judged by its silence.
-                        let heard_since = if s.received_at < views_since {
-                            views_since
-                        } else {
-                            Timestamp(0)
-                        };
-                        node_of(&s.report, known_since, heard_since)
-                    }),
-                },
-                node_seen: stored.is_some()
-                    || state
-                        .nodes
-                        .as_ref()
-                        .is_some_and(|n| n.contains_key(&h.name)),
-                agent: stored.map(|s| AgentReport {
-                    // A new leader cannot know whether agents reported while nobody led (or
-                    // while the store could not record): each gets one heartbeat timeout from
-                    // the moment this controller started leading.
-                    last_heartbeat: hearing.last_heard(
-                        &h.name,
-                        s.received_at.max(known_since),
-                        now,
-                    ),
-                    can_fence: true,
-                    bmc_reachable: s
-                        .report
-                        .bmc_reachability
-                        .iter()
-                        .map(|r| (r.host.clone(), r.reachable && !failed_on_its_path(r)))
-                        .collect(),
-                    boot_id: Some(s.report.boot_id.clone()).filter(|b| !b.is_empty()),
-                    boot_reported_at: Some(s.received_at).filter(|_| !s.report.boot_id.is_empty()),
-                }),
-                etcd: None,
-                hold: state.holds.get(&h.name).cloned(),
-                lease_held_by: state.node_leases.get(&h.name).cloned(),
-            }
-        })
+        .map(|h| host_of(h, state, (known_since, hearing), now, views_since))
         .collect();
-    // Only the hosts planned from vote on the members' health (crate::control::members), and
-    // only while their agent is not silent: a silent agent's last view is history — a frozen
-    // host would go on claiming that its member is healthy and leads. A view counts while it
-    // is as fresh as an executor must be, and no older than its agent's heartbeat timeout (the
-    // silence after which the planner judges that host by it).
-    let views: Vec<&EtcdView> = hosts
+    let reporting: Vec<&Host> = hosts
         .iter()
-        .filter_map(|h| {
-            let r = state.reports.get(&h.name)?;
-            let fresh_for = inventory.policy.remediation.executor_heartbeat_timeout.min(
-                metalguard_core::health::agent_heartbeat_timeout(&inventory.policy, h),
-            );
-            (r.received_at >= views_since && now.since(r.received_at) <= fresh_for)
-                .then_some(r.report.etcd.as_ref())
-                .flatten()
-        })
+        .filter(|h| state.reports.contains_key(&h.name))
         .collect();
+    let views = fresh_views(inventory, state, &reporting, now, views_since);
     for host in &mut hosts {
         host.etcd = crate::control::members::member_of(&host.name, &views);
     }
@@ -174,6 +88,114 @@ fn build_with_views_since(
         orphan_members: Vec::new(),
         remediations: state.remediations.values().cloned().collect(),
     }
+}
+
+/// Host `h` as the core plans from it: its inventory entry, its Node (or its agent's report
+/// standing for it), its agent, hooks, requests and hold. Its etcd member is set apart, from
+/// every agent's view ([`fresh_views`]).
+pub(crate) fn host_of(
+    h: &crate::inventory::InventoryHost,
+    state: &State,
+    (known_since, hearing): (Timestamp, &Hearing),
+    now: Timestamp,
+    views_since: Timestamp,
+) -> Host {
+    let retirement = state.retirements.get(&h.name).cloned();
+    // A report from before the host was verified off describes the host before it
+    // went down: like a deleted Node, it is gone until the host reports again.
+    let stored = state
+        .reports
+        .get(&h.name)
+        .filter(|r| verified_off_at(state, &h.name).is_none_or(|off| r.received_at > off));
+    Host {
+        name: h.name.clone(),
+        role: h.role,
+        failure_domain: h.failure_domain.clone(),
+        created_at: known_since,
+        labels: h.labels.clone(),
+        annotations: h.annotations.clone(),
+        externally_provisioned: true,
+        bmc_configured: h.bmc.is_some(),
+        up_to_date: true,
+        deletion_requested_at: retirement.as_ref().map(|r| r.requested_at),
+        pre_drain_hooks: state.hooks.get(&h.name).cloned().unwrap_or_default(),
+        fence_request: state.fence_requests.get(&h.name).cloned(),
+        retirement,
+        phase_failed: false,
+        // The Kubernetes backend has the real Node (with the agent's conditions
+        // mirrored onto it); a host whose Node is gone but whose agent reports was
+        // seen (the Node was deleted), one with neither gets the startup timeout.
+        node: match &state.nodes {
+            Some(nodes) => nodes
+                .get(&h.name)
+                .cloned()
+                .map(|n| conditions_heard_since(n, views_since)),
+            None => stored.map(|s| {
+                // Conditions of a report received before this leadership began
+                // count from when it began: a new leader does not judge on what it
+                // heard before (a report held from before a pause said the member
+                // was unhealthy; the soak fenced that host 29 s after it recovered,
+                // 1.8 s into the new leadership). A fresh report replaces it within a
+                // report interval; a silent agent is judged by its silence.
+                let heard_since = if s.received_at < views_since {
+                    views_since
+                } else {
+                    Timestamp(0)
+                };
+                node_of(&s.report, known_since, heard_since)
+            }),
+        },
+        node_seen: stored.is_some()
+            || state
+                .nodes
+                .as_ref()
+                .is_some_and(|n| n.contains_key(&h.name)),
+        agent: stored.map(|s| AgentReport {
+            // A new leader cannot know whether agents reported while nobody led (or
+            // while the store could not record): each gets one heartbeat timeout from
+            // the moment this controller started leading.
+            last_heartbeat: hearing.last_heard(&h.name, s.received_at.max(known_since), now),
+            can_fence: true,
+            bmc_reachable: s
+                .report
+                .bmc_reachability
+                .iter()
+                .map(|r| (r.host.clone(), r.reachable && !failed_on_its_path(r)))
+                .collect(),
+            boot_id: Some(s.report.boot_id.clone()).filter(|b| !b.is_empty()),
+            boot_reported_at: Some(s.received_at).filter(|_| !s.report.boot_id.is_empty()),
+        }),
+        etcd: None,
+        hold: state.holds.get(&h.name).cloned(),
+        lease_held_by: state.node_leases.get(&h.name).cloned(),
+    }
+}
+
+/// The etcd views that vote on the members' health: those of `reporting` (the snapshot's
+/// hosts with a stored report, in the snapshot's order). Only the hosts planned from vote
+/// (crate::control::members), and only while their agent is not silent: a silent agent's
+/// last view is history — a frozen host would go on claiming that its member is healthy and
+/// leads. A view counts while it is as fresh as an executor must be, and no older than its
+/// agent's heartbeat timeout (the silence after which the planner judges that host by it).
+pub(crate) fn fresh_views<'a>(
+    inventory: &Inventory,
+    state: &'a State,
+    reporting: &[&Host],
+    now: Timestamp,
+    views_since: Timestamp,
+) -> Vec<&'a EtcdView> {
+    reporting
+        .iter()
+        .filter_map(|h| {
+            let r = state.reports.get(&h.name)?;
+            let fresh_for = inventory.policy.remediation.executor_heartbeat_timeout.min(
+                metalguard_core::health::agent_heartbeat_timeout(&inventory.policy, h),
+            );
+            (r.received_at >= views_since && now.since(r.received_at) <= fresh_for)
+                .then_some(r.report.etcd.as_ref())
+                .flatten()
+        })
+        .collect()
 }
 
 /// True when an agent's credentialed check of a BMC failed on that agent's own path to it

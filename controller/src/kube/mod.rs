@@ -139,8 +139,10 @@ pub struct KubeBackend {
     written_control_plane: Option<metalguard_api::k8s::GuardedControlPlane>,
     /// Whether the pod's leader label was last written present (`Some(true)`) or removed.
     pod_labelled: Option<bool>,
-    /// How many hosts the last load read again (issue 27: the work of a round).
+    /// How many hosts the last load read again and the last publish observed (issue 27: the
+    /// work of a round).
     loaded_hosts: usize,
+    observed_hosts: usize,
 }
 
 impl KubeBackend {
@@ -168,6 +170,7 @@ impl KubeBackend {
             written_control_plane: None,
             pod_labelled: None,
             loaded_hosts: 0,
+            observed_hosts: 0,
         }
     }
 
@@ -491,6 +494,13 @@ impl Backend for KubeBackend {
                 tracing::error!(%error, "resources rejected; the previous inventory stays in use");
                 None
             }
+        }
+    }
+
+    fn hosts_visited(&self) -> crate::backend::HostsVisited {
+        crate::backend::HostsVisited {
+            loaded: Some(self.loaded_hosts),
+            observed: Some(self.observed_hosts),
         }
     }
 

@@ -33,10 +33,12 @@ impl KubeBackend {
     pub(super) async fn write_host_observations(&mut self, judged: &Judged<'_>) {
         let now = judged.snapshot.observed_at;
         let index = status::RoundIndex::of(judged, now);
+        self.observed_hosts = 0;
         for host in &judged.snapshot.hosts {
             let Some(object) = self.host_shared(&host.name) else {
                 continue;
             };
+            self.observed_hosts += 1;
             let previous = object.status.clone().unwrap_or_default();
             let mut observed = status::observe_host(
                 &index,

@@ -14,6 +14,17 @@ use crate::control::executor;
 use crate::control::membership::Next;
 use crate::control::metrics::label;
 
+/// How many hosts a round read or built again (issue 27: work proportional to what changed).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RoundWork {
+    /// Hosts the backend read again from its sources (`None`: it reads all every round).
+    pub loaded: Option<usize>,
+    /// Hosts whose snapshot entry was built again.
+    pub built: usize,
+    /// Hosts whose observed status was derived again (`None`: the backend observes none).
+    pub observed: Option<usize>,
+}
+
 /// Most plan rounds run back to back after one trigger (each round that persisted something
 /// is followed by another).
 const MAX_ROUNDS: usize = 8;
@@ -122,12 +133,9 @@ impl<B: Backend> Controller<B> {
         let started = tokio::time::Instant::now();
         let known_since = self.leader_since.unwrap_or(at);
         let hearing = self.hub.heard();
-        let snapshot = crate::control::snapshot::build_for_round(
-            &self.inventory,
-            state,
-            (known_since, &hearing),
-            at,
-        );
+        let snapshot = self
+            .snapshots
+            .build(&self.inventory, state, (known_since, &hearing), at);
         let built = started.elapsed();
         let revalidation = crate::control::revalidate::revalidate(
             state,
@@ -141,6 +149,7 @@ impl<B: Backend> Controller<B> {
             if let Err(error) = self.backend.apply(revalidation.writes).await {
                 tracing::warn!(error = %crate::error::chain(&error), "withdrawal not persisted");
             }
+            self.snapshots.keep(snapshot);
             return true;
         }
         self.held_back = revalidation.held_back.keys().cloned().collect();
@@ -166,12 +175,22 @@ impl<B: Backend> Controller<B> {
             .await;
         let published = started.elapsed();
         let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let visited = self.backend.hosts_visited();
+        self.work = RoundWork {
+            loaded: visited.loaded,
+            built: self.snapshots.visited,
+            observed: visited.observed,
+        };
         tracing::debug!(
             target: ROUNDS_TARGET,
             snapshot_us = micros(built),
             plan_us = micros(planned.saturating_sub(built)),
             gauges_us = micros(recorded.saturating_sub(planned)),
             publish_us = micros(published.saturating_sub(recorded)),
+            hosts = snapshot.hosts.len(),
+            hosts_loaded = ?self.work.loaded,
+            hosts_built = self.work.built,
+            hosts_observed = ?self.work.observed,
             "round parts"
         );
         tracing::debug!(plan = %plan, "planned");
@@ -242,12 +261,15 @@ impl<B: Backend> Controller<B> {
                 }
                 Err(error) => {
                     tracing::warn!(operation = %action.id, error = %crate::error::chain(&error), "action not persisted");
+                    drop(judge);
+                    self.snapshots.keep(snapshot);
                     return changed;
                 }
             }
         }
         // Notes do not change the plan: no extra round for them.
         self.publish_notes(&plan, waiting, state).await;
+        self.snapshots.keep(snapshot);
         changed
     }
 

@@ -223,6 +223,7 @@ impl<B: Backend> Controller<B> {
             // The Kubernetes backend builds the inventory from its resources.
             if let Some(inventory) = self.backend.inventory() {
                 self.inventory = inventory;
+                self.snapshots.forget();
                 self.count_insecure_bmcs();
                 self.publish_bmc_targets();
                 self.admit_inventory();
@@ -241,6 +242,7 @@ impl<B: Backend> Controller<B> {
             } => {
                 let generation = file.generation;
                 self.inventory = *inventory;
+                self.snapshots.forget();
                 self.count_insecure_bmcs();
                 self.publish_bmc_targets();
                 self.admit_inventory();
