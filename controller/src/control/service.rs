@@ -38,6 +38,8 @@ mod holds;
 mod report_store;
 mod reserved;
 mod round;
+#[cfg(all(test, feature = "kubernetes"))]
+pub use round::RoundWork;
 mod terms;
 mod upkeep;
 
@@ -158,6 +160,18 @@ impl<B: Backend> Controller<B> {
             snapshots: crate::control::snapshot_cache::SnapshotCache::default(),
             work: round::RoundWork::default(),
         }
+    }
+
+    /// The backend (tests).
+    #[cfg(all(test, feature = "kubernetes"))]
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// What the last plan round read, built and observed again.
+    #[cfg(all(test, feature = "kubernetes"))]
+    pub fn last_round_work(&self) -> round::RoundWork {
+        self.work
     }
 
     /// Re-reads `file` into the hub's deny list on every tick when it changed.

@@ -98,10 +98,10 @@ impl SnapshotCache {
                 return None;
             }
             let snapshot = k.snapshot.take()?;
-            let changed = changes?.changed_since(k.revision)?;
-            Some((k, snapshot, changed))
+            let since = changes?.changed_since(k.revision)?;
+            Some((k, snapshot, since))
         });
-        let Some((kept, mut snapshot, changed)) = reusable else {
+        let Some((kept, mut snapshot, since)) = reusable else {
             let snapshot = build_for_round(inventory, state, (known_since, hearing), now);
             self.visited = snapshot.hosts.len();
             let index = snapshot
@@ -127,7 +127,7 @@ impl SnapshotCache {
             });
             return snapshot;
         };
-        let touched: BTreeSet<&str> = changed
+        let touched: BTreeSet<&str> = since
             .into_iter()
             .chain(volatile_now.iter().map(String::as_str))
             .chain(kept.volatile.iter().map(String::as_str))

@@ -223,10 +223,11 @@ impl StateCache {
             ..State::default()
         };
         let problems = world::host_state(name, h, node, &mut scratch);
-        if let Some(status) = scratch.nodes.as_mut().and_then(|n| n.remove(name)) {
-            if let Some(nodes) = self.state.nodes.as_mut() {
-                nodes.insert(name.to_owned(), status);
-            }
+        if let (Some(status), Some(nodes)) = (
+            scratch.nodes.as_mut().and_then(|n| n.remove(name)),
+            self.state.nodes.as_mut(),
+        ) {
+            nodes.insert(name.to_owned(), status);
         }
         self.state.hooks.append(&mut scratch.hooks);
         self.state.retirements.append(&mut scratch.retirements);
@@ -326,12 +327,12 @@ impl InventoryCache {
         };
         let mut different = changed.everything || changed.policy;
         for name in &names {
-            if let Some(secret) = self.secret_of.remove(name) {
-                if let Some(hosts) = self.secret_hosts.get_mut(&secret) {
-                    hosts.remove(name);
-                    if hosts.is_empty() {
-                        self.secret_hosts.remove(&secret);
-                    }
+            if let Some(secret) = self.secret_of.remove(name)
+                && let Some(hosts) = self.secret_hosts.get_mut(&secret)
+            {
+                hosts.remove(name);
+                if hosts.is_empty() {
+                    self.secret_hosts.remove(&secret);
                 }
             }
             let Some(h) = world.host(name) else {

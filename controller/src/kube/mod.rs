@@ -33,7 +33,9 @@ mod manifests;
 mod node_leases;
 mod nodes;
 pub mod observe;
+mod observe_scope;
 pub mod record;
+mod round_index;
 pub mod run;
 mod slim;
 pub mod status;
@@ -143,6 +145,8 @@ pub struct KubeBackend {
     /// work of a round).
     loaded_hosts: usize,
     observed_hosts: usize,
+    /// Which hosts a round observes (`observe_scope.rs`).
+    observe_scope: observe_scope::ObserveScope,
 }
 
 impl KubeBackend {
@@ -171,6 +175,7 @@ impl KubeBackend {
             pod_labelled: None,
             loaded_hosts: 0,
             observed_hosts: 0,
+            observe_scope: observe_scope::ObserveScope::default(),
         }
     }
 
@@ -376,6 +381,8 @@ impl Backend for KubeBackend {
                 let term = if let Some(term) = continuing {
                     term
                 } else if let Some(term) = self.begin_term(&api, meta.as_ref()).await? {
+                    // A new leadership observes every host once.
+                    self.observe_scope.forget();
                     term
                 } else {
                     // Someone wrote the Lease since we read it: judge again next round.

@@ -32,9 +32,17 @@ impl KubeBackend {
     /// Writes each host's observed status that changed since the object's.
     pub(super) async fn write_host_observations(&mut self, judged: &Judged<'_>) {
         let now = judged.snapshot.observed_at;
-        let index = status::RoundIndex::of(judged, now);
+        let scope = self.observe_scope.hosts(judged);
+        let index = status::RoundIndex::of(judged, now, scope.as_ref());
+        let hosts: Vec<&metalguard_api::snapshot::Host> = match &scope {
+            None => judged.snapshot.hosts.iter().collect(),
+            Some(names) => names
+                .iter()
+                .filter_map(|name| super::observe_scope::find(&judged.snapshot.hosts, name))
+                .collect(),
+        };
         self.observed_hosts = 0;
-        for host in &judged.snapshot.hosts {
+        for host in hosts {
             let Some(object) = self.host_shared(&host.name) else {
                 continue;
             };
@@ -84,6 +92,7 @@ impl KubeBackend {
                 }
                 Err(error) => {
                     tracing::warn!(host = %host.name, %error, "observed host status not written");
+                    self.observe_scope.retry(&host.name);
                 }
             }
         }

@@ -8,7 +8,6 @@
 //! forward unless it is older than half the agent's heartbeat timeout ([`heartbeat_refresh`]),
 //! so a host costs one write per half timeout while nothing else changes, never one per round.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -128,68 +127,7 @@ fn condition_of(
     }
 }
 
-/// What a round's observations need about other hosts, gathered in one pass over the judged
-/// snapshot and plan: per host, the checks that find it unhealthy and the agents of other
-/// hosts whose fresh report reaches its BMC. Asked per host, both were a pass over every
-/// host (at 5,000 hosts, 25 million name comparisons and ~0.2 s a round).
-#[derive(Debug, Default)]
-pub struct RoundIndex<'a> {
-    unhealthy_in: BTreeMap<&'a str, Vec<&'a str>>,
-    reached_by: BTreeMap<&'a str, Vec<&'a str>>,
-    /// Per host with a BMC, the would-be executor's latest credentialed check.
-    fencing: BTreeMap<String, Readiness>,
-}
-
-impl<'a> RoundIndex<'a> {
-    /// The index of `judged` at `now`.
-    pub fn of(judged: &Judged<'a>, now: Timestamp) -> Self {
-        let mut index = Self::default();
-        for check in &judged.plan.health {
-            for host in &check.unhealthy {
-                let checks = index.unhealthy_in.entry(host.as_str()).or_default();
-                if !checks.contains(&check.name.as_str()) {
-                    checks.push(check.name.as_str());
-                }
-            }
-        }
-        for other in &judged.snapshot.hosts {
-            let Some(agent) = other.agent.as_ref() else {
-                continue;
-            };
-            if agent_silent(other, heartbeat_timeout(judged.policy, other), now) {
-                continue;
-            }
-            for (target, reachable) in &agent.bmc_reachable {
-                if *reachable && *target != other.name {
-                    index
-                        .reached_by
-                        .entry(target.as_str())
-                        .or_default()
-                        .push(other.name.as_str());
-                }
-            }
-        }
-        index.fencing = crate::control::fencing::readiness_of(
-            judged
-                .snapshot
-                .hosts
-                .iter()
-                .filter(|h| h.bmc_configured)
-                .map(|h| h.name.as_str()),
-            judged.state,
-            &judged.plan.fence_executors,
-        );
-        index
-    }
-
-    fn unhealthy_in(&self, host: &str) -> &[&'a str] {
-        self.unhealthy_in.get(host).map_or(&[], Vec::as_slice)
-    }
-
-    fn reached_by(&self, host: &str) -> &[&'a str] {
-        self.reached_by.get(host).map_or(&[], Vec::as_slice)
-    }
-}
+pub use super::round_index::RoundIndex;
 
 fn host_conditions(
     index: &RoundIndex<'_>,

@@ -169,7 +169,7 @@ fn an_unchanged_observation_equals_the_status_it_was_read_from() {
         policy: &pol,
     };
     let first = observe_host(
-        &RoundIndex::of(&judged, Timestamp(NOW)),
+        &RoundIndex::of(&judged, Timestamp(NOW), None),
         &judged,
         &GuardedHostStatus::default(),
         Some(2),
@@ -208,7 +208,7 @@ fn an_unchanged_observation_equals_the_status_it_was_read_from() {
         policy: &pol,
     };
     let again = observe_host(
-        &RoundIndex::of(&judged, Timestamp(NOW + 4_000)),
+        &RoundIndex::of(&judged, Timestamp(NOW + 4_000), None),
         &judged,
         &written,
         Some(2),
@@ -227,7 +227,7 @@ fn an_unchanged_observation_equals_the_status_it_was_read_from() {
         policy: &pol,
     };
     let refreshed = observe_host(
-        &RoundIndex::of(&judged, Timestamp(NOW + 6_000)),
+        &RoundIndex::of(&judged, Timestamp(NOW + 6_000), None),
         &judged,
         &written,
         Some(2),
@@ -259,7 +259,7 @@ fn an_unchanged_observation_equals_the_status_it_was_read_from() {
         policy: &pol,
     };
     let sick = observe_host(
-        &RoundIndex::of(&judged, Timestamp(NOW + 6_000)),
+        &RoundIndex::of(&judged, Timestamp(NOW + 6_000), None),
         &judged,
         &written,
         Some(2),
@@ -440,7 +440,7 @@ fn the_round_index_names_the_fresh_agents_that_reach_a_bmc_and_the_checks_that_f
         plan: &plan,
         policy: &pol,
     };
-    let index = RoundIndex::of(&judged, Timestamp(NOW));
+    let index = RoundIndex::of(&judged, Timestamp(NOW), None);
     assert_eq!(index.reached_by("w-1"), ["cp-1"]);
     assert_eq!(index.reached_by("cp-1"), [] as [&str; 0]);
     assert_eq!(index.unhealthy_in("w-1"), ["workers", "all"]);
@@ -512,7 +512,7 @@ fn fencing_ready_is_the_would_be_executors_check_and_unknown_without_one() {
             policy: &pol,
         };
         let status = observe_host(
-            &RoundIndex::of(&judged, Timestamp(NOW)),
+            &RoundIndex::of(&judged, Timestamp(NOW), None),
             &judged,
             &GuardedHostStatus::default(),
             None,

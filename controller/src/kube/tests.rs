@@ -288,6 +288,11 @@ fn agent_report(host: &str) -> metalguard_api::protocol::AgentReport {
 impl Lab {
     /// `unhealthy` hosts' Nodes have been NotReady for 10 minutes.
     fn new(unhealthy: &[&str], max_unhealthy: &Value, action: &str) -> Lab {
+        Self::with_hosts(&HOSTS, unhealthy, max_unhealthy, action)
+    }
+
+    /// As [`Lab::new`], with `hosts` for `w-1..3`.
+    fn with_hosts(hosts: &[&str], unhealthy: &[&str], max_unhealthy: &Value, action: &str) -> Lab {
         let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(svc, NS);
         let server = Arc::new(Mutex::new(Server {
@@ -301,7 +306,7 @@ impl Lab {
         let long_ago = now - k8s_openapi::jiff::SignedDuration::from_secs(600);
         {
             let mut s = server.lock().unwrap();
-            for h in HOSTS {
+            for &h in hosts {
                 let ready = if unhealthy.contains(&h) {
                     "False"
                 } else {
@@ -928,4 +933,157 @@ async fn after_leadership_is_lost_nothing_more_is_written() {
     let seen = lab.take();
     // Only the agent's own conditions are mirrored (not a decision: any replica does it).
     assert_calls(&seen, &["PATCH /api/v1/nodes/w-2/status?".to_owned()]);
+}
+
+/// The work of a round after one Node changed (a kubelet's status post) among `n` hosts, two
+/// of whose agents report: what the round read, built and observed again.
+async fn work_after_one_node_changed(n: usize) -> crate::control::service::RoundWork {
+    let names: Vec<String> = (1..=n).map(|i| format!("w-{i}")).collect();
+    let hosts: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut lab = Lab::with_hosts(&hosts, &[], &json!("40%"), "Delete");
+    lab.report("w-1").await;
+    lab.report("w-2").await;
+    // The first rounds read and observe everything, and write each host's status once; the
+    // watch then shows those writes, and a round reads those hosts again.
+    lab.round().await;
+    lab.sync();
+    lab.round().await;
+    lab.round().await;
+    let quiet = lab.controller.last_round_work();
+    assert_eq!(quiet.loaded, Some(0), "nothing changed: {quiet:?}");
+    let node = json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "w-7", "resourceVersion": "99", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+            "lastTransitionTime": "2026-01-01T00:00:00Z", "lastHeartbeatTime": "2026-11-29T10:00:00Z"}]}});
+    apply(
+        &mut lab.writers.nodes,
+        serde_json::from_value::<Node>(node).unwrap(),
+    );
+    lab.round().await;
+    lab.controller.last_round_work()
+}
+
+/// Issue 27, item 1: a round after one Node changed does work independent of the number of
+/// healthy hosts: it reads that host again, builds its snapshot entry and those of the two
+/// reporting hosts (their heartbeats are judged against the clock), and observes the same
+/// three; 20 hosts or 400.
+#[tokio::test]
+async fn a_round_after_one_node_changed_visits_the_same_hosts_whatever_the_cluster_size() {
+    let small = work_after_one_node_changed(20).await;
+    let large = work_after_one_node_changed(400).await;
+    assert_eq!(small, large);
+    assert_eq!(
+        large,
+        crate::control::service::RoundWork {
+            loaded: Some(1),
+            built: 3,
+            observed: Some(3),
+        }
+    );
+}
+
+/// A remediation from start to end, every request of each step, observations apart; with the
+/// observation scope, or observing every host every round.
+async fn transcript(everything: bool) -> Vec<(String, Value)> {
+    let mut lab = Lab::new(&["w-3"], &json!(1), "Delete");
+    lab.controller.backend_mut().observe_scope.everything = everything;
+    let mut seen = Vec::new();
+    let mut record = |lab: &Lab| {
+        seen.extend(lab.take());
+        seen.push(("--- observations".to_owned(), Value::Null));
+        seen.extend(lab.take_observations());
+        seen.push(("--- step".to_owned(), Value::Null));
+    };
+    lab.report("w-1").await;
+    lab.report("w-2").await;
+    lab.round().await;
+    record(&lab);
+    lab.sync();
+    lab.round().await;
+    record(&lab);
+    lab.result("w-1", "remediation/w-3/1/power-off")
+        .await
+        .unwrap();
+    lab.round().await;
+    record(&lab);
+    lab.sync();
+    lab.report("w-2").await;
+    lab.result("w-1", "remediation/w-3/1/power-on")
+        .await
+        .unwrap();
+    lab.round().await;
+    record(&lab);
+    {
+        let mut s = lab.server.lock().unwrap();
+        let fresh = node("w-3", "True", k8s_openapi::jiff::Timestamp::now());
+        s.objects.insert("/api/v1/nodes/w-3".to_owned(), fresh);
+    }
+    lab.sync();
+    lab.round().await;
+    record(&lab);
+    lab.sync();
+    lab.report("w-1").await;
+    lab.round().await;
+    record(&lab);
+    lab.sync();
+    lab.round().await;
+    record(&lab);
+    seen
+}
+
+/// The observation scope (`observe_scope.rs`) changes how many hosts a round derives, never
+/// what is written: a whole remediation writes the same requests, in the same order, as
+/// observing every host every round.
+#[tokio::test]
+async fn observing_only_what_changed_writes_what_observing_everything_writes() {
+    let scoped = transcript(false).await;
+    let everything = transcript(true).await;
+    assert!(
+        scoped.iter().filter(|(c, _)| c.contains("/status")).count() > 10,
+        "the script writes status: {scoped:?}"
+    );
+    assert_eq!(scoped, everything);
+}
+
+/// A Node NotReady for just under the check's timeout, then over it: the host turns unhealthy
+/// with nothing written to any object (the clock alone); observed with the scope or not.
+async fn unhealthy_by_the_clock(everything: bool) -> Vec<(String, Value)> {
+    let mut lab = Lab::new(&[], &json!(0), "Delete");
+    lab.controller.backend_mut().observe_scope.everything = everything;
+    lab.round().await;
+    lab.sync();
+    lab.round().await;
+    let _ = (lab.take(), lab.take_observations());
+    let almost =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(298);
+    let notready = node("w-2", "False", almost);
+    lab.server
+        .lock()
+        .unwrap()
+        .objects
+        .insert("/api/v1/nodes/w-2".to_owned(), notready.clone());
+    apply(
+        &mut lab.writers.nodes,
+        serde_json::from_value::<Node>(notready).unwrap(),
+    );
+    lab.round().await;
+    let mut seen = lab.take_observations();
+    seen.push(("--- the timeout passes".to_owned(), Value::Null));
+    tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+    lab.round().await;
+    seen.extend(lab.take_observations());
+    seen
+}
+
+#[tokio::test]
+async fn a_host_unhealthy_by_the_clock_alone_is_observed_in_that_round() {
+    let scoped = unhealthy_by_the_clock(false).await;
+    assert!(
+        scoped
+            .iter()
+            .skip_while(|(c, _)| !c.starts_with("---"))
+            .any(|(_, body)| body["status"]["conditions"][0]["status"] == "False"),
+        "Healthy=False written after the timeout: {scoped:?}"
+    );
+    assert_eq!(scoped, unhealthy_by_the_clock(true).await);
 }
