@@ -5,7 +5,7 @@
 //! latest fresh report says it cannot reach the target's BMC. This view lets a person check,
 //! before a fence is needed, that some agent can.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use metalguard_api::duration::Timestamp;
@@ -74,26 +74,31 @@ pub fn count_reaching_agents(
     now: Timestamp,
 ) -> BTreeMap<String, usize> {
     let heartbeat = inventory.policy.remediation.executor_heartbeat_timeout;
+    // One pass over the fresh reports (each agent probes every BMC): per host and round, a
+    // search of every report was hosts x agents x BMCs, 125 million comparisons at 5,000.
+    let mut reached: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (agent, stored) in &state.reports {
+        if stored.received_at.after(heartbeat) <= now {
+            continue;
+        }
+        for probe in stored
+            .report
+            .bmc_reachability
+            .iter()
+            .filter(|r| r.reachable)
+        {
+            if probe.host != *agent {
+                reached.entry(&probe.host).or_default().insert(agent);
+            }
+        }
+    }
     inventory
         .hosts
         .iter()
         .filter(|h| h.bmc.is_some())
         .map(|host| {
-            let reached = state
-                .reports
-                .iter()
-                .filter(|(agent, stored)| {
-                    **agent != host.name && stored.received_at.after(heartbeat) > now
-                })
-                .filter(|(_, stored)| {
-                    stored
-                        .report
-                        .bmc_reachability
-                        .iter()
-                        .any(|r| r.host == host.name && r.reachable)
-                })
-                .count();
-            (host.name.clone(), reached)
+            let count = reached.get(host.name.as_str()).map_or(0, BTreeSet::len);
+            (host.name.clone(), count)
         })
         .collect()
 }
