@@ -3,7 +3,9 @@
 //! kube-apiserver with 5 control-plane hosts and 5,000 worker Nodes, 2 % of them NotReady.
 //! Every worker has a `GuardedHost` and a BMC Secret (the health check selects them all, so
 //! every round plans over 5,005 hosts); five test clients play the control-plane hosts'
-//! agents (reports over the agent mTLS API, every power command "succeeds" when offered).
+//! agents (reports over the agent mTLS API, every power command "succeeds" when offered),
+//! each reporting every host's BMC reachable, as a real agent probes every BMC the controller
+//! names (`BENCH_PROBE_ALL=0`: only the control plane's, as the first runs).
 //!
 //! Phases, each measured on its own:
 //! 1. **rest**: the 100 NotReady workers exceed `maxUnhealthy: 1%`, so remediation is
@@ -657,7 +659,14 @@ fn main() {
 
     let port = metalguard_e2e::ports::reserve_port().unwrap();
     let url = format!("https://localhost:{}", port.port());
-    let agents = Agents::start(&tls, &url, &control_plane);
+    // A real agent probes every BMC the controller names (every host's that has one):
+    // `BENCH_PROBE_ALL=0` has the agents report only the control plane's, as the first runs.
+    let probed: Vec<String> = if env_or("BENCH_PROBE_ALL", 1) != 0 {
+        hosts.iter().map(|(h, _)| h.clone()).collect()
+    } else {
+        control_plane.clone()
+    };
+    let agents = Agents::probing(&tls, &url, &control_plane, &probed);
     let kubeconfig = cluster
         .service_account_kubeconfig(NS, SERVICE_ACCOUNT)
         .unwrap();
@@ -851,13 +860,14 @@ fn main() {
         out,
         "{} workers ({} NotReady) + {} control-plane hosts, every one a GuardedHost with a BMC Secret; \
          Nodes of {node_bytes} bytes (JSON) each; Node status refreshes: {heartbeats} in all ({:.1}/s asked); \
-         agent reports: {} agents every {:?}. First verdict {:.1} s after the controller's start.",
+         agent reports: {} agents every {:?}, each probing {} BMCs. First verdict {:.1} s after the controller's start.",
         sizes.workers,
         sick.len(),
         sizes.control_plane,
         sizes.node_updates_per_second,
         control_plane.len(),
         kubelab::agents::REPORT_EVERY,
+        probed.len(),
         first_verdict.as_secs_f64()
     );
     let sync = Phase {

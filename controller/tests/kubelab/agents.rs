@@ -112,8 +112,15 @@ pub struct Agents {
 }
 
 impl Agents {
-    /// Agents for `hosts`, all live, speaking to the controller at `url`.
+    /// Agents for `hosts`, all live, speaking to the controller at `url`; each reports every
+    /// other one's BMC reachable.
     pub fn start(tls: &Path, url: &str, hosts: &[String]) -> Self {
+        Self::probing(tls, url, hosts, hosts)
+    }
+
+    /// As [`Agents::start`], each reporting `probed` hosts' BMCs reachable (a real agent
+    /// probes every BMC the controller names: every host's that has one).
+    pub fn probing(tls: &Path, url: &str, hosts: &[String], probed: &[String]) -> Self {
         let clients: BTreeMap<String, reqwest::blocking::Client> = hosts
             .iter()
             .map(|h| (h.clone(), agent_client(tls, h)))
@@ -130,7 +137,7 @@ impl Agents {
                 quit.clone(),
                 url.to_owned(),
             );
-            let all: Vec<String> = hosts.to_vec();
+            let all: Vec<String> = probed.to_vec();
             std::thread::spawn(move || {
                 let mut sequence = 0;
                 while !quit.load(Ordering::SeqCst) {
