@@ -11,7 +11,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
 /// The controller's metrics.
 pub struct Metrics {

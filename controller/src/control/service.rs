@@ -131,6 +131,8 @@ pub struct Controller<B> {
     snapshots: crate::control::snapshot_cache::SnapshotCache,
     /// What the last round read or built again.
     work: round::RoundWork,
+    /// The per-host gauges as last set.
+    series: gauges::HostSeries,
 }
 
 impl<B: Backend> Controller<B> {
@@ -159,6 +161,7 @@ impl<B: Backend> Controller<B> {
             term_rechecked: None,
             snapshots: crate::control::snapshot_cache::SnapshotCache::default(),
             work: round::RoundWork::default(),
+            series: gauges::HostSeries::default(),
         }
     }
 

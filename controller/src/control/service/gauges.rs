@@ -15,6 +15,40 @@ use crate::backend::State;
 use crate::control::metrics::{Metrics, label};
 use crate::inventory::Inventory;
 
+/// The per-host series as last set: each round sets only the values that changed and
+/// removes the series of hosts gone (clearing and creating every host's series each round was
+/// two families of 5,000 label sets at that size).
+#[derive(Debug, Default)]
+pub(crate) struct HostSeries {
+    reachable: BTreeMap<String, i64>,
+    fencing: BTreeMap<String, (String, i64)>,
+}
+
+/// Sets `family`'s per-host series to `now`, changing only what differs from `before` (a
+/// host's labels are `labels(host, value)`); `before` becomes `now`.
+fn set_series<V: PartialEq>(
+    family: &prometheus_client::metrics::family::Family<
+        crate::control::metrics::Labels,
+        prometheus_client::metrics::gauge::Gauge,
+    >,
+    before: &mut BTreeMap<String, V>,
+    now: BTreeMap<String, V>,
+    labels: impl Fn(&str, &V) -> crate::control::metrics::Labels,
+    value: impl Fn(&V) -> i64,
+) {
+    for (host, old) in before.iter() {
+        if now.get(host) != Some(old) {
+            family.remove(&labels(host, old));
+        }
+    }
+    for (host, new) in &now {
+        if before.get(host) != Some(new) {
+            family.get_or_create(&labels(host, new)).set(value(new));
+        }
+    }
+    *before = now;
+}
+
 /// etcd as a plan saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct EtcdCounts {
@@ -125,6 +159,7 @@ fn gauge(n: usize) -> i64 {
 /// Sets every gauge that follows a plan over `state`.
 pub(crate) fn record(
     metrics: &Metrics,
+    series: &mut HostSeries,
     inventory: &Inventory,
     (state, snapshot, plan): (&State, &Snapshot, &Plan),
     known_since: Timestamp,
@@ -177,30 +212,39 @@ pub(crate) fn record(
             .get_or_create(&label("host", host))
             .set(i64::try_from(seconds).unwrap_or(i64::MAX));
     }
-    metrics.bmc_reachable_agents.clear();
-    for (host, agents) in crate::control::reachability::count_reaching_agents(inventory, state, now)
-    {
-        metrics
-            .bmc_reachable_agents
-            .get_or_create(&label("host", &host))
-            .set(gauge(agents));
-    }
-    metrics.fencing_ready.clear();
-    for (host, readiness) in
-        crate::control::fencing::readiness(inventory, state, &plan.fence_executors)
-    {
-        let failure = match &readiness {
-            crate::control::fencing::Readiness::NotReady { failure, .. } => failure.name(),
-            _ => "",
-        };
-        metrics
-            .fencing_ready
-            .get_or_create(&vec![
-                ("host".to_owned(), host),
-                ("failure".to_owned(), failure.to_owned()),
-            ])
-            .set(readiness.gauge());
-    }
+    let reachable = crate::control::reachability::count_reaching_agents(inventory, state, now)
+        .into_iter()
+        .map(|(host, agents)| (host, gauge(agents)))
+        .collect();
+    set_series(
+        &metrics.bmc_reachable_agents,
+        &mut series.reachable,
+        reachable,
+        |host, _| label("host", host),
+        |agents| *agents,
+    );
+    let fencing = crate::control::fencing::readiness(inventory, state, &plan.fence_executors)
+        .into_iter()
+        .map(|(host, readiness)| {
+            let failure = match &readiness {
+                crate::control::fencing::Readiness::NotReady { failure, .. } => failure.name(),
+                _ => "",
+            };
+            (host, (failure.to_owned(), readiness.gauge()))
+        })
+        .collect();
+    set_series(
+        &metrics.fencing_ready,
+        &mut series.fencing,
+        fencing,
+        |host, (failure, _)| {
+            vec![
+                ("host".to_owned(), host.to_owned()),
+                ("failure".to_owned(), failure.clone()),
+            ]
+        },
+        |(_, ready)| *ready,
+    );
     metrics.control_plane_blocked_by_failed.set(gauge(
         control_plane_blocked(state, plan).map_or(0, |(_, n)| n),
     ));
@@ -367,6 +411,60 @@ mod tests {
         assert_eq!(
             count_refusals(&plan),
             BTreeMap::from([("executor", 1), ("quorum", 2)])
+        );
+    }
+
+    #[test]
+    fn per_host_series_change_only_where_their_value_did_and_go_with_their_host() {
+        use prometheus_client::encoding::text::encode;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        use prometheus_client::registry::Registry;
+
+        let family: Family<crate::control::metrics::Labels, Gauge> = Family::default();
+        let mut registry = Registry::default();
+        registry.register("ready", "test", family.clone());
+        let labels = |host: &str, (failure, _): &(String, i64)| {
+            vec![
+                ("host".to_owned(), host.to_owned()),
+                ("failure".to_owned(), failure.clone()),
+            ]
+        };
+        let text = |registry: &Registry| {
+            let mut out = String::new();
+            encode(&mut out, registry).unwrap();
+            let mut lines: Vec<String> = out
+                .lines()
+                .filter(|l| l.starts_with("ready{"))
+                .map(str::to_owned)
+                .collect();
+            lines.sort();
+            lines
+        };
+        let mut before = BTreeMap::new();
+        let now = |entries: &[(&str, &str, i64)]| -> BTreeMap<String, (String, i64)> {
+            entries
+                .iter()
+                .map(|(h, f, v)| ((*h).to_owned(), ((*f).to_owned(), *v)))
+                .collect()
+        };
+        set_series(
+            &family,
+            &mut before,
+            now(&[("a", "", 1), ("b", "", 1)]),
+            labels,
+            |v| v.1,
+        );
+        set_series(
+            &family,
+            &mut before,
+            now(&[("a", "credentials-refused", 0)]),
+            labels,
+            |v| v.1,
+        );
+        assert_eq!(
+            text(&registry),
+            ["ready{host=\"a\",failure=\"credentials-refused\"} 0"]
         );
     }
 }

@@ -157,6 +157,7 @@ impl<B: Backend> Controller<B> {
         let planned = started.elapsed();
         gauges::record(
             &self.metrics,
+            &mut self.series,
             &self.inventory,
             (state, &snapshot, &plan),
             known_since,
