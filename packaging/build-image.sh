@@ -48,13 +48,14 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
 ref="docker.io/library/metalguard-controller:$version"
 if [ "$profile" = release ]; then
   target=x86_64-unknown-linux-musl
-  rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+  grep -qx "$target" <<<"$(rustup target list --installed)" || rustup target add "$target"
   say "building the static controller $version ($target, release)"
   CC_x86_64_unknown_linux_musl=musl-gcc \
     cargo build --release --locked "${jobs[@]}" -p metalguard-controller --target "$target"
   bin="target/$target/release/metalguard-controller"
   # A static binary has no program interpreter: it runs on the empty base.
-  if readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
+  # Read whole, then matched: `readelf | grep -q` under pipefail fails when grep exits first.
+  if grep -q 'Requesting program interpreter' <<<"$(readelf -l "$bin")"; then
     echo "$bin is not static" >&2
     exit 1
   fi

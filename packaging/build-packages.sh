@@ -78,12 +78,12 @@ packaging/build-rpm.py metalguard-controller "${rpm_fast[@]}"
 
 if $musl; then
   say "static musl build"
-  rustup target list --installed | grep -q x86_64-unknown-linux-musl \
+  grep -q x86_64-unknown-linux-musl <<<"$(rustup target list --installed)" \
     || rustup target add x86_64-unknown-linux-musl
   command -v musl-gcc >/dev/null 2>&1 || { say "musl-gcc missing: apt-get install musl-tools"; exit 1; }
   CC_x86_64_unknown_linux_musl=musl-gcc \
     cargo build --release --locked -p metalguard-agent --target x86_64-unknown-linux-musl
-  file target/x86_64-unknown-linux-musl/release/metalguard-agent | grep -q "static" \
+  grep -q "static" <<<"$(file target/x86_64-unknown-linux-musl/release/metalguard-agent)" \
     || { say "musl binary is not static"; exit 1; }
 fi
 ls -l target/debian/*.deb target/rpm/*.rpm

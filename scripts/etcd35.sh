@@ -13,7 +13,10 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 dest="$root/.tools/etcd35"
 bin="$dest/usr/bin/etcd"
 
-if [[ -x "$bin" ]] && "$bin" --version 2>/dev/null | grep -q '^etcd Version: 3\.5\.'; then
+# The version is read whole before it is matched: under pipefail, `etcd --version | grep -q`
+# fails when grep exits before etcd wrote its last line (SIGPIPE), as it did once on a fresh
+# clone while the machine was busy.
+if [[ -x "$bin" ]] && grep -q '^etcd Version: 3\.5\.' <<<"$("$bin" --version 2>/dev/null)"; then
     echo "$bin"
     exit 0
 fi
@@ -61,7 +64,7 @@ mkdir -p "$dest"
 for deb in "$work"/debs/*.deb; do
     dpkg -x "$deb" "$dest"
 done
-if ! "$bin" --version | grep -q '^etcd Version: 3\.5\.'; then
+if ! grep -q '^etcd Version: 3\.5\.' <<<"$("$bin" --version)"; then
     echo "etcd35.sh: $bin is not an etcd 3.5 build:" >&2
     "$bin" --version >&2
     exit 1

@@ -49,7 +49,8 @@ build_kube() {
     for cmd in "${commands[@]}"; do
         local version_of=("$kube_dir/$cmd" --version)
         [[ "$cmd" == kubectl ]] && version_of=("$kube_dir/$cmd" version --client)
-        if [[ -x "$kube_dir/$cmd" ]] && "${version_of[@]}" 2>/dev/null | grep -q "$k8s_version"; then
+        # Read whole, then matched: `… | grep -q` under pipefail fails when grep exits first.
+        if [[ -x "$kube_dir/$cmd" ]] && grep -q "$k8s_version" <<<"$("${version_of[@]}" 2>/dev/null)"; then
             say "$cmd $k8s_version present"
             continue
         fi
@@ -62,7 +63,7 @@ build_kube() {
 
 build_etcd() {
     mkdir -p "$etcd_dir"
-    if [[ -x "$etcd_dir/etcd" ]] && "$etcd_dir/etcd" --version 2>/dev/null | grep -q "${etcd_version#v}"; then
+    if [[ -x "$etcd_dir/etcd" ]] && grep -q "${etcd_version#v}" <<<"$("$etcd_dir/etcd" --version 2>/dev/null)"; then
         say "etcd $etcd_version present"
     else
         say "building etcd $etcd_version"

@@ -65,7 +65,7 @@ for pkg in "${APT_PACKAGES[@]}"; do
     && command -v containerd-shim-runc-v2 >/dev/null && command -v runc >/dev/null; then
     continue
   fi
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$pkg")
+  grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" || need_apt+=("$pkg")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then
   say "apt: installing ${need_apt[*]}"
