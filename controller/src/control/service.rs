@@ -215,12 +215,13 @@ impl<B: Backend> Controller<B> {
         self.metrics
             .operations_withheld
             .set(i64::try_from(withheld).unwrap_or(i64::MAX));
-        let retired = self
-            .inventory
-            .hosts
-            .iter()
-            .filter(|h| crate::control::snapshot::powered_off_for_retirement(state, &h.name))
-            .map(|h| h.name.clone())
+        // Only a host with a retirement can be retired: those, not every host, each round.
+        let retired = state
+            .retirements
+            .keys()
+            .filter(|h| self.inventory.host(h).is_some())
+            .filter(|h| crate::control::snapshot::powered_off_for_retirement(state, h))
+            .cloned()
             .collect();
         self.hub.set_retired(retired);
     }

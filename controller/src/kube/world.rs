@@ -188,6 +188,7 @@ pub fn assemble(
         control_plane,
         hosts,
         policy,
+        index: crate::inventory::HostIndex::default(),
     };
     crate::inventory::checks::check_resources(&inventory)
         .map_err(|problem| format!("namespace {namespace}: {problem}"))?;
