@@ -162,6 +162,9 @@ impl Agents {
                             report.etcd = cluster.view_of(host);
                         }
                         report.holds = holds.get(host).cloned().unwrap_or_default();
+                        // As the real agent does: a report fits the protocol's limits (at
+                        // most 512 BMC probes; with more targets the rest are left out).
+                        metalguard_api::limits::fit_report(&mut report);
                         let answer = client
                             .post(format!("{url}{}", report_path(host)))
                             .json(&report)
