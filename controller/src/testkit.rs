@@ -93,3 +93,31 @@ pub fn inventory(hosts: &[(&str, &str, bool)], extra: &str) -> crate::inventory:
     crate::inventory::Inventory::parse(std::path::Path::new("i.toml"), &text)
         .unwrap_or_else(|e| panic!("{}\n{text}", crate::error::chain(&e)))
 }
+
+/// Remediation 1 of `target`, executed by `executor`'s agent, in `phase`, started at 1 ms.
+pub fn remediation(
+    target: &str,
+    executor: &str,
+    phase: metalguard_api::remediation::RemediationPhase,
+) -> metalguard_api::remediation::Remediation {
+    metalguard_api::remediation::Remediation {
+        id: format!("remediation/{target}/1"),
+        target: target.into(),
+        seq: 1,
+        attempt: 1,
+        executor: executor.into(),
+        strategy: metalguard_api::policy::Strategy::default(),
+        node_handling: metalguard_api::policy::NodeHandling::default(),
+        phase,
+        started_at: Timestamp(1),
+        phase_since: Timestamp(1),
+        control_plane: false,
+        cause: "test".into(),
+        forced: None,
+        cancel_requested: None,
+        backup: None,
+        powered_on_at: None,
+        stay_off: false,
+        boot_before: None,
+    }
+}

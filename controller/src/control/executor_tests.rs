@@ -1,32 +1,12 @@
 //! Unit tests of [`super`] (executor.rs).
 
 use metalguard_api::plan::OperationId;
-use metalguard_api::policy::{NodeHandling, Strategy};
 
 use super::*;
 use crate::control::credentials::CredentialBook;
 
 fn remediation(phase: RemediationPhase) -> Remediation {
-    Remediation {
-        id: "remediation/w-2/1".into(),
-        target: "w-2".into(),
-        seq: 1,
-        attempt: 1,
-        executor: "w-1".into(),
-        strategy: Strategy::default(),
-        node_handling: NodeHandling::default(),
-        phase,
-        started_at: Timestamp(1),
-        phase_since: Timestamp(1),
-        control_plane: false,
-        cause: "test".into(),
-        forced: None,
-        cancel_requested: None,
-        backup: None,
-        powered_on_at: None,
-        stay_off: false,
-        boot_before: None,
-    }
+    crate::testkit::remediation("w-2", "w-1", phase)
 }
 
 fn action(step: RemediationStep) -> Action {

@@ -57,7 +57,7 @@ fn gone(inventory: &Inventory, state: &State) -> BTreeSet<String> {
 }
 
 /// The hosts whose entries depend on the round (see the module's text).
-fn volatile(state: &State) -> BTreeSet<String> {
+pub(crate) fn volatile(state: &State) -> BTreeSet<String> {
     let mut hosts: BTreeSet<String> = BTreeSet::new();
     hosts.extend(state.reports.keys().cloned());
     hosts.extend(state.holds.keys().cloned());

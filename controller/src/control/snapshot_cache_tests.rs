@@ -7,7 +7,6 @@
 use std::collections::BTreeSet;
 
 use metalguard_api::duration::Timestamp;
-use metalguard_api::policy::{NodeHandling, Strategy};
 use metalguard_api::protocol::{CommandResult, EtcdView, Outcome, PowerAction};
 use metalguard_api::remediation::{Remediation, RemediationPhase};
 use metalguard_api::snapshot::{
@@ -96,26 +95,7 @@ fn report(rng: &mut Rng, host: &str, at: u64) -> crate::backend::StoredReport {
 }
 
 fn remediation(target: &str, phase: RemediationPhase) -> Remediation {
-    Remediation {
-        id: format!("remediation/{target}/1"),
-        target: target.into(),
-        seq: 1,
-        attempt: 1,
-        executor: "h-0".into(),
-        strategy: Strategy::default(),
-        node_handling: NodeHandling::default(),
-        phase,
-        started_at: Timestamp(1),
-        phase_since: Timestamp(1),
-        control_plane: false,
-        cause: "test".into(),
-        forced: None,
-        cancel_requested: None,
-        backup: None,
-        powered_on_at: None,
-        stay_off: false,
-        boot_before: None,
-    }
+    crate::testkit::remediation(target, "h-0", phase)
 }
 
 fn power_off(id: OperationId, target: &str, finished: u64) -> StoredOperation {

@@ -99,6 +99,43 @@ fn settle<K: Ord + Clone, V: Clone>(
     }
 }
 
+/// The ids of one host's records.
+struct Ids {
+    remediations: Vec<String>,
+    operations: Vec<OperationId>,
+    holds: Vec<String>,
+}
+
+impl Ids {
+    fn of(entries: &Entries) -> Self {
+        Self {
+            remediations: entries.remediations.keys().cloned().collect(),
+            operations: entries.operations.keys().cloned().collect(),
+            holds: entries.holds.keys().cloned().collect(),
+        }
+    }
+}
+
+/// [`own`] each of `ids` for `host`, then [`settle`] each.
+fn reown<K: Ord + Clone, V: Clone>(
+    ids: &[K],
+    host: &str,
+    owns: bool,
+    owners: &mut BTreeMap<K, BTreeSet<String>>,
+    (entries, pick): (
+        &BTreeMap<String, Entries>,
+        impl Fn(&Entries) -> &BTreeMap<K, V>,
+    ),
+    merged: &mut BTreeMap<K, V>,
+) {
+    for id in ids {
+        own(owners, id, host, owns);
+    }
+    for id in ids {
+        settle(id, owners, entries, &pick, merged);
+    }
+}
+
 fn own<K: Ord + Clone>(owners: &mut BTreeMap<K, BTreeSet<String>>, id: &K, host: &str, owns: bool) {
     if owns {
         owners
@@ -164,6 +201,35 @@ impl StateCache {
         }
     }
 
+    /// Marks `host` as owning (or no longer owning) the records `ids` names, then puts each
+    /// record as its last owner has it into the state (or removes it).
+    fn reown(&mut self, host: &str, ids: &Ids, owns: bool) {
+        reown(
+            &ids.remediations,
+            host,
+            owns,
+            &mut self.owners.remediations,
+            (&self.entries, |e: &Entries| &e.remediations),
+            &mut self.state.remediations,
+        );
+        reown(
+            &ids.operations,
+            host,
+            owns,
+            &mut self.owners.operations,
+            (&self.entries, |e: &Entries| &e.operations),
+            &mut self.state.operations,
+        );
+        reown(
+            &ids.holds,
+            host,
+            owns,
+            &mut self.owners.holds,
+            (&self.entries, |e: &Entries| &e.holds),
+            &mut self.state.hold_records,
+        );
+    }
+
     fn forget(&mut self, name: &str) {
         let Some(entries) = self.entries.remove(name) else {
             return;
@@ -180,36 +246,8 @@ impl StateCache {
         self.state.hooks.remove(name);
         self.state.retirements.remove(name);
         self.state.bmc_check_requests.remove(name);
-        for id in entries.remediations.keys() {
-            own(&mut self.owners.remediations, id, name, false);
-            settle(
-                id,
-                &self.owners.remediations,
-                &self.entries,
-                |e| &e.remediations,
-                &mut self.state.remediations,
-            );
-        }
-        for id in entries.operations.keys() {
-            own(&mut self.owners.operations, id, name, false);
-            settle(
-                id,
-                &self.owners.operations,
-                &self.entries,
-                |e| &e.operations,
-                &mut self.state.operations,
-            );
-        }
-        for id in entries.holds.keys() {
-            own(&mut self.owners.holds, id, name, false);
-            settle(
-                id,
-                &self.owners.holds,
-                &self.entries,
-                |e| &e.holds,
-                &mut self.state.hold_records,
-            );
-        }
+        let ids = Ids::of(&entries);
+        self.reown(name, &ids, false);
     }
 
     fn add(
@@ -244,48 +282,9 @@ impl StateCache {
             operations: scratch.operations,
             holds: scratch.hold_records,
         };
-        for id in entries.remediations.keys() {
-            own(&mut self.owners.remediations, id, name, true);
-        }
-        for id in entries.operations.keys() {
-            own(&mut self.owners.operations, id, name, true);
-        }
-        for id in entries.holds.keys() {
-            own(&mut self.owners.holds, id, name, true);
-        }
-        let ids = (
-            entries.remediations.keys().cloned().collect::<Vec<_>>(),
-            entries.operations.keys().cloned().collect::<Vec<_>>(),
-            entries.holds.keys().cloned().collect::<Vec<_>>(),
-        );
+        let ids = Ids::of(&entries);
         self.entries.insert(name.to_owned(), entries);
-        for id in &ids.0 {
-            settle(
-                id,
-                &self.owners.remediations,
-                &self.entries,
-                |e| &e.remediations,
-                &mut self.state.remediations,
-            );
-        }
-        for id in &ids.1 {
-            settle(
-                id,
-                &self.owners.operations,
-                &self.entries,
-                |e| &e.operations,
-                &mut self.state.operations,
-            );
-        }
-        for id in &ids.2 {
-            settle(
-                id,
-                &self.owners.holds,
-                &self.entries,
-                |e| &e.holds,
-                &mut self.state.hold_records,
-            );
-        }
+        self.reown(name, &ids, true);
         problems
     }
 }

@@ -52,21 +52,8 @@ pub struct ObserveScope {
 /// The hosts whose entries a round lays over the stored state, and those with a BMC check
 /// request (its answer is in another host's report).
 fn volatile(judged: &Judged<'_>) -> BTreeSet<String> {
-    let state = judged.state;
-    let mut hosts: BTreeSet<String> = BTreeSet::new();
-    hosts.extend(state.reports.keys().cloned());
-    hosts.extend(state.holds.keys().cloned());
-    hosts.extend(state.node_leases.keys().cloned());
-    hosts.extend(state.fence_requests.keys().cloned());
-    hosts.extend(state.retirements.keys().cloned());
-    hosts.extend(state.bmc_check_requests.keys().cloned());
-    hosts.extend(
-        state
-            .remediations
-            .values()
-            .filter(|r| r.phase.is_active())
-            .map(|r| r.target.clone()),
-    );
+    let mut hosts = crate::control::snapshot_cache::volatile(judged.state);
+    hosts.extend(judged.state.bmc_check_requests.keys().cloned());
     hosts
 }
 
