@@ -128,31 +128,19 @@ mod tests {
     #[test]
     fn a_failed_control_plane_remediation_that_blocks_the_others_is_said_and_counted() {
         use metalguard_api::plan::{ReasonKind, Refusal};
-        use metalguard_api::policy::{NodeHandling, Strategy};
         use metalguard_api::remediation::{Remediation, RemediationPhase};
         // cp-1's remediation failed (its host then recovered, so it is never retried); cp-2
         // and cp-3 are unhealthy and refused: one control-plane remediation at a time.
         let failed = Remediation {
-            id: "remediation/cp-1/1".into(),
-            target: "cp-1".into(),
-            seq: 1,
-            attempt: 1,
-            executor: "cp-2".into(),
-            strategy: Strategy::default(),
-            node_handling: NodeHandling::default(),
-            phase: RemediationPhase::Failed {
-                reason: "bmc refused the password".into(),
-            },
-            started_at: Timestamp(1),
-            phase_since: Timestamp(1),
             control_plane: true,
             cause: "unhealthy".into(),
-            forced: None,
-            cancel_requested: None,
-            backup: None,
-            powered_on_at: None,
-            stay_off: false,
-            boot_before: None,
+            ..crate::testkit::remediation(
+                "cp-1",
+                "cp-2",
+                RemediationPhase::Failed {
+                    reason: "bmc refused the password".into(),
+                },
+            )
         };
         let mut state = State::default();
         state.remediations.insert(failed.id.clone(), failed);

@@ -98,24 +98,11 @@ mod tests {
 
     fn state(phase: RemediationPhase) -> State {
         let r = Remediation {
-            id: "remediation/w-2/1".into(),
-            target: "w-2".into(),
-            seq: 1,
-            attempt: 1,
-            executor: "w-1".into(),
             strategy: Strategy::ExternalBaremetal,
             node_handling: NodeHandling::OutOfServiceTaint,
-            phase,
             started_at: Timestamp(OFF - 10_000),
             phase_since: Timestamp(OFF),
-            control_plane: false,
-            cause: "test".into(),
-            forced: None,
-            cancel_requested: None,
-            backup: None,
-            powered_on_at: None,
-            stay_off: false,
-            boot_before: None,
+            ..crate::testkit::remediation("w-2", "w-1", phase)
         };
         let op = StoredOperation {
             id: OperationId("remediation/w-2/1/power-off".into()),
