@@ -1,5 +1,6 @@
-//! Plans a cluster of 5 control-plane hosts and 5,000 workers with 2% of workers unhealthy
-//! (target: median under 5 ms). Run with `cargo bench -p metalguard-core`.
+//! Plans a cluster of 5 control-plane hosts and 5,000 (then 20,000) workers with 2% of workers
+//! unhealthy (target: median under 5 ms at 5,000; at 20,000, no more than 4 times that). Run
+//! with `cargo bench -p metalguard-core`.
 
 #![allow(missing_docs, clippy::unwrap_used)]
 
@@ -67,7 +68,7 @@ fn host(name: String, role: Role, domain: &str, ready: bool) -> Host {
     }
 }
 
-fn snapshot() -> Snapshot {
+fn snapshot(workers: usize) -> Snapshot {
     let domains = ["a", "b", "c"];
     let mut hosts = Vec::new();
     for i in 0..5u64 {
@@ -88,7 +89,7 @@ fn snapshot() -> Snapshot {
         h.pre_drain_hooks.insert(QUORUM_HOOK.to_owned());
         hosts.push(h);
     }
-    for i in 0..5000usize {
+    for i in 0..workers {
         // Every 50th worker is unhealthy: 2%.
         hosts.push(host(
             format!("worker-{i:05}"),
@@ -147,14 +148,19 @@ fn policy() -> Policy {
 }
 
 fn bench(c: &mut Criterion) {
-    let snap = snapshot();
     let pol = policy();
-    let plan = metalguard_core::plan(&snap, &pol, NOW);
-    assert_eq!(plan.health[1].unhealthy.len(), 100);
-    assert_eq!(plan.actions.len(), 10, "{plan}");
-    c.bench_function("plan 5 control-plane + 5000 workers, 2% unhealthy", |b| {
-        b.iter(|| metalguard_core::plan(black_box(&snap), black_box(&pol), black_box(NOW)));
-    });
+    for workers in [5_000, 20_000] {
+        let snap = snapshot(workers);
+        let plan = metalguard_core::plan(&snap, &pol, NOW);
+        assert_eq!(plan.health[1].unhealthy.len(), workers / 50);
+        assert_eq!(plan.actions.len(), 10, "{plan}");
+        c.bench_function(
+            &format!("plan 5 control-plane + {workers} workers, 2% unhealthy"),
+            |b| {
+                b.iter(|| metalguard_core::plan(black_box(&snap), black_box(&pol), black_box(NOW)));
+            },
+        );
+    }
 }
 
 criterion_group!(benches, bench);

@@ -1,6 +1,7 @@
 //! The remediation planner: starts remediations through every gate and drives each running one
 //! one step along the external-baremetal state machine (seed 003, DOMAIN.md §3, seed 004 KCP).
 
+mod executors;
 mod start;
 mod steps;
 
@@ -94,7 +95,7 @@ struct Planner<'a> {
     inp: Inputs<'a>,
     hosts: HashMap<&'a str, &'a Host>,
     latest: BTreeMap<&'a str, &'a Remediation>,
-    executors: Vec<&'a Host>,
+    executors: executors::Executors<'a>,
     /// Guarded targets whose remediation is in progress past its gate (power touched), or
     /// failed and awaiting its retry (seed 004: the previous remediation MUST have completed).
     control_plane_in_progress: Vec<String>,
@@ -130,7 +131,7 @@ pub fn plan_remediations(inp: Inputs<'_>) -> RemediationOutput {
         .flat_map(|v| v.unhealthy.iter().map(|u| u.host.name.as_str()))
         .collect();
     let hb = inp.policy.remediation.executor_heartbeat_timeout;
-    let mut executors: Vec<&Host> = snapshot
+    let executors: Vec<&Host> = snapshot
         .hosts
         .iter()
         .filter(|h| {
@@ -144,7 +145,7 @@ pub fn plan_remediations(inp: Inputs<'_>) -> RemediationOutput {
                 && !unhealthy.contains(h.name.as_str())
         })
         .collect();
-    executors.sort_by(|a, b| a.name.cmp(&b.name));
+    let executors = executors::Executors::new(executors);
     let mut control_plane_in_progress: Vec<String> = snapshot
         .remediations
         .iter()
@@ -228,25 +229,7 @@ impl<'a> Planner<'a> {
     /// else preferably one in another failure domain; never the target, and never an agent
     /// that reports it cannot reach the target's BMC. `Err` says why there is none.
     fn choose_executor(&self, target: &Host, current: Option<&str>) -> Result<&'a Host, String> {
-        let others: Vec<&'a Host> = self
-            .executors
-            .iter()
-            .copied()
-            .filter(|h| h.name != target.name)
-            .collect();
-        let candidates = others.len();
-        let eligible = prefer_bmc_reachers(others, &target.name);
-        if let Some(c) = current
-            && let Some(h) = eligible.iter().find(|h| h.name == c)
-        {
-            return Ok(h);
-        }
-        eligible
-            .iter()
-            .find(|h| target.failure_domain.is_some() && h.failure_domain != target.failure_domain)
-            .or_else(|| eligible.first())
-            .copied()
-            .ok_or_else(|| no_executor_reason(candidates, &target.name))
+        self.executors.choose(target, current)
     }
 
     /// For every host with a BMC, the agent [`Planner::choose_executor`] picks for its fence
