@@ -113,7 +113,11 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
     let mut refusals = guard.refusals;
     refusals.extend(retire.refusals);
     refusals.extend(rem.refusals);
-    let actions = admit_safe(snapshot, policy, now, candidates, &mut refusals);
+    let actions = admit_safe(
+        Judge::with_verdicts(snapshot, policy, now, &verdicts),
+        candidates,
+        &mut refusals,
+    );
     Plan {
         now,
         actions,
@@ -129,13 +133,10 @@ pub fn plan(snapshot: &Snapshot, policy: &Policy, now: Timestamp) -> Plan {
 /// The planner's last step: the actions the safety judgement admits, in order; each rejected
 /// one becomes a refusal naming the rule and its source.
 fn admit_safe(
-    snapshot: &Snapshot,
-    policy: &Policy,
-    now: Timestamp,
+    mut judge: Judge<'_>,
     candidates: Vec<Action>,
     refusals: &mut Vec<Refusal>,
 ) -> Vec<Action> {
-    let mut judge = Judge::new(snapshot, policy, now);
     let mut admitted = Vec::with_capacity(candidates.len());
     for action in candidates {
         match judge.admit(&action) {

@@ -96,9 +96,19 @@ impl Judge<'_> {
     }
 
     pub(super) fn short_circuit(&self, target: &str, forced: bool) -> Verdict {
-        match self.short_circuited.get(target) {
-            Some(sc) if !forced => Err((target.to_owned(), Rule::ShortCircuit, sc.clone())),
-            _ => Ok(()),
+        if forced {
+            return Ok(());
+        }
+        let Some(host) = self.hosts.get(target) else {
+            return Ok(());
+        };
+        match self
+            .short_circuits
+            .iter()
+            .find(|(check, _)| crate::health::selects(&check.selector, host))
+        {
+            Some((_, sc)) => Err((target.to_owned(), Rule::ShortCircuit, sc.clone())),
+            None => Ok(()),
         }
     }
 

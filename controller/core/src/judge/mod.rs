@@ -42,16 +42,16 @@ mod rules;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use metalguard_api::duration::Timestamp;
 use metalguard_api::plan::{Action, ActionKind, OperationId};
-use metalguard_api::policy::Policy;
+use metalguard_api::policy::{HealthCheck, Policy};
 use metalguard_api::remediation::{Remediation, RemediationPhase as P};
 use metalguard_api::snapshot::{Host, Snapshot};
 
-use crate::health::{HealthInputs, evaluate_check, selects};
+use crate::health::{CheckVerdict, HealthInputs, evaluate_check};
 use crate::quorum::{guards_quorum, quorum, validate_desired};
 
 pub use rules::Rule;
@@ -104,12 +104,14 @@ pub struct Judge<'a> {
     snapshot: &'a Snapshot,
     policy: &'a Policy,
     now: Timestamp,
-    hosts: BTreeMap<&'a str, &'a Host>,
+    hosts: HashMap<&'a str, &'a Host>,
     members: BTreeMap<u64, Member>,
     desired: Option<usize>,
     degraded: Option<String>,
-    /// Hosts whose checks short-circuited, with the reason.
-    short_circuited: BTreeMap<&'a str, String>,
+    /// The checks that short-circuited, in the policy's order, with the reason: a host
+    /// selected by one is not fenced unless a person forces it (the first one speaks). Kept
+    /// per check, not per host: a short-circuit at 5,000 hosts formatted 5,000 reasons.
+    short_circuits: Vec<(&'a HealthCheck, String)>,
     /// Targets with an active remediation (before the plan) or started by the plan.
     busy: BTreeSet<String>,
     /// Guarded targets whose remediation is in progress: active past `gated`, or failed and
@@ -154,7 +156,25 @@ fn latest_by_target(remediations: &[Remediation]) -> BTreeMap<&str, &Remediation
 impl<'a> Judge<'a> {
     /// The projection of `snapshot` with everything in flight counted.
     pub fn new(snapshot: &'a Snapshot, policy: &'a Policy, now: Timestamp) -> Self {
-        let hosts: BTreeMap<&str, &Host> = snapshot
+        let view = crate::quorum::EtcdView::from_snapshot(snapshot);
+        let inputs = HealthInputs::from_snapshot(snapshot, &view);
+        let verdicts: Vec<CheckVerdict<'a>> = policy
+            .health_checks
+            .iter()
+            .map(|check| evaluate_check(check, &inputs, now))
+            .collect();
+        Self::with_verdicts(snapshot, policy, now, &verdicts)
+    }
+
+    /// As [`Judge::new`], with `verdicts` the health checks of `policy` evaluated over
+    /// `snapshot` at `now` (the planner has them already).
+    pub(crate) fn with_verdicts(
+        snapshot: &'a Snapshot,
+        policy: &'a Policy,
+        now: Timestamp,
+        verdicts: &[CheckVerdict<'a>],
+    ) -> Self {
+        let hosts: HashMap<&str, &Host> = snapshot
             .hosts
             .iter()
             .map(|h| (h.name.as_str(), h))
@@ -196,23 +216,15 @@ impl<'a> Judge<'a> {
                 },
             );
         }
-        let mut short_circuited = BTreeMap::new();
+        let mut short_circuits = Vec::new();
         let mut unhealthy: BTreeSet<&str> = BTreeSet::new();
-        let view = crate::quorum::EtcdView::from_snapshot(snapshot);
-        let inputs = HealthInputs::from_snapshot(snapshot, &view);
-        for check in &policy.health_checks {
-            let v = evaluate_check(check, &inputs, now);
+        for v in verdicts {
             unhealthy.extend(v.unhealthy.iter().map(|u| u.host.name.as_str()));
             if let Some(sc) = &v.short_circuit {
-                for h in snapshot
-                    .hosts
-                    .iter()
-                    .filter(|h| selects(&check.selector, h))
-                {
-                    short_circuited
-                        .entry(h.name.as_str())
-                        .or_insert_with(|| format!("check {} short-circuited: {sc}", check.name));
-                }
+                short_circuits.push((
+                    v.check,
+                    format!("check {} short-circuited: {sc}", v.check.name),
+                ));
             }
         }
         let mut busy = BTreeSet::new();
@@ -253,7 +265,7 @@ impl<'a> Judge<'a> {
             members,
             desired: validate_desired(snapshot.control_plane.desired_replicas).ok(),
             degraded: None,
-            short_circuited,
+            short_circuits,
             busy,
             control_plane_in_progress,
             control_plane_gated,
