@@ -42,17 +42,6 @@ pub enum Readiness {
     Unchecked,
 }
 
-impl Readiness {
-    /// The gauge value: 1 ready, 0 not ready, -1 not checked.
-    pub fn gauge(&self) -> i64 {
-        match self {
-            Readiness::Ready { .. } => 1,
-            Readiness::NotReady { .. } => 0,
-            Readiness::Unchecked => -1,
-        }
-    }
-}
-
 /// The readiness of every inventory host with a BMC, by the latest check of the agent in
 /// `executors` (the plan's `fence_executors`) for it; [`Readiness::Unchecked`] when none.
 pub fn readiness(
@@ -68,15 +57,40 @@ pub fn readiness(
     readiness_of(hosts, state, executors)
 }
 
-/// As [`readiness`], for `hosts`. One pass over the reports (each agent reports on every BMC
-/// it was told of), so a round at thousands of hosts does not search a list per host.
-pub fn readiness_of<'a>(
-    hosts: impl Iterator<Item = &'a str>,
+/// Per inventory host with a BMC, its readiness as the `fencing_ready` gauge has it: the
+/// failure's name (empty unless a check failed) and the value: 1 ready, 0 not ready, -1 not
+/// checked. Nothing is copied per host: the gauges take it every round.
+pub fn gauges<'a>(
+    inventory: &'a Inventory,
     state: &State,
     executors: &BTreeMap<String, String>,
-) -> BTreeMap<String, Readiness> {
-    let mut checks: BTreeMap<&str, (&str, Timestamp, &metalguard_api::protocol::BmcCheck)> =
-        BTreeMap::new();
+) -> BTreeMap<&'a str, (&'static str, i64)> {
+    let checks = latest_checks(state, executors);
+    inventory
+        .hosts
+        .iter()
+        .filter(|h| h.bmc.is_some())
+        .map(|h| {
+            let gauge = match checks.get(h.name.as_str()) {
+                None => ("", -1),
+                Some((_, _, check)) => match check.failure {
+                    None => ("", 1),
+                    Some(failure) => (failure.name(), 0),
+                },
+            };
+            (h.name.as_str(), gauge)
+        })
+        .collect()
+}
+
+/// Per target, the latest credentialed check of its BMC by its executor in `executors`: the
+/// agent, when, and the check. One pass over the reports (each agent reports on every BMC it
+/// was told of), so a round at thousands of hosts does not search a list per host.
+fn latest_checks<'s>(
+    state: &'s State,
+    executors: &BTreeMap<String, String>,
+) -> BTreeMap<&'s str, (&'s str, Timestamp, &'s metalguard_api::protocol::BmcCheck)> {
+    let mut checks = BTreeMap::new();
     for (agent, stored) in &state.reports {
         for probe in &stored.report.bmc_reachability {
             let Some(check) = probe.check.as_ref() else {
@@ -90,6 +104,16 @@ pub fn readiness_of<'a>(
             }
         }
     }
+    checks
+}
+
+/// As [`readiness`], for `hosts`.
+pub fn readiness_of<'a>(
+    hosts: impl Iterator<Item = &'a str>,
+    state: &State,
+    executors: &BTreeMap<String, String>,
+) -> BTreeMap<String, Readiness> {
+    let checks = latest_checks(state, executors);
     hosts
         .map(|host| {
             let readiness = match checks.get(host) {
@@ -342,6 +366,11 @@ mod tests {
             Readiness::NotReady { failure: CheckFailure::CredentialsRefused, by, .. } if by == "cp-1"
         ));
         assert_eq!(got.len(), 2, "cp-1 has no BMC");
+        assert_eq!(
+            gauges(&inventory, &state, &executors),
+            BTreeMap::from([("cp-2", ("", 1)), ("cp-3", ("credentials-refused", 0))]),
+            "the gauge says the same"
+        );
         let text = render(&inventory, &state, &executors, Timestamp(50_000));
         assert!(
             text.contains("cp-3: NOT READY: credentials-refused (checked by cp-1, 40s ago)"),
@@ -350,7 +379,8 @@ mod tests {
         // The executor changes: its own check decides, none yet.
         let executors = BTreeMap::from([("cp-3".to_owned(), "cp-2".to_owned())]);
         let got = readiness(&inventory, &state, &executors);
-        assert_eq!(got["cp-3"].gauge(), 1);
+        assert!(matches!(got["cp-3"], Readiness::Ready { .. }));
+        assert_eq!(gauges(&inventory, &state, &executors)["cp-3"], ("", 1));
         assert_eq!(got["cp-2"], Readiness::Unchecked, "no executor");
         let mut plain = probe("cp-3", 40_000, None);
         plain.check = None;

@@ -68,11 +68,11 @@ pub fn render(inventory: &Inventory, state: &State, now: Timestamp) -> String {
 /// Per inventory host with a BMC, how many other hosts' agents reached that BMC in their
 /// latest report, counting only reports fresh enough for the executor choice (received within
 /// the policy's executor heartbeat timeout). Zero means no agent can fence the host now.
-pub fn count_reaching_agents(
-    inventory: &Inventory,
+pub fn count_reaching_agents<'a>(
+    inventory: &'a Inventory,
     state: &State,
     now: Timestamp,
-) -> BTreeMap<String, usize> {
+) -> BTreeMap<&'a str, usize> {
     let heartbeat = inventory.policy.remediation.executor_heartbeat_timeout;
     // One pass over the fresh reports (each agent probes every BMC): per host and round, a
     // search of every report was hosts x agents x BMCs, 125 million comparisons at 5,000.
@@ -98,7 +98,7 @@ pub fn count_reaching_agents(
         .filter(|h| h.bmc.is_some())
         .map(|host| {
             let count = reached.get(host.name.as_str()).map_or(0, BTreeSet::len);
-            (host.name.clone(), count)
+            (host.name.as_str(), count)
         })
         .collect()
 }
@@ -170,7 +170,7 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
             .insert("w-1".into(), stored("w-1", now.0 - 1_000, &[("w-2", None)]));
         assert_eq!(
             count_reaching_agents(&inventory, &state, now),
-            BTreeMap::from([("w-2".to_owned(), 1), ("w-3".to_owned(), 0)])
+            BTreeMap::from([("w-2", 1), ("w-3", 0)])
         );
         let text = render(&inventory, &state, now);
         assert_eq!(
@@ -185,7 +185,7 @@ bmc = { address = "ipmi://10.0.0.3", credentials_dir = "/nonexistent" }
         let later = Timestamp(now.0 + 3_600_000);
         assert_eq!(
             count_reaching_agents(&inventory, &state, later),
-            BTreeMap::from([("w-2".to_owned(), 0), ("w-3".to_owned(), 0)]),
+            BTreeMap::from([("w-2", 0), ("w-3", 0)]),
             "a stale report counts for nothing"
         );
         let text = render(&inventory, &state, later);

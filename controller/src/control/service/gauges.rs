@@ -21,32 +21,64 @@ use crate::inventory::Inventory;
 #[derive(Debug, Default)]
 pub(crate) struct HostSeries {
     reachable: BTreeMap<String, i64>,
-    fencing: BTreeMap<String, (String, i64)>,
+    fencing: BTreeMap<String, (&'static str, i64)>,
 }
 
 /// Sets `family`'s per-host series to `now`, changing only what differs from `before` (a
-/// host's labels are `labels(host, value)`); `before` becomes `now`.
-fn set_series<V: PartialEq>(
+/// host's labels are `labels(host, value)`); `before` becomes `now`. One pass over both maps
+/// in name order: a round where nothing changed allocates nothing (a lookup of each host in
+/// the other map, and a copy of every name, were a third of the gauges' time at 5,000 hosts).
+fn set_series<V: PartialEq + Clone>(
     family: &prometheus_client::metrics::family::Family<
         crate::control::metrics::Labels,
         prometheus_client::metrics::gauge::Gauge,
     >,
     before: &mut BTreeMap<String, V>,
-    now: BTreeMap<String, V>,
+    now: &BTreeMap<&str, V>,
     labels: impl Fn(&str, &V) -> crate::control::metrics::Labels,
     value: impl Fn(&V) -> i64,
 ) {
-    for (host, old) in before.iter() {
-        if now.get(host) != Some(old) {
-            family.remove(&labels(host, old));
+    use std::cmp::Ordering;
+    let mut gone: Vec<String> = Vec::new();
+    let mut set: Vec<(&str, &V)> = Vec::new();
+    let mut old = before.iter().peekable();
+    let mut new = now.iter().peekable();
+    loop {
+        let order = match (old.peek(), new.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((o, _)), Some((n, _))) => o.as_str().cmp(n),
+        };
+        match order {
+            Ordering::Less => {
+                if let Some((host, v)) = old.next() {
+                    family.remove(&labels(host, v));
+                    gone.push(host.clone());
+                }
+            }
+            Ordering::Greater => {
+                if let Some((host, v)) = new.next() {
+                    set.push((host, v));
+                }
+            }
+            Ordering::Equal => {
+                if let (Some((host, was)), Some((name, v))) = (old.next(), new.next())
+                    && was != v
+                {
+                    family.remove(&labels(host, was));
+                    set.push((name, v));
+                }
+            }
         }
     }
-    for (host, new) in &now {
-        if before.get(host) != Some(new) {
-            family.get_or_create(&labels(host, new)).set(value(new));
-        }
+    for host in gone {
+        before.remove(&host);
     }
-    *before = now;
+    for (host, v) in set {
+        family.get_or_create(&labels(host, v)).set(value(v));
+        before.insert(host.to_owned(), v.clone());
+    }
 }
 
 /// etcd as a plan saw it.
@@ -212,35 +244,27 @@ pub(crate) fn record(
             .get_or_create(&label("host", host))
             .set(i64::try_from(seconds).unwrap_or(i64::MAX));
     }
-    let reachable = crate::control::reachability::count_reaching_agents(inventory, state, now)
-        .into_iter()
-        .map(|(host, agents)| (host, gauge(agents)))
-        .collect();
+    let reachable: BTreeMap<&str, i64> =
+        crate::control::reachability::count_reaching_agents(inventory, state, now)
+            .into_iter()
+            .map(|(host, agents)| (host, gauge(agents)))
+            .collect();
     set_series(
         &metrics.bmc_reachable_agents,
         &mut series.reachable,
-        reachable,
+        &reachable,
         |host, _| label("host", host),
         |agents| *agents,
     );
-    let fencing = crate::control::fencing::readiness(inventory, state, &plan.fence_executors)
-        .into_iter()
-        .map(|(host, readiness)| {
-            let failure = match &readiness {
-                crate::control::fencing::Readiness::NotReady { failure, .. } => failure.name(),
-                _ => "",
-            };
-            (host, (failure.to_owned(), readiness.gauge()))
-        })
-        .collect();
+    let fencing = crate::control::fencing::gauges(inventory, state, &plan.fence_executors);
     set_series(
         &metrics.fencing_ready,
         &mut series.fencing,
-        fencing,
+        &fencing,
         |host, (failure, _)| {
             vec![
                 ("host".to_owned(), host.to_owned()),
-                ("failure".to_owned(), failure.clone()),
+                ("failure".to_owned(), (*failure).to_owned()),
             ]
         },
         |(_, ready)| *ready,
@@ -424,10 +448,10 @@ mod tests {
         let family: Family<crate::control::metrics::Labels, Gauge> = Family::default();
         let mut registry = Registry::default();
         registry.register("ready", "test", family.clone());
-        let labels = |host: &str, (failure, _): &(String, i64)| {
+        let labels = |host: &str, (failure, _): &(&str, i64)| {
             vec![
                 ("host".to_owned(), host.to_owned()),
-                ("failure".to_owned(), failure.clone()),
+                ("failure".to_owned(), (*failure).to_owned()),
             ]
         };
         let text = |registry: &Registry| {
@@ -442,29 +466,43 @@ mod tests {
             lines
         };
         let mut before = BTreeMap::new();
-        let now = |entries: &[(&str, &str, i64)]| -> BTreeMap<String, (String, i64)> {
+        let now = |entries: &[(&'static str, &'static str, i64)]| {
             entries
                 .iter()
-                .map(|(h, f, v)| ((*h).to_owned(), ((*f).to_owned(), *v)))
-                .collect()
+                .map(|(h, f, v)| (*h, (*f, *v)))
+                .collect::<BTreeMap<&str, (&str, i64)>>()
         };
-        set_series(
-            &family,
-            &mut before,
-            now(&[("a", "", 1), ("b", "", 1)]),
-            labels,
-            |v| v.1,
-        );
-        set_series(
-            &family,
-            &mut before,
-            now(&[("a", "credentials-refused", 0)]),
-            labels,
-            |v| v.1,
-        );
+        let mut set = |entries: &[(&'static str, &'static str, i64)]| {
+            set_series(&family, &mut before, &now(entries), labels, |v| v.1);
+            let kept: Vec<(String, (&str, i64))> =
+                before.iter().map(|(h, v)| (h.clone(), *v)).collect();
+            let expected: Vec<(String, (&str, i64))> = entries
+                .iter()
+                .map(|(h, f, v)| ((*h).to_owned(), (*f, *v)))
+                .collect::<BTreeMap<_, _>>()
+                .into_iter()
+                .collect();
+            assert_eq!(kept, expected, "what is kept is what was set");
+        };
+        set(&[("a", "", 1), ("c", "", 1)]);
+        set(&[("a", "credentials-refused", 0), ("b", "", -1), ("c", "", 1)]);
         assert_eq!(
             text(&registry),
-            ["ready{host=\"a\",failure=\"credentials-refused\"} 0"]
+            [
+                "ready{host=\"a\",failure=\"credentials-refused\"} 0",
+                "ready{host=\"b\",failure=\"\"} -1",
+                "ready{host=\"c\",failure=\"\"} 1",
+            ]
         );
+        set(&[("b", "", 1), ("d", "", 1)]);
+        assert_eq!(
+            text(&registry),
+            [
+                "ready{host=\"b\",failure=\"\"} 1",
+                "ready{host=\"d\",failure=\"\"} 1",
+            ]
+        );
+        set(&[]);
+        assert!(text(&registry).is_empty());
     }
 }
