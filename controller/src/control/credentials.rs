@@ -205,8 +205,18 @@ impl CredentialBook {
     }
 
     /// Whether a rotation of `host`'s credentials is under way.
+    #[cfg(test)]
     pub fn rotating(&self, host: &str) -> bool {
         self.hosts.get(host).is_some_and(|e| e.candidate.is_some())
+    }
+
+    /// The hosts whose credentials are being rotated (a few at most: a pass over the entries,
+    /// not a lookup per fence target).
+    pub fn rotating_hosts(&self) -> impl Iterator<Item = &str> {
+        self.hosts
+            .iter()
+            .filter(|(_, e)| e.candidate.is_some())
+            .map(|(host, _)| host.as_str())
     }
 }
 
@@ -253,6 +263,7 @@ mod tests {
         assert_eq!(book.read("cp-1", A, creds("new")), Read::Rotating);
         assert_eq!(book.read("cp-1", A, creds("new")), Read::Unchanged);
         assert!(book.rotating("cp-1"));
+        assert_eq!(book.rotating_hosts().collect::<Vec<_>>(), ["cp-1"]);
         let new = book.for_check("cp-1").unwrap();
         assert!(new.new && password(&new.credentials) == "new" && new.id != old.id);
         assert_eq!(
