@@ -175,6 +175,19 @@ pub fn agent_heartbeat_timeout(policy: &Policy, host: &Host) -> Duration {
         .unwrap_or(policy.remediation.executor_heartbeat_timeout)
 }
 
+/// The shortest and the longest [`agent_heartbeat_timeout`] a host can have under `policy`
+/// (each is one of the checks' timeouts or the executor heartbeat timeout): an agent silent
+/// for less than the first is not silent, one silent for more than the second is, whichever
+/// checks select its host.
+pub fn agent_heartbeat_timeout_bounds(policy: &Policy) -> (Duration, Duration) {
+    let default = policy.remediation.executor_heartbeat_timeout;
+    policy
+        .health_checks
+        .iter()
+        .filter_map(|c| c.agent_heartbeat_timeout)
+        .fold((default, default), |(lo, hi), t| (lo.min(t), hi.max(t)))
+}
+
 #[allow(clippy::unnecessary_wraps)] // folds into an Option accumulator
 fn earliest(a: Option<Timestamp>, b: Timestamp) -> Option<Timestamp> {
     Some(a.map_or(b, |a| a.min(b)))
@@ -454,6 +467,59 @@ pub fn evaluate_check<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Whatever checks select a host, its heartbeat timeout lies within the bounds (the
+        /// controller decides most hosts' silence by the bounds alone).
+        #[test]
+        fn every_hosts_heartbeat_timeout_lies_within_the_bounds(
+            checks in proptest::collection::vec(
+                (proptest::option::of(0u64..600), proptest::option::of(0u8..2), proptest::bool::ANY),
+                0..5,
+            ),
+            default in 0u64..600,
+            role in 0u8..2,
+            labelled in proptest::bool::ANY,
+        ) {
+            let role_of = |r: u8| if r == 0 { Role::ControlPlane } else { Role::Worker };
+            let policy = Policy {
+                health_checks: checks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (timeout, role, label))| HealthCheck {
+                        name: format!("c{i}"),
+                        selector: metalguard_api::policy::Selector {
+                            match_labels: if *label {
+                                BTreeMap::from([("pool".to_owned(), "a".to_owned())])
+                            } else {
+                                BTreeMap::new()
+                            },
+                            role: role.map(role_of),
+                        },
+                        unhealthy_conditions: Vec::new(),
+                        max_unhealthy: None,
+                        node_startup_timeout: None,
+                        agent_heartbeat_timeout: timeout.map(Duration::from_secs),
+                    })
+                    .collect(),
+                remediation: metalguard_api::policy::RemediationSettings {
+                    executor_heartbeat_timeout: Duration::from_secs(default),
+                    ..metalguard_api::policy::RemediationSettings::default()
+                },
+            };
+            let mut host: Host = serde_json::from_value(serde_json::json!({
+                "name": "h", "role": "worker", "created_at": 0,
+            }))
+            .unwrap();
+            host.role = role_of(role);
+            if labelled {
+                host.labels.insert("pool".to_owned(), "a".to_owned());
+            }
+            let (shortest, longest) = agent_heartbeat_timeout_bounds(&policy);
+            let timeout = agent_heartbeat_timeout(&policy, &host);
+            proptest::prop_assert!(shortest <= timeout && timeout <= longest);
+        }
+    }
 
     #[allow(clippy::unnecessary_wraps)]
     fn mu(s: &str) -> Option<MaxUnhealthy> {

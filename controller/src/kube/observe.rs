@@ -145,11 +145,24 @@ impl KubeBackend {
     /// silent longer than its heartbeat timeout (once; the agent's next report sets it back).
     pub(super) async fn mark_silent_agents(&mut self, judged: &Judged<'_>) {
         let now = judged.snapshot.observed_at;
+        // Most hosts are decided by the bounds alone: which checks select a host is asked
+        // only of one whose silence lies between them.
+        let (shortest, longest) =
+            metalguard_core::health::agent_heartbeat_timeout_bounds(judged.policy);
         for host in &judged.snapshot.hosts {
-            let timeout = status::heartbeat_timeout(judged.policy, host);
-            if !status::agent_silent(host, timeout, now) {
+            let silence = status::silence(host, now);
+            if silence <= shortest {
                 continue;
             }
+            let timeout = if silence > longest {
+                None
+            } else {
+                let timeout = status::heartbeat_timeout(judged.policy, host);
+                if silence <= timeout {
+                    continue;
+                }
+                Some(timeout)
+            };
             let Some(node) = self.world.node_of(&host.name) else {
                 continue;
             };
@@ -170,6 +183,7 @@ impl KubeBackend {
             if already {
                 continue;
             }
+            let timeout = timeout.unwrap_or_else(|| status::heartbeat_timeout(judged.policy, host));
             let last = host.agent.as_ref().map(|a| a.last_heartbeat);
             let message = match last {
                 Some(at) => format!(

@@ -41,11 +41,17 @@ pub fn heartbeat_refresh(timeout: Duration) -> Duration {
 /// judges it: from its last report, or, with none, from when this controller started leading
 /// (the snapshot's creation time of every host).
 pub fn agent_silent(host: &Host, timeout: Duration, now: Timestamp) -> bool {
+    silence(host, now) > timeout
+}
+
+/// How long `host`'s agent has been silent at `now`: since its last heartbeat, or since the
+/// host was known when none was heard.
+pub fn silence(host: &Host, now: Timestamp) -> Duration {
     let last = host
         .agent
         .as_ref()
         .map_or(host.created_at, |a| a.last_heartbeat);
-    now.since(last) > timeout
+    now.since(last)
 }
 
 /// The power state last verified for `host` and when: the latest power command on its BMC
