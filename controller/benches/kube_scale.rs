@@ -234,8 +234,21 @@ fn create_everything(admin: &ApiClient, hosts: &[(String, bool)], sick: &BTreeSe
     });
 }
 
+/// Which hosts the heartbeat pool treats apart: those powered off (no kubelet posts), and
+/// those a remediation brought back (their kubelet posts Ready from then on).
+#[derive(Default)]
+struct Fenced {
+    away: BTreeSet<String>,
+    healed: BTreeSet<String>,
+}
+
 /// Refreshes the Nodes' `Ready` heartbeat at a fixed overall rate, skipping Nodes whose host
-/// is powered off (`away`); a Node the controller deleted meanwhile is skipped too.
+/// is powered off; a Node the controller deleted meanwhile is skipped too. A host a
+/// remediation brought back posts Ready: before, the pool went on posting the NotReady it
+/// started with, and when its round through the Nodes met the remediations' (both go in
+/// name order) it turned a host back NotReady between its re-registration and the
+/// controller's look, and that remediation waited out its node deadline (a run on
+/// 2026-11-29 finished 3 remediations in 120 s, one then waiting).
 struct HeartbeatPool {
     quit: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<u64>>,
@@ -245,7 +258,7 @@ impl HeartbeatPool {
     fn start(
         admin: &ApiClient,
         nodes: Vec<(String, bool)>,
-        away: &Arc<Mutex<BTreeSet<String>>>,
+        fenced: &Arc<Mutex<Fenced>>,
         per_second: f64,
     ) -> Self {
         let quit = Arc::new(AtomicBool::new(false));
@@ -253,8 +266,8 @@ impl HeartbeatPool {
         let nodes = Arc::new(nodes);
         let threads = (0..HEARTBEATERS)
             .map(|t| {
-                let (admin, quit, away, nodes) =
-                    (admin.clone(), quit.clone(), away.clone(), nodes.clone());
+                let (admin, quit, fenced, nodes) =
+                    (admin.clone(), quit.clone(), fenced.clone(), nodes.clone());
                 std::thread::spawn(move || {
                     let every = Duration::from_secs_f64(HEARTBEATERS as f64 / per_second);
                     let mut next = Instant::now();
@@ -269,10 +282,14 @@ impl HeartbeatPool {
                         if let Some(wait) = next.checked_duration_since(Instant::now()) {
                             std::thread::sleep(wait);
                         }
-                        if away.lock().unwrap().contains(name) {
-                            continue;
-                        }
-                        let patch = heartbeat(*ready, since);
+                        let ready = {
+                            let fenced = fenced.lock().unwrap();
+                            if fenced.away.contains(name) {
+                                continue;
+                            }
+                            *ready || fenced.healed.contains(name)
+                        };
+                        let patch = heartbeat(ready, since);
                         if admin
                             .strategic_patch(&format!("/api/v1/nodes/{name}/status"), &patch)
                             .is_ok()
@@ -646,14 +663,14 @@ fn main() {
         cluster.apiserver_rss_kib()
     ));
 
-    let away = Arc::new(Mutex::new(BTreeSet::new()));
+    let fenced = Arc::new(Mutex::new(Fenced::default()));
     let pool = HeartbeatPool::start(
         &admin,
         hosts
             .iter()
             .map(|(h, _)| (h.clone(), !sick.contains(h)))
             .collect(),
-        &away,
+        &fenced,
         sizes.node_updates_per_second,
     );
 
@@ -802,7 +819,7 @@ fn main() {
                 continue;
             };
             if fence.action == PowerAction::Off {
-                away.lock().unwrap().insert(fence.target.clone());
+                fenced.lock().unwrap().away.insert(fence.target.clone());
             }
             // A result the controller did not take (busy, not leading) is posted again on
             // the next pass.
@@ -815,8 +832,12 @@ fn main() {
             match fence.action {
                 PowerAction::Off => powered.0 += 1,
                 PowerAction::On => {
+                    {
+                        let mut fenced = fenced.lock().unwrap();
+                        fenced.healed.insert(fence.target.clone());
+                        fenced.away.remove(&fence.target);
+                    }
                     register_node(&admin, &fence.target, true, SystemTime::now());
-                    away.lock().unwrap().remove(&fence.target);
                     powered.1 += 1;
                 }
                 // Remediation powers off and on; a reboot is not offered here.
