@@ -579,13 +579,25 @@ fn check(s: &Snapshot, pol: &Policy, now: Timestamp) -> Result<(), String> {
             .zip(&p.health)
             .any(|(c, v)| v.short_circuit.is_some() && selected(c, h))
     };
+    // Seed 004, "Previous remediation MUST have been completed ... while the replacement for
+    // the previous machine is not yet created": a failed attempt whose host is back (no check
+    // finds it unhealthy, its node ready, its member healthy, not held) is its own
+    // replacement, created, and holds nothing back (docs/design-core.md, the judgement's
+    // `OneControlPlaneRemediation`).
+    let back = |h: &Host| {
+        h.hold.is_none()
+            && h.node_ready()
+            && h.etcd.as_ref().is_none_or(|m| m.healthy)
+            && !p.health.iter().any(|v| v.unhealthy.contains(&h.name))
+    };
     let in_progress_guarded: BTreeSet<&str> = s
         .remediations
         .iter()
         .filter(|r| {
             (r.phase.is_active() && !matches!(r.phase, P::Detected | P::Gated))
                 || (matches!(r.phase, P::Failed { .. })
-                    && latest.get(r.target.as_str()).is_some_and(|l| l.id == r.id))
+                    && latest.get(r.target.as_str()).is_some_and(|l| l.id == r.id)
+                    && !hosts.get(r.target.as_str()).is_some_and(|h| back(h)))
         })
         .filter(|r| {
             hosts
