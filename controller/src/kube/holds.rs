@@ -146,7 +146,8 @@ impl KubeBackend {
             )
             .await
             .map_err(|e| Self::unavailable(format!("holds of GuardedHost {target}"), e))?;
-        self.written_hosts.insert(target.clone(), written);
+        self.written_hosts
+            .insert(target.clone(), super::as_kept(written));
         Ok(())
     }
 }

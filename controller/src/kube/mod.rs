@@ -300,6 +300,15 @@ impl KubeBackend {
 
 /// True when `a`'s resource version is newer than `b`'s (numeric, as the API server's are;
 /// when they do not parse, only equal versions count as caught up).
+/// An object as this controller wrote it, as it is kept until the watch shows it: without its
+/// managedFields, like the watch's copy (`run.rs`). At the start every host's status is written
+/// before the watch catches up, and the API server's answers with their managed fields were the
+/// largest part of the controller's peak memory (heaptrack at 5,000 hosts, issue 27).
+fn as_kept<K: kube::Resource>(mut written: K) -> K {
+    written.managed_fields_mut().clear();
+    written
+}
+
 fn newer<K: kube::Resource>(a: &K, b: &K) -> bool {
     let (va, vb) = (
         a.meta().resource_version.as_deref(),

@@ -88,7 +88,8 @@ impl KubeBackend {
                 .await
             {
                 Ok(written) => {
-                    self.written_hosts.insert(host.name.clone(), written);
+                    self.written_hosts
+                        .insert(host.name.clone(), super::as_kept(written));
                 }
                 Err(error) => {
                     tracing::warn!(host = %host.name, %error, "observed host status not written");
