@@ -142,9 +142,9 @@ impl FakeKubelet {
             let mut last_status = std::time::Instant::now();
             let mut last_check = std::time::Instant::now();
             while !quit.load(Ordering::SeqCst) {
-                let (running, ready, since) = {
+                let (running, ready) = {
                     let s = lock(&shared);
-                    (s.running, s.ready, s.ready_since)
+                    (s.running, s.ready)
                 };
                 if running {
                     let status_due = last_status.elapsed() >= STATUS_EVERY;
@@ -155,7 +155,10 @@ impl FakeKubelet {
                         }
                         if status_due || (check_due && ready_differs(&api, &name, ready)?) {
                             last_status = std::time::Instant::now();
-                            post_status(&api, &name, ready, since)
+                            // Read again and posted under the lock, as `set_ready` posts: a
+                            // state read before a change cannot be posted after it.
+                            let s = lock(&shared);
+                            post_status(&api, &name, s.ready, s.ready_since)
                         } else {
                             Ok(())
                         }
@@ -186,11 +189,10 @@ impl FakeKubelet {
             Err(e) => return Err(e),
         }
         let uid = self.api.get(&node_path(&node.name))?["metadata"]["uid"].clone();
-        let (ready, since) = {
+        {
             let s = lock(&self.shared);
-            (s.ready, s.ready_since)
-        };
-        post_status(&self.api, &node.name, ready, since)?;
+            post_status(&self.api, &node.name, s.ready, s.ready_since)?;
+        }
         let lease = json!({
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": node.name, "namespace": "kube-node-lease",
@@ -215,15 +217,14 @@ impl FakeKubelet {
 
     /// Reports `Ready` as `ready` from now on (posted at once; the transition time is now).
     pub fn set_ready(&self, ready: bool) -> Result<()> {
-        let since = {
-            let mut s = lock(&self.shared);
-            if s.ready != ready {
-                s.ready = ready;
-                s.ready_since = SystemTime::now();
-            }
-            s.ready_since
-        };
-        post_status(&self.api, &self.name, ready, since)
+        // Posted under the lock, so the heartbeat thread cannot post the state it read before
+        // this change after it (the Node would be Ready again until its next status check).
+        let mut s = lock(&self.shared);
+        if s.ready != ready {
+            s.ready = ready;
+            s.ready_since = SystemTime::now();
+        }
+        post_status(&self.api, &self.name, ready, s.ready_since)
     }
 
     /// The host died: no more Lease renewals or status posts.
