@@ -72,8 +72,7 @@ impl KubeBackend {
             )
             .await
             .map_err(|e| Self::unavailable(format!("status of FenceRequest {name}"), e))?;
-        self.written_fences
-            .insert(name.to_owned(), super::as_kept(written));
+        self.written_fences.insert(name.to_owned(), written);
         Ok(())
     }
 

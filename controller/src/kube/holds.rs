@@ -146,8 +146,7 @@ impl KubeBackend {
             )
             .await
             .map_err(|e| Self::unavailable(format!("holds of GuardedHost {target}"), e))?;
-        self.written_hosts
-            .insert(target.clone(), super::as_kept(written));
+        self.written_hosts.insert(target.clone(), written);
         Ok(())
     }
 }

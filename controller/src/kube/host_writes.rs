@@ -154,8 +154,7 @@ impl KubeBackend {
             .patch_status(host, &params, &Patch::Apply(&patch))
             .await
             .map_err(|e| Self::unavailable(format!("status of GuardedHost {host}"), e))?;
-        self.written_hosts
-            .insert(host.to_owned(), super::as_kept(written));
+        self.written_hosts.insert(host.to_owned(), written);
         if let Some(r) = &remediation {
             self.follow_fence_request(r).await?;
         }
@@ -208,8 +207,7 @@ impl KubeBackend {
             )
             .await
             .map_err(|e| Self::unavailable(format!("hooks of GuardedHost {host}"), e))?;
-        self.written_hosts
-            .insert(host.to_owned(), super::as_kept(written));
+        self.written_hosts.insert(host.to_owned(), written);
         Ok(())
     }
 }

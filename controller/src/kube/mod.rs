@@ -44,6 +44,7 @@ mod term;
 mod tests;
 mod verdict;
 pub mod world;
+mod written;
 
 /// The annotation in which the command line records who asked (the user the API server
 /// authenticated, from a `SelfSubjectReview`).
@@ -116,8 +117,8 @@ pub struct KubeBackend {
     /// Whether the node leases could not be read at the last try (logged once per change).
     node_leases_unreadable: bool,
     /// Objects as this controller last wrote them, until the watch shows them.
-    written_hosts: BTreeMap<String, GuardedHost>,
-    written_fences: BTreeMap<String, FenceRequest>,
+    written_hosts: written::Written<GuardedHost>,
+    written_fences: written::Written<FenceRequest>,
     /// The pending fence requests the last loaded state held (target → request name): the
     /// ones a refusal in that round's plan answers ([`verdict`]).
     considered_fences: BTreeMap<String, String>,
@@ -160,8 +161,8 @@ impl KubeBackend {
             mirrored: BTreeMap::new(),
             fencing_ready: BTreeMap::new(),
             node_leases_unreadable: false,
-            written_hosts: BTreeMap::new(),
-            written_fences: BTreeMap::new(),
+            written_hosts: written::Written::default(),
+            written_fences: written::Written::default(),
             considered_fences: BTreeMap::new(),
             notes: None,
             kept_state: incremental::StateCache::default(),
@@ -300,15 +301,6 @@ impl KubeBackend {
 
 /// True when `a`'s resource version is newer than `b`'s (numeric, as the API server's are;
 /// when they do not parse, only equal versions count as caught up).
-/// An object as this controller wrote it, as it is kept until the watch shows it: without its
-/// managedFields, like the watch's copy (`run.rs`). At the start every host's status is written
-/// before the watch catches up, and the API server's answers with their managed fields were the
-/// largest part of the controller's peak memory (heaptrack at 5,000 hosts, issue 27).
-fn as_kept<K: kube::Resource>(mut written: K) -> K {
-    written.managed_fields_mut().clear();
-    written
-}
-
 fn newer<K: kube::Resource>(a: &K, b: &K) -> bool {
     let (va, vb) = (
         a.meta().resource_version.as_deref(),

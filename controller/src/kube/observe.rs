@@ -88,8 +88,7 @@ impl KubeBackend {
                 .await
             {
                 Ok(written) => {
-                    self.written_hosts
-                        .insert(host.name.clone(), super::as_kept(written));
+                    self.written_hosts.insert(host.name.clone(), written);
                 }
                 Err(error) => {
                     tracing::warn!(host = %host.name, %error, "observed host status not written");

@@ -1105,7 +1105,15 @@ fn a_written_object_is_kept_without_its_managed_fields() {
         written.metadata.managed_fields.as_ref().map(Vec::len),
         Some(1)
     );
-    let kept = super::as_kept(written);
-    assert!(kept.metadata.managed_fields.unwrap_or_default().is_empty());
+    let mut kept = super::written::Written::default();
+    kept.insert("w-1".to_owned(), written);
+    let kept = kept.get("w-1").unwrap();
+    assert!(
+        kept.metadata
+            .managed_fields
+            .clone()
+            .unwrap_or_default()
+            .is_empty()
+    );
     assert_eq!(kept.metadata.resource_version.as_deref(), Some("42"));
 }
