@@ -11,6 +11,10 @@ use serde_json::json;
 
 use super::{FIELD_MANAGER, KubeBackend, REPORTING_CONTROLLER, record};
 
+/// An Event a round tells: its key (what is announced once), the host, type, reason,
+/// action and note.
+pub(super) type Announcement = (String, String, String, String, String, String);
+
 impl KubeBackend {
     pub(super) async fn event(
         &self,
@@ -55,6 +59,26 @@ impl KubeBackend {
         if let Err(error) = api.create(&PostParams::default(), &event).await {
             tracing::warn!(%error, reason, "event could not be written");
         }
+    }
+
+    /// Writes `events` on their `GuardedHost`s while `deadline` allows ([`super::budget`]);
+    /// returns the keys of those not written.
+    pub(super) async fn announce(
+        &self,
+        events: Vec<Announcement>,
+        deadline: tokio::time::Instant,
+    ) -> Vec<String> {
+        let (_, unsent) = super::budget::within(
+            events,
+            super::budget::CONCURRENCY,
+            deadline,
+            |(_, host, type_, reason, action, note): Announcement| async move {
+                let regarding = self.reference("GuardedHost", &host);
+                self.event(regarding, &type_, &reason, &action, &note).await;
+            },
+        )
+        .await;
+        unsent.into_iter().map(|(key, ..)| key).collect()
     }
 
     pub(super) fn reference(&self, kind: &str, name: &str) -> ObjectReference {

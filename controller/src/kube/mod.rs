@@ -18,6 +18,7 @@
 //! Each object this controller wrote is kept as the API server returned it until the watch
 //! catches up, so a round never plans from a status older than its own last write.
 
+mod budget;
 pub mod changes;
 mod checks;
 pub mod crd;
@@ -146,8 +147,10 @@ pub struct KubeBackend {
     /// work of a round).
     loaded_hosts: usize,
     observed_hosts: usize,
-    /// Which hosts a round observes (`observe_scope.rs`).
+    /// Which hosts a round observes (`observe_scope.rs`), and those whose status write a
+    /// round left over or failed: written first at the next.
     observe_scope: observe_scope::ObserveScope,
+    waiting_observations: BTreeSet<String>,
 }
 
 impl KubeBackend {
@@ -177,6 +180,7 @@ impl KubeBackend {
             loaded_hosts: 0,
             observed_hosts: 0,
             observe_scope: observe_scope::ObserveScope::default(),
+            waiting_observations: BTreeSet::new(),
         }
     }
 
@@ -516,6 +520,8 @@ impl Backend for KubeBackend {
         if !self.is_leading() {
             return;
         }
+        // Best-effort writes stop starting when this is spent (`budget.rs`).
+        let deadline = tokio::time::Instant::now() + budget::BUDGET;
         let plan = judged.plan;
         self.reject_refused_fences(plan).await;
         let mut now: BTreeSet<String> = BTreeSet::new();
@@ -535,7 +541,14 @@ impl Backend for KubeBackend {
                 metalguard_api::plan::ActionKind::Remediate { step, .. } => camel(step.name()),
                 _ => camel(kind),
             };
-            events.push((host, "Normal", reason, camel(kind), action.reason.clone()));
+            events.push((
+                key,
+                host,
+                "Normal".to_owned(),
+                reason,
+                camel(kind),
+                action.reason.clone(),
+            ));
         }
         for refusal in &plan.refusals {
             let key = format!(
@@ -547,8 +560,9 @@ impl Backend for KubeBackend {
                 continue;
             }
             events.push((
+                key,
                 refusal.subject.clone(),
-                "Warning",
+                "Warning".to_owned(),
                 "Refused".to_owned(),
                 "Refuse".to_owned(),
                 format!(
@@ -557,9 +571,9 @@ impl Backend for KubeBackend {
                 ),
             ));
         }
-        for (host, type_, reason, action, note) in events {
-            let regarding = self.reference("GuardedHost", &host);
-            self.event(regarding, type_, &reason, &action, &note).await;
+        // An Event the budget left unsent is not announced: the next round tries it again.
+        for key in self.announce(events, deadline).await {
+            now.remove(&key);
         }
         self.announced = now;
         for check in &plan.health {
@@ -573,8 +587,8 @@ impl Backend for KubeBackend {
                 self.check_status(check).await;
             }
         }
-        self.write_host_observations(&judged).await;
+        self.write_host_observations(&judged, deadline).await;
         self.write_control_plane_status(&judged).await;
-        self.mark_silent_agents(&judged).await;
+        self.mark_silent_agents(&judged, deadline).await;
     }
 }

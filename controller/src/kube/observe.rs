@@ -3,6 +3,8 @@
 //! it differs from what the object carries; `MetalguardAgentReady=Unknown` on the Node of a
 //! silent agent; and the leader label on the controller's own pod.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
@@ -10,7 +12,7 @@ use metalguard_api::k8s::GuardedControlPlane;
 use metalguard_api::k8s::host::GuardedHostStatus;
 use serde_json::json;
 
-use super::{AGENT_READY, FIELD_MANAGER, KubeBackend, status};
+use super::{AGENT_READY, FIELD_MANAGER, KubeBackend, budget, status};
 use crate::backend::Judged;
 
 /// The label the leader puts on its own pod; the Service selects it.
@@ -29,8 +31,13 @@ pub fn host_status_apply(status: &GuardedHostStatus) -> serde_json::Value {
 }
 
 impl KubeBackend {
-    /// Writes each host's observed status that changed since the object's.
-    pub(super) async fn write_host_observations(&mut self, judged: &Judged<'_>) {
+    /// Writes each host's observed status that changed since the object's, as many as
+    /// `deadline` allows ([`budget`]); the rest are observed and written at the next rounds.
+    pub(super) async fn write_host_observations(
+        &mut self,
+        judged: &Judged<'_>,
+        deadline: tokio::time::Instant,
+    ) {
         let now = judged.snapshot.observed_at;
         let scope = self.observe_scope.hosts(judged);
         let index = status::RoundIndex::of(judged, now, scope.as_ref());
@@ -42,6 +49,7 @@ impl KubeBackend {
                 .collect(),
         };
         self.observed_hosts = 0;
+        let mut writes: Vec<(String, GuardedHostStatus)> = Vec::new();
         for host in hosts {
             let Some(object) = self.host_shared(&host.name) else {
                 continue;
@@ -74,28 +82,46 @@ impl KubeBackend {
                     self.fencing_ready.remove(&host.name);
                 }
             }
-            if observed == previous {
-                continue;
+            if observed != previous {
+                writes.push((host.name.clone(), observed));
             }
-            let params = PatchParams::apply(FIELD_MANAGER).force();
-            match self
-                .hosts_api()
-                .patch_status(
-                    &host.name,
-                    &params,
-                    &Patch::Apply(&host_status_apply(&observed)),
-                )
-                .await
-            {
-                Ok(written) => {
-                    self.written_hosts.insert(host.name.clone(), written);
+        }
+        let writes = budget::oldest_first(writes, &self.waiting_observations, |(name, _)| name);
+        let api = self.hosts_api();
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let (done, left) =
+            budget::within(writes, budget::CONCURRENCY, deadline, |(name, observed)| {
+                let (api, params) = (api.clone(), params.clone());
+                async move {
+                    let written = api
+                        .patch_status(&name, &params, &Patch::Apply(&host_status_apply(&observed)))
+                        .await;
+                    (name, written)
                 }
+            })
+            .await;
+        let mut waiting: BTreeSet<String> = left.into_iter().map(|(name, _)| name).collect();
+        let (started, deferred) = (done.len(), waiting.len());
+        for (name, written) in done {
+            match written {
+                Ok(written) => self.written_hosts.insert(name, written),
                 Err(error) => {
-                    tracing::warn!(host = %host.name, %error, "observed host status not written");
-                    self.observe_scope.retry(&host.name);
+                    tracing::warn!(host = %name, %error, "observed host status not written");
+                    waiting.insert(name);
                 }
             }
         }
+        if deferred > 0 {
+            tracing::info!(
+                written = started,
+                deferred,
+                "observed host statuses left for the next rounds: this round's write budget is spent"
+            );
+        }
+        for name in &waiting {
+            self.observe_scope.retry(name);
+        }
+        self.waiting_observations = waiting;
     }
 
     /// Writes the `GuardedControlPlane`'s status when it changed (only with exactly one).
@@ -143,8 +169,13 @@ impl KubeBackend {
 
     /// Sets `MetalguardAgentReady=Unknown` on the Node of each host whose agent has been
     /// silent longer than its heartbeat timeout (once; the agent's next report sets it back).
-    pub(super) async fn mark_silent_agents(&mut self, judged: &Judged<'_>) {
+    pub(super) async fn mark_silent_agents(
+        &mut self,
+        judged: &Judged<'_>,
+        deadline: tokio::time::Instant,
+    ) {
         let now = judged.snapshot.observed_at;
+        let mut marks: Vec<(String, String, String, serde_json::Value)> = Vec::new();
         // Most hosts are decided by the bounds alone: which checks select a host is asked
         // only of one whose silence lies between them.
         let (shortest, longest) =
@@ -201,15 +232,30 @@ impl KubeBackend {
                 "type": AGENT_READY, "status": "Unknown", "reason": AGENT_SILENT,
                 "message": message, "lastHeartbeatTime": at, "lastTransitionTime": at,
             }]}});
-            let api: Api<Node> = Api::all(self.client.clone());
-            let name = node.name_any();
-            match api
-                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
-                .await
-            {
+            marks.push((host.name.clone(), node.name_any(), condition.status, patch));
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        let (done, _) = budget::within(
+            marks,
+            budget::CONCURRENCY,
+            deadline,
+            |(host, name, previous, patch)| {
+                let api = api.clone();
+                async move {
+                    let written = api
+                        .patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                        .await;
+                    (host, name, previous, written)
+                }
+            },
+        )
+        .await;
+        // One the budget left is marked at a next round: it is not recorded as mirrored.
+        for (host, name, previous, written) in done {
+            match written {
                 Ok(_) => {
-                    tracing::warn!(host = %host.name, node = %name, previous = %condition.status, "agent silent: MetalguardAgentReady set to Unknown");
-                    self.mirrored.entry(host.name.clone()).or_default().insert(
+                    tracing::warn!(host = %host, node = %name, %previous, "agent silent: MetalguardAgentReady set to Unknown");
+                    self.mirrored.entry(host).or_default().insert(
                         AGENT_READY.to_owned(),
                         ("Unknown".to_owned(), AGENT_SILENT.to_owned()),
                     );

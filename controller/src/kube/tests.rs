@@ -943,11 +943,18 @@ async fn work_after_one_node_changed(n: usize) -> crate::control::service::Round
     let mut lab = Lab::with_hosts(&hosts, &[], &json!("40%"), "Delete");
     lab.report("w-1").await;
     lab.report("w-2").await;
-    // The first rounds read and observe everything, and write each host's status once; the
-    // watch then shows those writes, and a round reads those hosts again.
+    // The first rounds read and observe everything, and write each host's status once (as
+    // many a round as its write budget allows, the rest at the next); the watch then shows
+    // those writes, and a round reads those hosts again. Settled when a round after the
+    // watch caught up reads nothing again.
     lab.round().await;
-    lab.sync();
-    lab.round().await;
+    for _ in 0..100 {
+        lab.sync();
+        lab.round().await;
+        if lab.controller.last_round_work().loaded == Some(0) {
+            break;
+        }
+    }
     lab.round().await;
     let quiet = lab.controller.last_round_work();
     assert_eq!(quiet.loaded, Some(0), "nothing changed: {quiet:?}");
