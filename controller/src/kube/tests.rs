@@ -340,7 +340,12 @@ impl Lab {
                 identity: ME.to_owned(),
                 lease_name: "metalguard-controller".to_owned(),
                 pod: None,
-                controller: ControllerSettings::default(),
+                // The longest the checks allow, so that only a test that means to sees a
+                // chain of rounds yield to a due campaign (`a_chain_of_rounds_...`).
+                controller: ControllerSettings {
+                    plan_interval: LAB_PLAN_INTERVAL,
+                    ..ControllerSettings::default()
+                },
                 timing: crate::kube::run::timing(),
                 node_leases: false,
             },
@@ -933,6 +938,39 @@ async fn after_leadership_is_lost_nothing_more_is_written() {
     let seen = lab.take();
     // Only the agent's own conditions are mirrored (not a decision: any replica does it).
     assert_calls(&seen, &["PATCH /api/v1/nodes/w-2/status?".to_owned()]);
+}
+
+/// The lab's plan interval: the longest the inventory's checks allow (half the Lease less the
+/// request timeout).
+const LAB_PLAN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Found at 20,005 hosts: a chain of rounds (each that persisted something is followed by
+/// another) ran 3.7 s without a campaign, past what the Lease read at the last one proved, and
+/// its next guarded write was refused. A chain now stops when a campaign is due, and goes on
+/// after it: the same writes, in two calls.
+#[tokio::test]
+async fn a_chain_of_rounds_yields_to_a_due_campaign_and_goes_on_after_it() {
+    let mut lab = Lab::new(&["w-3"], &json!(1), "Delete");
+    lab.report("w-1").await;
+    lab.controller.campaign().await;
+    // The plan interval passes before the rounds run (within the hub's grace and the Lease).
+    tokio::time::pause();
+    tokio::time::advance(LAB_PLAN_INTERVAL).await;
+    tokio::time::resume();
+    lab.controller.plan_and_execute().await;
+    let first = lab.take();
+    let phases = |seen: &[(String, Value)]| -> Vec<String> {
+        seen.iter()
+            .filter(|(call, _)| *call == status_of("w-3"))
+            .map(|(_, body)| written_phase(body).0.to_owned())
+            .collect()
+    };
+    // One round: the remediation is gated, and the intent waits for the campaign.
+    assert_eq!(phases(&first), ["Gated"], "{:?}", calls(&first));
+    lab.round().await;
+    let second = lab.take();
+    assert_eq!(phases(&second), ["PoweringOff"], "{:?}", calls(&second));
+    assert_eq!(calls(&second)[0], LEASE, "the campaign first");
 }
 
 /// The work of a round after one Node changed (a kubelet's status post) among `n` hosts, two
