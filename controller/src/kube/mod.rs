@@ -151,6 +151,8 @@ pub struct KubeBackend {
     /// round left over or failed: written first at the next.
     observe_scope: observe_scope::ObserveScope,
     waiting_observations: BTreeSet<String>,
+    /// A round's budget for best-effort writes ([`budget::BUDGET`]; tests set their own).
+    write_budget: std::time::Duration,
 }
 
 impl KubeBackend {
@@ -181,6 +183,7 @@ impl KubeBackend {
             observed_hosts: 0,
             observe_scope: observe_scope::ObserveScope::default(),
             waiting_observations: BTreeSet::new(),
+            write_budget: budget::BUDGET,
         }
     }
 
@@ -521,7 +524,7 @@ impl Backend for KubeBackend {
             return;
         }
         // Best-effort writes stop starting when this is spent (`budget.rs`).
-        let deadline = tokio::time::Instant::now() + budget::BUDGET;
+        let deadline = tokio::time::Instant::now() + self.write_budget;
         let plan = judged.plan;
         self.reject_refused_fences(plan).await;
         let mut now: BTreeSet<String> = BTreeSet::new();

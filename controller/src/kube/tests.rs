@@ -973,6 +973,28 @@ async fn a_chain_of_rounds_yields_to_a_due_campaign_and_goes_on_after_it() {
     assert_eq!(calls(&second)[0], LEASE, "the campaign first");
 }
 
+/// Statuses a round's write budget left are written at the next round, though nothing about
+/// those hosts changed and the watch has not moved: they wait in the observe scope's retry
+/// set, not on a change that would bring them back.
+#[tokio::test]
+async fn statuses_a_spent_budget_left_are_written_at_the_next_round() {
+    let mut lab = Lab::new(&[], &json!(1), "Delete");
+    lab.controller.backend_mut().write_budget = std::time::Duration::ZERO;
+    lab.round().await;
+    assert_calls(&lab.take_observations(), &[]);
+    lab.controller.backend_mut().write_budget = super::budget::BUDGET;
+    lab.round().await;
+    let mut written: Vec<String> = lab
+        .take_observations()
+        .into_iter()
+        .map(|(call, _)| call)
+        .collect();
+    written.sort();
+    assert_eq!(written, HOSTS.map(status_of), "each host once");
+    lab.round().await;
+    assert_calls(&lab.take_observations(), &[]);
+}
+
 /// The work of a round after one Node changed (a kubelet's status post) among `n` hosts, two
 /// of whose agents report: what the round read, built and observed again.
 async fn work_after_one_node_changed(n: usize) -> crate::control::service::RoundWork {
@@ -993,6 +1015,14 @@ async fn work_after_one_node_changed(n: usize) -> crate::control::service::Round
             break;
         }
     }
+    // However many rounds the budget spread them over, every host's status was written.
+    let written: std::collections::BTreeSet<String> = lab
+        .take_observations()
+        .into_iter()
+        .map(|(call, _)| call)
+        .collect();
+    let expected: std::collections::BTreeSet<String> = names.iter().map(|h| status_of(h)).collect();
+    assert_eq!(written, expected, "a host's status was never written");
     lab.round().await;
     let quiet = lab.controller.last_round_work();
     assert_eq!(quiet.loaded, Some(0), "nothing changed: {quiet:?}");
